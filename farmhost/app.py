@@ -1,0 +1,120 @@
+"""App: builds every service from Settings, starts them in order, stops them in reverse, owns signals."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import signal
+from datetime import datetime
+from typing import Final
+
+from farmhost import __version__
+from farmhost.config import Settings
+from farmhost.errors import ConfigError
+from farmhost.farm.actions import HANDLERS as FARM_HANDLERS
+from farmhost.groups.requests import HANDLERS as GROUP_HANDLERS
+from farmhost.ipc.handlers import Handlers
+from farmhost.ipc.ping import ping_handlers
+from farmhost.ipc.service import IpcService
+from farmhost.ipc.snapshots import HostIdentity
+from farmhost.layout import DataLayout
+from farmhost.memory.requests import HANDLERS as MEMORY_HANDLERS
+from farmhost.scheduler.requests import HANDLERS as TASK_HANDLERS
+from farmhost.store.db import Database, now_utc
+from farmhost.telegram.requests import HANDLERS as MESSAGE_HANDLERS
+
+logger = logging.getLogger(__name__)
+
+# The contract allows 10 s for a clean stop; leave headroom for closing the database.
+STOP_TIMEOUT: Final = 8.0
+
+
+def build_handlers(identity: HostIdentity) -> Handlers:
+    """The full handler table, assembled from every capability's own table."""
+    return {
+        **ping_handlers(identity),
+        **MESSAGE_HANDLERS,
+        **TASK_HANDLERS,
+        **GROUP_HANDLERS,
+        **FARM_HANDLERS,
+        **MEMORY_HANDLERS,
+    }
+
+
+class App:
+    """The daemon of one data directory."""
+
+    def __init__(self, settings: Settings, *, started_at: datetime | None = None) -> None:
+        self.settings = settings
+        self.layout = DataLayout(settings.data_dir)
+        self.identity = HostIdentity(pid=os.getpid(), version=__version__, started_at=started_at or now_utc())
+        self._lock_fd = -1
+        self.db: Database | None = None
+        self.ipc: IpcService | None = None
+
+    async def start(self) -> None:
+        """Take the data-dir lock, open the store, start the IPC engine."""
+        self.layout.create()
+        self._take_lock()
+        self.db = Database.open(self.settings.data_dir)
+        self.ipc = IpcService(
+            settings=self.settings,
+            layout=self.layout,
+            db=self.db,
+            handlers=build_handlers(self.identity),
+            identity=self.identity,
+        )
+        await self.ipc.start()
+        logger.info(
+            "farmhost %s started: data dir %s, ipc mode %s, %d group(s); Home Assistant %s, Telegram %s",
+            __version__,
+            self.settings.data_dir,
+            self.settings.ipc_mode,
+            len(self.ipc.groups),
+            "on" if self.settings.ha_enabled else "off",
+            "on" if self.settings.telegram_enabled else "off",
+        )
+
+    async def stop(self) -> None:
+        """Stop in reverse order; `host_status.json` says `stopped` afterwards."""
+        if self.ipc is not None:
+            await self.ipc.stop()
+            self.ipc = None
+        if self.db is not None:
+            self.db.close()
+            self.db = None
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+        logger.info("farmhost stopped")
+
+    async def run(self, *, handle_signals: bool = True) -> None:
+        """Run until SIGTERM/SIGINT (or cancellation), then stop cleanly."""
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+        await self.start()
+        try:
+            await stop.wait()
+            logger.info("stop requested")
+        finally:
+            await asyncio.wait_for(self.stop(), STOP_TIMEOUT)
+
+    def _take_lock(self) -> None:
+        fd = os.open(self.layout.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise ConfigError(
+                f"another farmhost daemon (pid {holder}) is already running on {self.settings.data_dir}; "
+                "stop it first or use another --data-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd

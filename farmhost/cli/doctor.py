@@ -1,0 +1,176 @@
+"""`farmhost doctor`: each part of the appliance as ok / off / broken, with the fix."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from typing import Final, Literal
+
+from farmhost.config import Settings
+from farmhost.layout import DataLayout
+from farmhost.store import groups, outbox
+from farmhost.store.db import Database
+
+# Reachability checks must not make the doctor hang on a dead host.
+PROBE_TIMEOUT: Final = 5.0
+MIN_FREE_BYTES: Final = 512 * 1024 * 1024
+
+State = Literal["ok", "off", "broken"]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the report."""
+
+    part: str
+    state: State
+    detail: str
+    fix: str = ""
+
+
+def doctor(args: argparse.Namespace, settings: Settings) -> int:
+    """Run every check; exit 1 when anything is broken."""
+    checks = [
+        _data_dir(settings),
+        *_database(settings),
+        _inotify(settings),
+        _home_assistant(settings),
+        _telegram(settings),
+        _runtime(settings),
+        _llm(settings),
+        _disk(settings),
+        Check("timezone", "ok", f"{settings.zone.key}" + ("" if settings.tz else " (system zone; set TZ to pin it)")),
+    ]
+    if args.json:
+        print(json.dumps([asdict(c) for c in checks], indent=2))
+    else:
+        for c in checks:
+            print(f"{c.part:<16} {c.state:<7} {c.detail}")
+            if c.fix:
+                print(f"{'':<16} {'':<7} fix: {c.fix}")
+    return 1 if any(c.state == "broken" for c in checks) else 0
+
+
+def _data_dir(settings: Settings) -> Check:
+    root = settings.data_dir
+    if not root.is_dir():
+        return Check("data dir", "broken", f"{root} does not exist", f"farmhost init --data-dir {root}")
+    if not os.access(root, os.W_OK):
+        return Check("data dir", "broken", f"{root} is not writable", "chown the directory to the farmhost user")
+    return Check("data dir", "ok", str(root))
+
+
+def _database(settings: Settings) -> list[Check]:
+    if not DataLayout(settings.data_dir).db_path.exists():
+        return [Check("database", "broken", "farmhost.db is missing", f"farmhost init --data-dir {settings.data_dir}")]
+    try:
+        db = Database.open(settings.data_dir)
+    except (sqlite3.Error, OSError) as err:
+        return [Check("database", "broken", f"cannot open farmhost.db: {err}", "restore the data dir from a backup")]
+    try:
+        registered = groups.list_groups(db.conn)
+        box = outbox.count_by_status(db.conn)
+        version = db.schema_version()
+    finally:
+        db.close()
+    checks = [Check("database", "ok", f"schema v{version}, WAL, outbox {box or 'empty'}")]
+    if box.get("failed"):
+        checks.append(
+            Check(
+                "outbox",
+                "broken",
+                f"{box['failed']} chunk(s) failed to deliver",
+                "farmhost outbox list --status failed",
+            )
+        )
+    main = next((g for g in registered if g.is_main), None)
+    if main is None:
+        checks.append(
+            Check(
+                "groups",
+                "off",
+                f"{len(registered)} group(s), no main group",
+                "farmhost group add --jid telegram:<chat id> --name <name> --folder main --main",
+            )
+        )
+    else:
+        checks.append(Check("groups", "ok", f"{len(registered)} group(s), main is {main.folder!r}"))
+    return checks
+
+
+def _inotify(settings: Settings) -> Check:
+    if settings.ipc_mode == "poll":
+        return Check("inotify", "off", f"FARMHOST_IPC_MODE=poll (every {settings.ipc_poll_seconds:g} s)")
+    try:
+        from inotify_simple import INotify
+
+        INotify().close()
+        with open("/proc/sys/fs/inotify/max_user_watches") as limit:
+            watches = int(limit.read())
+    except OSError as err:
+        return Check("inotify", "broken", f"inotify unavailable: {err}", "set FARMHOST_IPC_MODE=poll")
+    return Check("inotify", "ok", f"max_user_watches={watches} (farmhost uses 4 per group)")
+
+
+def _http_check(part: str, url: str, headers: dict[str, str], fix: str) -> Check:
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT) as response:
+            return Check(part, "ok", f"reachable (HTTP {response.status})")
+    except urllib.error.HTTPError as err:
+        return Check(part, "broken", f"HTTP {err.code} {err.reason}", fix)
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        return Check(part, "broken", f"unreachable: {reason}", fix)
+
+
+def _home_assistant(settings: Settings) -> Check:
+    if not settings.ha_enabled:
+        return Check("home assistant", "off", "HA_URL/HA_TOKEN not set", "set HA_URL and HA_TOKEN (a long-lived token)")
+    assert settings.ha_url is not None
+    return _http_check(
+        "home assistant",
+        f"{settings.ha_url}/api/",
+        {"Authorization": f"Bearer {settings.ha_token}"},
+        "check HA_URL and that HA_TOKEN is a valid long-lived access token",
+    )
+
+
+def _telegram(settings: Settings) -> Check:
+    if not settings.telegram_enabled:
+        return Check("telegram", "off", "TELEGRAM_BOT_TOKEN not set", "create a bot with @BotFather and set the token")
+    base = settings.telegram_api_base_url or "https://api.telegram.org"
+    return _http_check(
+        "telegram", f"{base}/bot{settings.telegram_bot_token}/getMe", {}, "check TELEGRAM_BOT_TOKEN and the network"
+    )
+
+
+def _runtime(settings: Settings) -> Check:
+    runtime = settings.runtime
+    if runtime == "process":
+        return Check("sandbox", "ok", "process runtime: NO isolation (development only)", "use bwrap or docker")
+    binary = shutil.which(runtime)
+    if binary is None:
+        fix = "apt-get install bubblewrap" if runtime == "bwrap" else f"install {runtime} or set FARMHOST_AGENT_RUNTIME"
+        return Check("sandbox", "broken", f"{runtime} not found on PATH", fix)
+    return Check("sandbox", "ok", f"{runtime} ({binary})")
+
+
+def _llm(settings: Settings) -> Check:
+    if not settings.llm_enabled:
+        return Check("llm", "off", "FARMHOST_LLM_BASE_URL/FARMHOST_LLM_MODEL not set", "set them in .env")
+    return Check("llm", "ok", f"{settings.llm_model} at {settings.llm_base_url}")
+
+
+def _disk(settings: Settings) -> Check:
+    target = settings.data_dir if settings.data_dir.exists() else settings.data_dir.parent
+    free = shutil.disk_usage(target).free
+    if free < MIN_FREE_BYTES:
+        return Check("disk", "broken", f"{free // 2**20} MiB free", "free space on the data dir's filesystem")
+    return Check("disk", "ok", f"{free // 2**30} GiB free")

@@ -1,0 +1,96 @@
+"""`farmhost group add|list|remove`: the operator's registry commands (the only way to choose main)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from farmhost.config import Settings
+from farmhost.groups.registry import new_group, register, unregister
+from farmhost.layout import DataLayout
+from farmhost.store import groups
+from farmhost.store.db import Database, iso, now_utc
+
+
+def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    """Register the `group` sub-commands."""
+    group = sub.add_parser("group", help="registered chats and their workspace folders")
+    cmds = group.add_subparsers(dest="group_command", required=True)
+    p = cmds.add_parser("add", parents=[common], help="register a chat as a group")
+    p.add_argument("--jid", required=True, help="chat id, e.g. telegram:-1001234")
+    p.add_argument("--name", required=True, help="display name")
+    p.add_argument("--folder", required=True, help="workspace folder: letters, digits, '_' or '-' (max 64)")
+    p.add_argument("--trigger", help="word that addresses the agent in this chat (default @<first word of name>)")
+    p.add_argument("--main", action="store_true", help="make this the main (operator) group; only one may exist")
+    p.add_argument(
+        "--no-trigger-required", action="store_true", help="the agent answers every message, not only triggered ones"
+    )
+    p.set_defaults(func=add)
+    p = cmds.add_parser("list", parents=[common], help="list registered groups")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=list_)
+    p = cmds.add_parser("remove", parents=[common], help="unregister a group (its files are kept)")
+    p.add_argument("folder", help="the group's folder")
+    p.set_defaults(func=remove)
+
+
+def add(args: argparse.Namespace, settings: Settings) -> int:
+    """Register a group; a running daemon starts serving it within a second."""
+    layout = DataLayout(settings.data_dir)
+    layout.create()
+    db = Database.open(settings.data_dir)
+    try:
+        with db.tx() as conn:
+            group = new_group(
+                conn,
+                jid=args.jid,
+                name=args.name,
+                folder=args.folder,
+                trigger=args.trigger,
+                requires_trigger=not args.no_trigger_required,
+                is_main=args.main,
+                at=now_utc(),
+            )
+            register(conn, layout, group)
+    finally:
+        db.close()
+    kind = "main group" if group.is_main else "group"
+    print(f"added {kind} {group.folder!r} for {group.jid} (trigger {group.trigger!r})")
+    print(f"  workspace: {layout.workspace(group.folder)}")
+    print(f"  ipc:       {layout.group_ipc(group.folder)}")
+    return 0
+
+
+def list_(args: argparse.Namespace, settings: Settings) -> int:
+    """Print the registry."""
+    db = Database.open(settings.data_dir)
+    try:
+        rows = groups.list_groups(db.conn)
+    finally:
+        db.close()
+    if args.json:
+        print(json.dumps([g.to_dict() for g in rows], indent=2, ensure_ascii=False))
+        return 0
+    if not rows:
+        print("no groups; add one with: farmhost group add --jid telegram:<id> --name <name> --folder <folder> --main")
+        return 0
+    print(f"{'FOLDER':<20} {'MAIN':<5} {'JID':<28} {'TRIGGER':<16} {'REQUIRED':<9} {'ADDED':<25} NAME")
+    for g in rows:
+        print(
+            f"{g.folder:<20} {'yes' if g.is_main else '':<5} {g.jid:<28} {g.trigger or '-':<16} "
+            f"{'yes' if g.requires_trigger else 'no':<9} {iso(g.added_at) or '':<25} {g.name}"
+        )
+    return 0
+
+
+def remove(args: argparse.Namespace, settings: Settings) -> int:
+    """Unregister a group; a running daemon stops serving it within a second."""
+    db = Database.open(settings.data_dir)
+    try:
+        with db.tx() as conn:
+            group = unregister(conn, args.folder)
+    finally:
+        db.close()
+    print(f"removed group {group.folder!r} ({group.jid}); its workspace and IPC files were kept")
+    return 0

@@ -1,0 +1,145 @@
+"""Settings: the one place that reads the environment and `.env`; everything else receives a Settings."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from farmhost.errors import ConfigError
+
+DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024
+
+
+class Settings(BaseSettings):
+    """Every setting of the appliance; names match the environment variables of the contract.
+
+    Precedence: command-line option (applied by the CLI with `model_copy`) > environment > `.env` > default.
+    A missing optional setting (HA, Telegram, LLM) switches its part off; `farmhost doctor` says so.
+    """
+
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore", frozen=True, populate_by_name=True)
+
+    data_dir: Path = Field(default=Path("./data"), validation_alias="FARMHOST_DATA_DIR")
+    tz: str | None = Field(default=None, validation_alias="TZ")
+    ha_url: str | None = Field(default=None, validation_alias="HA_URL")
+    ha_token: str | None = Field(default=None, validation_alias="HA_TOKEN", repr=False)
+    farm_mode: Literal["demo", "production"] = Field(default="demo", validation_alias="FARM_MODE")
+    farm_profile_path: Path | None = Field(default=None, validation_alias="FARM_PROFILE_PATH")
+    telegram_bot_token: str | None = Field(default=None, validation_alias="TELEGRAM_BOT_TOKEN", repr=False)
+    telegram_api_base_url: str | None = Field(default=None, validation_alias="TELEGRAM_API_BASE_URL")
+    agent_runtime: Literal["docker", "podman", "bwrap", "process"] | None = Field(
+        default=None, validation_alias="FARMHOST_AGENT_RUNTIME"
+    )
+    agent_image: str = Field(default="farmhost-agent:latest", validation_alias="FARMHOST_AGENT_IMAGE")
+    max_agents: int = Field(default=2, ge=1, le=64, validation_alias="FARMHOST_MAX_AGENTS")
+    llm_base_url: str | None = Field(default=None, validation_alias="FARMHOST_LLM_BASE_URL")
+    llm_api_key: str | None = Field(default=None, validation_alias="FARMHOST_LLM_API_KEY", repr=False)
+    llm_model: str | None = Field(default=None, validation_alias="FARMHOST_LLM_MODEL")
+    ipc_mode: Literal["inotify", "poll"] = Field(default="inotify", validation_alias="FARMHOST_IPC_MODE")
+
+    # farmhost's own knobs (not in the contract's table, documented in docs/configuration.md)
+    ipc_max_request_bytes: int = Field(
+        default=DEFAULT_MAX_REQUEST_BYTES, ge=1024, validation_alias="FARMHOST_IPC_MAX_REQUEST_BYTES"
+    )
+    # 5 s: a missed inotify event costs at most this much latency, and a scan of 16 idle groups is ~1 ms.
+    ipc_rescan_seconds: float = Field(default=5.0, gt=0, le=3600, validation_alias="FARMHOST_IPC_RESCAN_SECONDS")
+    ipc_poll_seconds: float = Field(default=0.5, gt=0, le=60, validation_alias="FARMHOST_IPC_POLL_SECONDS")
+    stale_request_seconds: float = Field(default=3600, gt=0, validation_alias="FARMHOST_STALE_REQUEST_SECONDS")
+    result_retention_hours: float = Field(default=24, gt=0, validation_alias="FARMHOST_RESULT_RETENTION_HOURS")
+    ledger_retention_days: float = Field(default=30, gt=0, validation_alias="FARMHOST_LEDGER_RETENTION_DAYS")
+    heartbeat_seconds: float = Field(default=5.0, gt=0, le=300, validation_alias="FARMHOST_HEARTBEAT_SECONDS")
+    request_log_max_bytes: int = Field(default=10 * 1024 * 1024, ge=4096, validation_alias="FARMHOST_REQUEST_LOG_BYTES")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", validation_alias="FARMHOST_LOG_LEVEL"
+    )
+
+    @field_validator("tz")
+    @classmethod
+    def _tz_exists(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        name = value.removeprefix(":")
+        if name.startswith("/"):  # TZ=:/etc/localtime form: the system zone
+            return None
+        try:
+            ZoneInfo(name)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {value!r} (use an IANA name such as Europe/Lisbon)") from None
+        return name
+
+    @field_validator("ha_url", "telegram_api_base_url", "llm_base_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"must start with http:// or https://, got {value!r}")
+        return value.rstrip("/")
+
+    @property
+    def zone(self) -> ZoneInfo:
+        """The farm's time zone (TZ, else the system zone)."""
+        if self.tz:
+            return ZoneInfo(self.tz)
+        from tzlocal import get_localzone
+
+        local = get_localzone()
+        return local if isinstance(local, ZoneInfo) else ZoneInfo("UTC")
+
+    @property
+    def profile_path(self) -> Path:
+        """The farm profile file (policy, validation status)."""
+        return self.farm_profile_path or self.data_dir / "farm-profile.json"
+
+    @property
+    def ha_enabled(self) -> bool:
+        """Home Assistant is configured."""
+        return bool(self.ha_url and self.ha_token)
+
+    @property
+    def telegram_enabled(self) -> bool:
+        """Telegram is configured."""
+        return bool(self.telegram_bot_token)
+
+    @property
+    def llm_enabled(self) -> bool:
+        """An LLM endpoint is configured."""
+        return bool(self.llm_base_url and self.llm_model)
+
+    @property
+    def runtime(self) -> str:
+        """The agent runtime: the configured one, else docker when its CLI exists, else bwrap."""
+        return self.agent_runtime or ("docker" if shutil.which("docker") else "bwrap")
+
+
+ALIASES = {name: str(field.validation_alias) for name, field in Settings.model_fields.items()}
+
+
+def load_settings(*, data_dir: Path | None = None, env_file: str | None = ".env") -> Settings:
+    """Read the settings, with `data_dir` (from `--data-dir`) overriding FARMHOST_DATA_DIR.
+
+    Raises:
+        ConfigError: one line naming the variable and what is wrong with it.
+    """
+    try:
+        settings = Settings(_env_file=env_file)  # type: ignore[call-arg]
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        field = str(first["loc"][0]) if first["loc"] else "?"
+        raise ConfigError(f"{field}: {_plain(first['msg'])} (got {first.get('input')!r})") from None
+    if data_dir is not None:
+        settings = settings.model_copy(update={"data_dir": data_dir})
+    return settings.model_copy(update={"data_dir": Path(os.path.abspath(settings.data_dir))})
+
+
+def _plain(message: str) -> str:
+    return message.removeprefix("Value error, ")
+
+
+__all__ = ["ALIASES", "AliasChoices", "Settings", "load_settings"]

@@ -1,0 +1,1 @@
+"""Everything that touches Home Assistant or the farm's screens."""

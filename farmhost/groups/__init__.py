@@ -1,0 +1,1 @@
+"""Groups: validating, registering and removing chats bound to workspace folders."""

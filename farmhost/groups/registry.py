@@ -1,0 +1,82 @@
+"""Registering and removing groups, with every rule of the contract; used by the CLI and by `register_group`."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import datetime
+
+from farmhost.errors import Conflict, InvalidRequest
+from farmhost.layout import DataLayout
+from farmhost.protocol.codes import folder_problem
+from farmhost.store import groups as store
+from farmhost.store.groups import Group
+
+__all__ = ["new_group", "register", "unregister"]
+
+
+def new_group(
+    conn: sqlite3.Connection,
+    *,
+    jid: str,
+    name: str,
+    folder: str,
+    trigger: str | None,
+    requires_trigger: bool,
+    is_main: bool,
+    at: datetime,
+) -> Group:
+    """Validate a new registration against the contract and the current registry.
+
+    Raises:
+        InvalidRequest: a bad folder, jid or name.
+        Conflict: the folder or chat is taken, or a main group already exists.
+    """
+    problem = folder_problem(folder)
+    if problem:
+        raise InvalidRequest(problem)
+    if ":" not in jid or len(jid) > 256 or any(c.isspace() for c in jid):
+        raise InvalidRequest(f"jid {jid!r} is not valid: use channel:id, e.g. telegram:-1001234")
+    if not name.strip():
+        raise InvalidRequest("name must not be empty")
+    taken = store.find_folder_casefold(conn, folder)
+    if taken is not None:
+        raise Conflict(f"folder {folder!r} is already used by {taken.jid} ({taken.folder})")
+    bound = store.find_by_jid(conn, jid)
+    if bound is not None:
+        raise Conflict(f"chat {jid} is already registered as folder {bound.folder!r}")
+    if is_main:
+        current = store.main_group(conn)
+        if current is not None:
+            raise Conflict(f"a main group already exists ({current.folder!r}); remove it first")
+    default_trigger = f"@{name.strip().split()[0]}" if name.strip() else None
+    return Group(
+        jid=jid,
+        name=name.strip(),
+        folder=folder,
+        trigger=trigger or default_trigger,
+        requires_trigger=requires_trigger,
+        is_main=is_main,
+        added_at=at,
+    )
+
+
+def register(conn: sqlite3.Connection, layout: DataLayout, group: Group) -> None:
+    """Create the group's workspace and IPC queues, then insert it (inside the caller's transaction).
+
+    Directory creation is idempotent, so a crash before the commit leaves nothing that a retry trips on.
+    """
+    layout.create_group(group.folder)
+    store.insert_group(conn, group)
+
+
+def unregister(conn: sqlite3.Connection, folder: str) -> Group:
+    """Remove a registration; the workspace and IPC files are kept.
+
+    Raises:
+        InvalidRequest: no such group.
+    """
+    group = store.get_group(conn, folder)
+    if group is None:
+        raise InvalidRequest(f"no group with folder {folder!r}; see `farmhost group list`")
+    store.delete_group(conn, folder)
+    return group

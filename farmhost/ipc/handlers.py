@@ -1,0 +1,82 @@
+"""What a request handler is: its effect class, its policy, and the context it runs in."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Final
+
+from farmhost.protocol.envelope import Outcome
+
+if TYPE_CHECKING:
+    from farmhost.config import Settings
+    from farmhost.layout import DataLayout
+    from farmhost.protocol.requests import AnyRequest
+    from farmhost.store.db import Database
+    from farmhost.store.groups import Group
+
+# 30 s: longer than any single HA call (10 s) and shorter than the agent client's wait (40 s), so the
+# host always answers with an explicit `timeout` before the agent gives up.
+DEFAULT_HANDLER_TIMEOUT: Final = 30.0
+
+
+class Effect(StrEnum):
+    """How a request changes the world; it decides what happens after a crash."""
+
+    READ = "read"  # no change: re-run after a crash
+    STATE = "state"  # changes farmhost's own database only: committed atomically with the ledger entry
+    EXTERNAL = "external"  # changes HA or files: never re-run after a crash, answered `interrupted`
+
+
+class Change(StrEnum):
+    """What a STATE handler changed, so the host rewrites the right snapshots."""
+
+    TASKS = "tasks"
+    GROUPS = "groups"
+    OUTBOX = "outbox"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestContext:
+    """Everything a handler may use: the source group (from the directory), settings, store, clock."""
+
+    group: Group
+    settings: Settings
+    layout: DataLayout
+    db: Database
+    now: datetime
+    request_id: str
+    changes: set[Change] = field(default_factory=set)
+
+
+AsyncHandler = Callable[[RequestContext, "AnyRequest"], Awaitable[Outcome]]
+# A STATE handler is synchronous on purpose: it runs inside the ledger's transaction and must not yield
+# to the event loop, or another group's writes would land in the same transaction.
+StateHandler = Callable[[RequestContext, "AnyRequest", sqlite3.Connection], Outcome]
+
+
+@dataclass(frozen=True, kw_only=True)
+class HandlerSpec:
+    """One row of the handler table."""
+
+    effect: Effect
+    run: AsyncHandler | None = None
+    apply: StateHandler | None = None
+    main_only: bool = False
+    timeout: float = DEFAULT_HANDLER_TIMEOUT
+
+    def __post_init__(self) -> None:
+        if (self.effect is Effect.STATE) != (self.apply is not None) or (self.run is None) == (self.apply is None):
+            raise ValueError("a STATE handler has `apply`; READ/EXTERNAL handlers have `run`")
+
+
+def handler_key(kind: str, action: str | None) -> str:
+    """The table key: `type`, or `type:action` for requests with actions."""
+    return f"{kind}:{action}" if action else kind
+
+
+Handlers = dict[str, HandlerSpec]
+Extra = dict[str, Any]

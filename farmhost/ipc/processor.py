@@ -1,0 +1,167 @@
+"""One claimed request file, start to finish: read, validate, route, answer, log, release."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from farmhost.ipc.groupdir import GroupDir
+from farmhost.ipc.handlers import Effect
+from farmhost.ipc.quarantine import Quarantine
+from farmhost.ipc.reader import Refused, read_claimed
+from farmhost.ipc.requestlog import RequestLog
+from farmhost.ipc.router import Router
+from farmhost.ipc.writer import write_json_atomic
+from farmhost.protocol.codes import ErrorCode, Queue
+from farmhost.protocol.decode import RequestRejected, decode_request
+from farmhost.protocol.envelope import Outcome, envelope, utc_stamp
+from farmhost.store import ledger
+from farmhost.store.db import Database
+from farmhost.store.groups import Group
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClaimedFile:
+    """A request file now in the host's spool."""
+
+    group: Group
+    gdir: GroupDir
+    queue: Queue
+    spool_fd: int
+    name: str
+
+
+class RequestProcessor:
+    """Turns claimed files into results; never raises for anything an agent can write."""
+
+    def __init__(
+        self,
+        *,
+        router: Router,
+        db: Database,
+        quarantine: Quarantine,
+        request_log: RequestLog,
+        max_request_bytes: int,
+        stale_before: float,
+        clock: Callable[[], datetime],
+    ) -> None:
+        self._router = router
+        self._db = db
+        self._quarantine = quarantine
+        self._log = request_log
+        self._max_bytes = max_request_bytes
+        self._stale_before = stale_before
+        self._clock = clock
+
+    async def process(self, item: ClaimedFile) -> bool:
+        """Answer one claimed request; returns False when it must stay in the spool to be retried."""
+        started = time.perf_counter()
+        received = self._clock()
+        try:
+            raw, mtime = read_claimed(item.spool_fd, item.name, max_bytes=self._max_bytes)
+        except FileNotFoundError:
+            return True
+        except Refused as refused:
+            self._refuse(item, refused.reason, refused.code, None, None, received, started)
+            return True
+        stem = item.name[: -len(".json")]
+        try:
+            request = decode_request(item.queue, raw, stem=stem)
+        except RequestRejected as rejected:
+            self._refuse(
+                item, rejected.reason, ErrorCode.INVALID_REQUEST, rejected.request_id, rejected.kind, received, started
+            )
+            return True
+        request_id = request.requestId or f"gen-{time.time_ns()}-{secrets.token_hex(3)}"
+        answer = await self._router.execute(
+            item.group, item.queue, request, request_id, received_at=received, stale=mtime < self._stale_before
+        )
+        if not self._answer(item, request_id, answer.document, fsync_dir=answer.effect is not Effect.READ):
+            return False
+        os.unlink(item.name, dir_fd=item.spool_fd)
+        doc = answer.document
+        self._log.write(
+            {
+                "ts": utc_stamp(received),
+                "group": item.group.folder,
+                "queue": item.queue.value,
+                "file": item.name,
+                "requestId": request_id,
+                "type": doc["type"],
+                "action": doc["action"],
+                "status": doc["status"],
+                "errorCode": doc["errorCode"],
+                "durationMs": round((time.perf_counter() - started) * 1000, 3),
+                "replayed": answer.replayed,
+            }
+        )
+        return True
+
+    def _answer(self, item: ClaimedFile, request_id: str, document: dict[str, object], *, fsync_dir: bool) -> bool:
+        try:
+            results_fd = item.gdir.results_fd()
+        except OSError as err:
+            logger.error("group %s: cannot open action_results/: %s", item.group.folder, err)
+            return False
+        try:
+            write_json_atomic(results_fd, f"{request_id}.json", document, fsync_dir=fsync_dir)
+        except OSError as err:
+            logger.error("group %s: cannot write result %s: %s", item.group.folder, request_id, err)
+            return False
+        finally:
+            os.close(results_fd)
+        return True
+
+    def _refuse(
+        self,
+        item: ClaimedFile,
+        reason: str,
+        code: ErrorCode,
+        request_id: str | None,
+        kind: str | None,
+        received: datetime,
+        started: float,
+    ) -> None:
+        self._quarantine.move(
+            item.spool_fd,
+            item.name,
+            folder=item.group.folder,
+            queue=item.queue.value,
+            original_name=item.name,
+            reason=reason,
+            code=code,
+            at=received,
+        )
+        answered = False
+        # An id whose earlier request succeeded keeps its stored result: a bad file must not overwrite it.
+        if request_id and ledger.get_entry(self._db.conn, item.group.folder, request_id) is None:
+            document = envelope(
+                request_id=request_id,
+                kind=kind or "unknown",
+                action=None,
+                outcome=Outcome.failure(code, f"request refused: {reason}"),
+                executed_at=received,
+                duration_ms=round((time.perf_counter() - started) * 1000),
+            )
+            answered = self._answer(item, request_id, document, fsync_dir=False)
+        self._log.write(
+            {
+                "ts": utc_stamp(received),
+                "group": item.group.folder,
+                "queue": item.queue.value,
+                "file": item.name,
+                "requestId": request_id,
+                "type": kind,
+                "status": "quarantined",
+                "errorCode": code.value,
+                "reason": reason,
+                "answered": answered,
+            }
+        )

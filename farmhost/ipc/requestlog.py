@@ -1,0 +1,36 @@
+"""The request log: one NDJSON line per processed request under `data/logs/`, rotated by size."""
+
+from __future__ import annotations
+
+import json
+import logging
+import logging.handlers
+from pathlib import Path
+from typing import Any
+
+REQUEST_LOG_FILE = "requests.ndjson"
+_BACKUPS = 5
+
+
+class RequestLog:
+    """Appends `{ts, group, queue, requestId, type, action, status, errorCode, durationMs, ...}` lines."""
+
+    def __init__(self, logs_dir: Path, *, max_bytes: int) -> None:
+        logs_dir.mkdir(parents=True, exist_ok=True)
+        self._handler = logging.handlers.RotatingFileHandler(
+            logs_dir / REQUEST_LOG_FILE, maxBytes=max_bytes, backupCount=_BACKUPS, encoding="utf-8"
+        )
+        self._handler.setFormatter(logging.Formatter("%(message)s"))
+        self._logger = logging.getLogger(f"farmhost.requests.{id(self)}")
+        self._logger.propagate = False
+        self._logger.setLevel(logging.INFO)
+        self._logger.addHandler(self._handler)
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append one record."""
+        self._logger.info(json.dumps(record, ensure_ascii=False, separators=(",", ":")))
+
+    def close(self) -> None:
+        """Flush and close the file."""
+        self._logger.removeHandler(self._handler)
+        self._handler.close()

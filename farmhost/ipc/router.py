@@ -1,0 +1,233 @@
+"""Router: looks up a request's handler, applies policy, and executes it at most once through the ledger."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from farmhost.errors import FarmhostError
+from farmhost.ipc.handlers import Change, Effect, Handlers, HandlerSpec, RequestContext, handler_key
+from farmhost.protocol.codes import ErrorCode
+from farmhost.protocol.envelope import Outcome, envelope
+from farmhost.store import ledger
+from farmhost.store.db import now_utc
+
+if TYPE_CHECKING:
+    from farmhost.config import Settings
+    from farmhost.layout import DataLayout
+    from farmhost.protocol.codes import Queue
+    from farmhost.protocol.requests import AnyRequest
+    from farmhost.store.db import Database
+    from farmhost.store.groups import Group
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Answer:
+    """The result document of a request and how it was reached."""
+
+    document: dict[str, Any]
+    effect: Effect
+    replayed: bool = False  # the stored result of an earlier execution, nothing was run
+
+
+class Router:
+    """Executes requests; the one place that talks to the ledger."""
+
+    def __init__(
+        self,
+        *,
+        handlers: Handlers,
+        settings: Settings,
+        layout: DataLayout,
+        db: Database,
+        on_change: Callable[[set[Change]], None],
+        clock: Callable[[], datetime] = now_utc,
+    ) -> None:
+        self._handlers = handlers
+        self._settings = settings
+        self._layout = layout
+        self._db = db
+        self._on_change = on_change
+        self._clock = clock
+        self._inflight: dict[tuple[str, str], asyncio.Future[Answer]] = {}
+
+    def spec_for(self, request: AnyRequest) -> HandlerSpec | None:
+        """The handler row of a request, if farmhost has one."""
+        return self._handlers.get(handler_key(request.type, request.action_name)) or self._handlers.get(request.type)
+
+    async def execute(
+        self, group: Group, queue: Queue, request: AnyRequest, request_id: str, *, received_at: datetime, stale: bool
+    ) -> Answer:
+        """Answer a request exactly once per (group, requestId).
+
+        Args:
+            group: the source group, known from the directory the file was found in.
+            queue: the queue it came from.
+            request: the validated request.
+            request_id: its requestId (given, from the file name, or generated).
+            received_at: when the host claimed it (the base of `ttl`).
+            stale: the file was older than the stale limit at start-up: expire it instead of running it.
+        """
+        key = (group.folder, request_id)
+        running = self._inflight.get(key)
+        if running is not None:  # the same id in another queue of this group, still executing
+            return _replay(await asyncio.shield(running))
+        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = future
+        try:
+            answer = await self._execute_once(group, queue, request, request_id, received_at=received_at, stale=stale)
+            future.set_result(answer)
+            return answer
+        except BaseException as err:
+            future.set_exception(err)
+            future.exception()  # retrieved here so an unobserved failure is not logged twice
+            raise
+        finally:
+            del self._inflight[key]
+
+    async def _execute_once(
+        self, group: Group, queue: Queue, request: AnyRequest, request_id: str, *, received_at: datetime, stale: bool
+    ) -> Answer:
+        entry = ledger.get_entry(self._db.conn, group.folder, request_id)
+        spec = self.spec_for(request)
+        effect = spec.effect if spec else Effect.READ
+        if entry is not None and entry.state == "done" and entry.result is not None:
+            return Answer(document=entry.result, effect=effect, replayed=True)
+        started = time.perf_counter()
+        ctx = RequestContext(
+            group=group,
+            settings=self._settings,
+            layout=self._layout,
+            db=self._db,
+            now=self._clock(),
+            request_id=request_id,
+        )
+        early: Outcome | None
+        if entry is not None:  # started and never finished: the host died while it ran
+            early = Outcome.failure(
+                ErrorCode.INTERRUPTED,
+                "the host stopped while this request was running; it was not repeated. Check the current state "
+                "before trying again.",
+            )
+        else:
+            early = self._precheck(group, request, spec, received_at=received_at, now=ctx.now, stale=stale)
+        if early is not None or spec is None:
+            return self._finish(ctx, queue, request, early or _no_handler(request), effect, started)
+        if spec.effect is Effect.STATE:
+            return self._apply_state(ctx, queue, request, spec, started)
+        if spec.effect is Effect.EXTERNAL:
+            with self._db.tx() as conn:
+                ledger.mark_started(
+                    conn,
+                    folder=group.folder,
+                    request_id=request_id,
+                    queue=queue.value,
+                    kind=request.type,
+                    action=request.action_name,
+                    at=ctx.now,
+                )
+        outcome = await self._run(ctx, request, spec)
+        return self._finish(ctx, queue, request, outcome, spec.effect, started)
+
+    def _precheck(
+        self,
+        group: Group,
+        request: AnyRequest,
+        spec: HandlerSpec | None,
+        *,
+        received_at: datetime,
+        now: datetime,
+        stale: bool,
+    ) -> Outcome | None:
+        expires = request.expires_at(received_at)
+        if stale or (expires is not None and expires <= now):
+            why = "it waited too long before the host started" if stale else "its ttl/expiresAt passed"
+            return Outcome.failure(ErrorCode.EXPIRED, f"request expired before it ran ({why}); nothing was done")
+        if spec is not None and spec.main_only and not group.is_main:
+            what = request.action_name or request.type
+            return Outcome.failure(ErrorCode.UNAUTHORIZED, f"{what} is only allowed from the main group")
+        return None
+
+    def _apply_state(
+        self, ctx: RequestContext, queue: Queue, request: AnyRequest, spec: HandlerSpec, started: float
+    ) -> Answer:
+        assert spec.apply is not None
+        try:
+            with self._db.tx() as conn:
+                outcome = spec.apply(ctx, request, conn)
+                document = self._document(ctx, request, outcome, started)
+                self._record(conn, ctx, queue, request, document)
+        except FarmhostError as err:
+            ctx.changes.clear()
+            return self._finish(ctx, queue, request, Outcome.failure(err.code, err.message), spec.effect, started)
+        except Exception:
+            logger.exception("handler for %s failed in group %s", request.type, ctx.group.folder)
+            ctx.changes.clear()
+            return self._finish(ctx, queue, request, _internal(), spec.effect, started)
+        if ctx.changes:
+            self._on_change(set(ctx.changes))
+        return Answer(document=document, effect=spec.effect)
+
+    async def _run(self, ctx: RequestContext, request: AnyRequest, spec: HandlerSpec) -> Outcome:
+        assert spec.run is not None
+        try:
+            async with asyncio.timeout(spec.timeout):
+                return await spec.run(ctx, request)
+        except FarmhostError as err:
+            return Outcome.failure(err.code, err.message)
+        except TimeoutError:
+            return Outcome.failure(ErrorCode.TIMEOUT, f"the host gave up after {spec.timeout:g} s")
+        except Exception:
+            logger.exception("handler for %s failed in group %s", request.type, ctx.group.folder)
+            return _internal()
+
+    def _finish(
+        self, ctx: RequestContext, queue: Queue, request: AnyRequest, outcome: Outcome, effect: Effect, started: float
+    ) -> Answer:
+        document = self._document(ctx, request, outcome, started)
+        with self._db.tx(durable=effect is not Effect.READ) as conn:
+            self._record(conn, ctx, queue, request, document)
+        return Answer(document=document, effect=effect)
+
+    def _document(self, ctx: RequestContext, request: AnyRequest, outcome: Outcome, started: float) -> dict[str, Any]:
+        return envelope(
+            request_id=ctx.request_id,
+            kind=request.type,
+            action=request.action_name,
+            outcome=outcome,
+            executed_at=ctx.now,
+            duration_ms=round((time.perf_counter() - started) * 1000),
+        )
+
+    @staticmethod
+    def _record(conn: Any, ctx: RequestContext, queue: Queue, request: AnyRequest, document: dict[str, Any]) -> None:
+        ledger.record_done(
+            conn,
+            folder=ctx.group.folder,
+            request_id=ctx.request_id,
+            queue=queue.value,
+            kind=request.type,
+            action=request.action_name,
+            result=document,
+            at=ctx.now,
+        )
+
+
+def _replay(answer: Answer) -> Answer:
+    return Answer(document=answer.document, effect=answer.effect, replayed=True)
+
+
+def _internal() -> Outcome:
+    return Outcome.failure(ErrorCode.INTERNAL, "the host failed while executing this request; see the host log")
+
+
+def _no_handler(request: AnyRequest) -> Outcome:
+    what = request.action_name or request.type
+    return Outcome.failure(ErrorCode.UPSTREAM_UNAVAILABLE, f"{what} is not available on this host")

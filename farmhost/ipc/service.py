@@ -1,0 +1,298 @@
+"""IpcService: keeps a GroupDir and queue workers per registered group, wakes them, writes snapshots."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from farmhost.config import Settings
+from farmhost.ipc import snapshots
+from farmhost.ipc.groupdir import DIR_FLAGS, GroupDir
+from farmhost.ipc.handlers import Change, Handlers
+from farmhost.ipc.processor import RequestProcessor
+from farmhost.ipc.quarantine import Quarantine
+from farmhost.ipc.requestlog import RequestLog
+from farmhost.ipc.router import Router
+from farmhost.ipc.sweeper import sweep_results
+from farmhost.ipc.watcher import InotifyWatcher
+from farmhost.ipc.worker import QueueWorker
+from farmhost.layout import DataLayout
+from farmhost.protocol.codes import ErrorCode, Queue
+from farmhost.store import groups as group_store
+from farmhost.store import ledger
+from farmhost.store.db import Database, now_utc
+from farmhost.store.groups import Group
+
+logger = logging.getLogger(__name__)
+
+# How often the daemon checks whether the CLI changed the registry (a cheap PRAGMA read).
+REGISTRY_POLL_SECONDS = 0.25
+SWEEP_SECONDS = 3600.0
+
+
+@dataclass
+class _Attached:
+    group: Group
+    gdir: GroupDir
+    spool_fds: dict[Queue, int]
+    workers: dict[Queue, QueueWorker] = field(default_factory=dict)
+
+    def update(self, group: Group) -> None:
+        """The registry changed this group's fields (name, trigger): serve it with the new ones."""
+        self.group = group
+        for worker in self.workers.values():
+            worker.group = group
+
+
+class IpcService:
+    """The IPC engine of one data directory."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        layout: DataLayout,
+        db: Database,
+        handlers: Handlers,
+        identity: snapshots.HostIdentity,
+        clock: Callable[[], datetime] = now_utc,
+    ) -> None:
+        self._settings = settings
+        self._layout = layout
+        self._db = db
+        self._identity = identity
+        self._clock = clock
+        self.router = Router(
+            handlers=handlers, settings=settings, layout=layout, db=db, on_change=self._changed, clock=clock
+        )
+        self._request_log = RequestLog(layout.logs, max_bytes=settings.request_log_max_bytes)
+        self._groups: dict[str, _Attached] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._unknown_dirs: set[str] = set()
+        self._data_version = -1
+        self._ipc_fd = self._errors_fd = self._spool_fd = -1
+        self._watcher: InotifyWatcher | None = None
+        self._processor: RequestProcessor | None = None
+
+    # lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the directories, attach every registered group, write snapshots and start watching."""
+        self._layout.create()
+        self._ipc_fd = os.open(self._layout.ipc, DIR_FLAGS)
+        self._errors_fd = os.open("errors", DIR_FLAGS, dir_fd=self._ipc_fd)
+        self._spool_fd = os.open(".spool", DIR_FLAGS, dir_fd=self._ipc_fd)
+        started = self._identity.started_at.timestamp()
+        self._processor = RequestProcessor(
+            router=self.router,
+            db=self._db,
+            quarantine=Quarantine(self._errors_fd),
+            request_log=self._request_log,
+            max_request_bytes=self._settings.ipc_max_request_bytes,
+            stale_before=started - self._settings.stale_request_seconds,
+            clock=self._clock,
+        )
+        if self._settings.ipc_mode == "inotify":
+            self._watcher = InotifyWatcher(
+                on_queue=self._queue_event, on_group=self._group_event, on_overflow=self.wake_all
+            )
+            self._watcher.start()
+        self.reload_groups()
+        self._sweep()
+        rescan = self._settings.ipc_rescan_seconds
+        if self._settings.ipc_mode == "poll":
+            rescan = min(rescan, self._settings.ipc_poll_seconds)
+        self._spawn("ipc:rescan", self._every(rescan, self._rescan))
+        self._spawn("ipc:registry", self._every(REGISTRY_POLL_SECONDS, self._check_registry))
+        self._spawn("ipc:heartbeat", self._every(self._settings.heartbeat_seconds, self._heartbeat))
+        self._spawn("ipc:sweep", self._every(SWEEP_SECONDS, self._sweep))
+
+    async def stop(self) -> None:
+        """Stop every worker (the request in progress finishes or stays spooled) and say `stopped`."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        for folder in list(self._groups):
+            await self._detach(self._groups.pop(folder), status="stopped")
+        if self._watcher is not None:
+            self._watcher.stop()
+        for fd in (self._spool_fd, self._errors_fd, self._ipc_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._request_log.close()
+
+    async def run_once(self) -> int:
+        """Process everything pending in every group now (burst mode); returns how many requests ran."""
+        counts = await asyncio.gather(*(w.drain() for a in self._groups.values() for w in a.workers.values()))
+        return sum(counts)
+
+    @property
+    def groups(self) -> list[Group]:
+        """The groups being served."""
+        return [attached.group for attached in self._groups.values()]
+
+    def wake_all(self) -> None:
+        """Make every worker look at its queue (overflow, rescan, poll tick)."""
+        for attached in self._groups.values():
+            for worker in attached.workers.values():
+                worker.wake()
+
+    # registry ----------------------------------------------------------------------------------
+
+    def reload_groups(self) -> None:
+        """Attach new groups, detach removed ones, refresh changed ones; rewrite snapshots."""
+        self._data_version = self._db.data_version()
+        current = {g.folder: g for g in group_store.list_groups(self._db.conn)}
+        for folder in list(self._groups):
+            if folder not in current:
+                self._spawn(f"ipc:detach:{folder}", self._detach(self._groups.pop(folder), status="stopped"))
+            elif current[folder] != self._groups[folder].group:
+                self._groups[folder].update(current[folder])
+        for folder, group in current.items():
+            if folder not in self._groups:
+                self._attach(group)
+        self._write_snapshots({Change.TASKS, Change.GROUPS})
+
+    def _attach(self, group: Group) -> None:
+        assert self._processor is not None
+        self._layout.create_group(group.folder)
+        gdir = GroupDir(group.folder, self._ipc_fd, evict=self._evict)
+        spool_fds = {queue: self._open_spool(group.folder, queue) for queue in Queue}
+        attached = _Attached(group=group, gdir=gdir, spool_fds=spool_fds)
+        for queue in Queue:
+            worker = QueueWorker(
+                group=group, gdir=gdir, queue=queue, spool_fd=spool_fds[queue], processor=self._processor
+            )
+            attached.workers[queue] = worker
+        self._groups[group.folder] = attached
+        self._watch(attached)
+        for worker in attached.workers.values():
+            worker.start()
+        logger.info("serving group %s (%s)%s", group.folder, group.jid, " [main]" if group.is_main else "")
+
+    async def _detach(self, attached: _Attached, *, status: str) -> None:
+        folder = attached.group.folder
+        await asyncio.gather(*(w.stop() for w in attached.workers.values()))
+        if self._watcher is not None and folder not in self._groups:
+            for queue in (None, *Queue):
+                self._watcher.unwatch(folder, queue.value if queue else None)
+        snapshots.write_snapshot(
+            attached.gdir.fd,
+            snapshots.HOST_STATUS,
+            snapshots.host_status(self._identity, status=status, now=self._clock()),
+        )
+        attached.gdir.close()
+        for fd in attached.spool_fds.values():
+            os.close(fd)
+        logger.info("stopped serving group %s", folder)
+
+    def _open_spool(self, folder: str, queue: Queue) -> int:
+        path = self._layout.spool / folder / queue.value
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return os.open(path, DIR_FLAGS)
+
+    def _watch(self, attached: _Attached) -> None:
+        if self._watcher is None:
+            return
+        folder = attached.group.folder
+        self._watcher.watch(folder, None, attached.gdir.fd)
+        for queue in Queue:
+            self._watcher.watch(folder, queue.value, attached.gdir.queue_fd(queue))
+
+    def _evict(self, dir_fd: int, name: str, reason: str) -> None:
+        folder = next((f for f, a in self._groups.items() if a.gdir.fd == dir_fd), "unknown")
+        Quarantine(self._errors_fd).move(
+            dir_fd,
+            name,
+            folder=folder,
+            queue=name,
+            original_name=name,
+            reason=reason,
+            code=ErrorCode.INVALID_REQUEST,
+            at=self._clock(),
+        )
+
+    # events and timers -------------------------------------------------------------------------
+
+    def _queue_event(self, folder: str, queue: str) -> None:
+        attached = self._groups.get(folder)
+        if attached is not None:
+            attached.workers[Queue(queue)].wake()
+
+    def _group_event(self, folder: str) -> None:
+        attached = self._groups.get(folder)
+        if attached is None:
+            return
+        try:
+            attached.gdir.refresh()
+            self._watch(attached)
+        except OSError as err:
+            logger.error("group %s: cannot re-open its IPC directories: %s", folder, err)
+        for worker in attached.workers.values():
+            worker.wake()
+
+    def _rescan(self) -> None:
+        for folder in list(self._groups):
+            self._group_event(folder)
+        for name in os.listdir(self._ipc_fd):
+            known = name in self._groups or name in self._unknown_dirs or name == "errors" or name.startswith(".")
+            if not known:
+                logger.warning("ipc/%s is not a registered group folder; ignoring it", name)
+                self._unknown_dirs.add(name)
+
+    def _check_registry(self) -> None:
+        if self._db.data_version() != self._data_version:
+            self.reload_groups()
+
+    def _heartbeat(self) -> None:
+        document = snapshots.host_status(self._identity, status="alive", now=self._clock())
+        for attached in self._groups.values():
+            snapshots.write_snapshot(attached.gdir.fd, snapshots.HOST_STATUS, document)
+
+    def _sweep(self) -> None:
+        now = self._clock()
+        cutoff = time.time() - self._settings.result_retention_hours * 3600
+        removed = sum(sweep_results(a.gdir.results_fd(), older_than=cutoff) for a in self._groups.values())
+        with self._db.tx(durable=False) as conn:
+            pruned = ledger.prune(conn, older_than=now - timedelta(days=self._settings.ledger_retention_days))
+        if removed or pruned:
+            logger.info("swept %d uncollected results and %d old ledger entries", removed, pruned)
+
+    def _changed(self, changes: set[Change]) -> None:
+        if Change.GROUPS in changes:
+            self.reload_groups()
+        else:
+            self._write_snapshots(changes)
+
+    def _write_snapshots(self, changes: set[Change]) -> None:
+        registered = self.groups
+        now = self._clock()
+        for attached in self._groups.values():
+            fd, group = attached.gdir.fd, attached.group
+            if Change.TASKS in changes:
+                snapshots.write_snapshot(fd, snapshots.CURRENT_TASKS, snapshots.tasks_snapshot(self._db, group))
+            if Change.GROUPS in changes:
+                document = snapshots.groups_snapshot(self._db, group, registered, now=now)
+                snapshots.write_snapshot(fd, snapshots.AVAILABLE_GROUPS, document)
+        self._heartbeat()
+
+    def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.append(task)
+        task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
+
+    @staticmethod
+    async def _every(seconds: float, tick: Callable[[], None]) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                tick()
+            except Exception:
+                logger.exception("periodic %s failed", getattr(tick, "__name__", tick))

@@ -1,0 +1,77 @@
+"""Host -> agent snapshots: `current_tasks.json`, `available_groups.json` and the `host_status.json` heartbeat."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from farmhost.ipc.writer import write_json_atomic
+from farmhost.protocol.envelope import utc_stamp
+from farmhost.store import chats, tasks
+from farmhost.store.db import Database, iso
+from farmhost.store.groups import Group
+
+logger = logging.getLogger(__name__)
+
+CURRENT_TASKS = "current_tasks.json"
+AVAILABLE_GROUPS = "available_groups.json"
+HOST_STATUS = "host_status.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostIdentity:
+    """What `host_status.json` says about the running daemon."""
+
+    pid: int
+    version: str
+    started_at: datetime
+
+
+def tasks_snapshot(db: Database, group: Group) -> list[dict[str, Any]]:
+    """`current_tasks.json` of a group: main sees every task, others their own."""
+    rows = tasks.list_tasks(db.conn, folder=None if group.is_main else group.folder)
+    return [task.to_snapshot() for task in rows]
+
+
+def groups_snapshot(db: Database, group: Group, registered: list[Group], *, now: datetime) -> dict[str, Any]:
+    """`available_groups.json`: every known chat for main, an empty list for everyone else."""
+    if not group.is_main:
+        return {"groups": [], "lastSync": utc_stamp(now)}
+    by_jid = {g.jid: g for g in registered}
+    entries: dict[str, dict[str, Any]] = {}
+    for chat in chats.list_chats(db.conn):
+        bound = by_jid.get(chat.jid)
+        entries[chat.jid] = {
+            "jid": chat.jid,
+            "name": bound.name if bound else chat.name,
+            "folder": bound.folder if bound else None,
+            "isRegistered": bound is not None,
+            "lastActivity": iso(chat.last_activity),
+        }
+    for g in registered:
+        entries.setdefault(
+            g.jid, {"jid": g.jid, "name": g.name, "folder": g.folder, "isRegistered": True, "lastActivity": None}
+        )
+    return {"groups": sorted(entries.values(), key=lambda e: e["jid"]), "lastSync": utc_stamp(now)}
+
+
+def host_status(identity: HostIdentity, *, status: str, now: datetime) -> dict[str, Any]:
+    """`host_status.json`: alive or stopped, with a heartbeat a client can age."""
+    return {
+        "status": status,
+        "pid": identity.pid,
+        "version": identity.version,
+        "startedAt": utc_stamp(identity.started_at),
+        "heartbeatAt": utc_stamp(now),
+    }
+
+
+def write_snapshot(group_fd: int, name: str, document: Any) -> None:
+    """Write one snapshot atomically into a group's IPC directory (by descriptor)."""
+    try:
+        write_json_atomic(group_fd, name, document)
+    except OSError as err:
+        logger.error("could not write %s: %s", name, os.strerror(err.errno or 0))

@@ -1,0 +1,94 @@
+"""Discovery of new request files: inotify on held directory descriptors, or nothing in poll mode."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from inotify_simple import INotify
+from inotify_simple import flags as f
+
+logger = logging.getLogger(__name__)
+
+QUEUE_MASK = f.MOVED_TO | f.CLOSE_WRITE | f.DELETE_SELF | f.MOVE_SELF | f.ONLYDIR
+# A group directory is watched for its queue directories being swapped (renamed, deleted, recreated).
+GROUP_MASK = f.CREATE | f.MOVED_TO | f.MOVED_FROM | f.DELETE | f.ONLYDIR
+
+QueueCallback = Callable[[str, str], None]
+GroupCallback = Callable[[str], None]
+
+
+class InotifyWatcher:
+    """Wakes queue workers within milliseconds of a rename into a queue directory.
+
+    Watches are added on `/proc/self/fd/<fd>` of the host's held descriptors, so the kernel watches the
+    directory the host actually holds, never whatever an agent-controlled path points to now.
+    """
+
+    def __init__(self, *, on_queue: QueueCallback, on_group: GroupCallback, on_overflow: Callable[[], None]) -> None:
+        self._on_queue = on_queue
+        self._on_group = on_group
+        self._on_overflow = on_overflow
+        self._inotify: INotify | None = None
+        self._targets: dict[int, tuple[str, str | None]] = {}
+        self._by_target: dict[tuple[str, str | None], int] = {}
+
+    def start(self) -> None:
+        """Create the inotify instance and hook it into the running loop."""
+        self._inotify = INotify(nonblocking=True)
+        asyncio.get_running_loop().add_reader(self._inotify.fileno(), self._read)
+
+    def stop(self) -> None:
+        """Unhook and close."""
+        if self._inotify is None:
+            return
+        asyncio.get_running_loop().remove_reader(self._inotify.fileno())
+        self._inotify.close()
+        self._inotify = None
+        self._targets.clear()
+        self._by_target.clear()
+
+    def watch(self, folder: str, queue: str | None, dir_fd: int) -> None:
+        """Watch a queue directory (queue set) or a group directory (queue None), replacing an older watch."""
+        if self._inotify is None:
+            return
+        self.unwatch(folder, queue)
+        mask = QUEUE_MASK if queue else GROUP_MASK
+        wd = self._inotify.add_watch(f"/proc/self/fd/{dir_fd}", mask)
+        self._targets[wd] = (folder, queue)
+        self._by_target[(folder, queue)] = wd
+
+    def unwatch(self, folder: str, queue: str | None) -> None:
+        """Stop watching one directory."""
+        wd = self._by_target.pop((folder, queue), None)
+        if wd is None or self._inotify is None:
+            return
+        self._targets.pop(wd, None)
+        with contextlib.suppress(OSError):  # the kernel already dropped it (directory deleted)
+            self._inotify.rm_watch(wd)
+
+    def _read(self) -> None:
+        assert self._inotify is not None
+        try:
+            events = self._inotify.read(timeout=0)
+        except BlockingIOError:
+            return
+        for event in events:
+            if event.mask & f.Q_OVERFLOW:
+                logger.warning("inotify queue overflowed; rescanning every queue")
+                self._on_overflow()
+                continue
+            target = self._targets.get(event.wd)
+            if target is None:
+                continue
+            folder, queue = target
+            if event.mask & f.IGNORED:
+                self._targets.pop(event.wd, None)
+                self._by_target.pop(target, None)
+                self._on_group(folder)
+            elif queue is None or event.mask & (f.DELETE_SELF | f.MOVE_SELF):
+                self._on_group(folder)
+            else:
+                self._on_queue(folder, queue)

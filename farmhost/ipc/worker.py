@@ -1,0 +1,89 @@
+"""QueueWorker: drains one queue of one group in file-name order, spool leftovers first."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from farmhost.ipc.groupdir import GroupDir
+from farmhost.ipc.processor import ClaimedFile, RequestProcessor
+from farmhost.ipc.reader import claim, pending_names
+from farmhost.protocol.codes import Queue
+from farmhost.store.groups import Group
+
+logger = logging.getLogger(__name__)
+
+
+class QueueWorker:
+    """One task per (group, queue): requests of a queue run one after another, queues and groups in parallel."""
+
+    def __init__(
+        self, *, group: Group, gdir: GroupDir, queue: Queue, spool_fd: int, processor: RequestProcessor
+    ) -> None:
+        self.group = group
+        self.queue = queue
+        self._gdir = gdir
+        self._spool_fd = spool_fd
+        self._processor = processor
+        self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start draining; the first pass recovers the spool and scans the queue."""
+        self._wake.set()
+        self._task = asyncio.create_task(self._loop(), name=f"ipc:{self.group.folder}/{self.queue.value}")
+
+    async def stop(self) -> None:
+        """Stop after the request in progress (a cancelled request stays in the spool and is recovered)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def wake(self) -> None:
+        """Something may have arrived."""
+        self._wake.set()
+
+    async def drain(self) -> int:
+        """Process the spool leftovers, then everything in the queue until it is empty; returns the count."""
+        async with self._lock:
+            done = 0
+            for name in pending_names(self._spool_fd):
+                if not await self._processor.process(self._item(name)):
+                    return done  # results cannot be written now; the next rescan retries
+                done += 1
+            while True:
+                names = pending_names(self._gdir.queue_fd(self.queue))
+                if not names:
+                    return done
+                for name in names:
+                    try:
+                        claimed = claim(self._gdir.queue_fd(self.queue), name, self._spool_fd)
+                    except OSError as err:
+                        logger.error("group %s: cannot claim %s/%s: %s", self.group.folder, self.queue, name, err)
+                        return done
+                    if claimed:
+                        if not await self._processor.process(self._item(name)):
+                            return done
+                        done += 1
+                    await asyncio.sleep(0)  # let other groups' workers run between requests
+
+    def _item(self, name: str) -> ClaimedFile:
+        return ClaimedFile(group=self.group, gdir=self._gdir, queue=self.queue, spool_fd=self._spool_fd, name=name)
+
+    async def _loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self.drain()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # A bug must not stop a queue for good; the request stays in the spool and is retried.
+                logger.exception(
+                    "group %s: queue %s failed; retrying at the next rescan", self.group.folder, self.queue
+                )

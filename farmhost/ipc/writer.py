@@ -1,0 +1,49 @@
+"""Atomic file writes relative to a held directory descriptor: O_EXCL temp, fsync, rename."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+from typing import Any
+
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def write_atomic(dir_fd: int, name: str, data: bytes, *, fsync_dir: bool = False, mode: int = 0o644) -> None:
+    """Write `name` inside the directory `dir_fd` so that readers see the old file or the whole new one.
+
+    The temporary name starts with '.', so the host's own watcher and agents' clients skip it.
+
+    Args:
+        dir_fd: an open directory descriptor (never a path an agent could swap).
+        name: a single path component.
+        data: the complete content.
+        fsync_dir: also fsync the directory so the rename itself survives a power cut.
+        mode: permission bits of the new file.
+    """
+    tmp = f".{name}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, _CREATE_FLAGS, mode, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "wb", closefd=True) as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    if fsync_dir:
+        os.fsync(dir_fd)
+
+
+def dump_json(document: Any) -> bytes:
+    """Serialise a document the way every host-written file is serialised."""
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def write_json_atomic(dir_fd: int, name: str, document: Any, *, fsync_dir: bool = False) -> None:
+    """`write_atomic` for a JSON document."""
+    write_atomic(dir_fd, name, dump_json(document), fsync_dir=fsync_dir)

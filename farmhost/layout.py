@@ -1,0 +1,84 @@
+"""DataLayout: the only code that knows where things live inside the data directory."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from farmhost.protocol.codes import QUEUE_DIRS, RESULTS_DIR
+
+
+@dataclass(frozen=True)
+class DataLayout:
+    """Paths of one data directory (SPEC section 2)."""
+
+    root: Path
+
+    @property
+    def db_path(self) -> Path:
+        """The SQLite database."""
+        return self.root / "farmhost.db"
+
+    @property
+    def ipc(self) -> Path:
+        """Parent of every group's IPC directory."""
+        return self.root / "ipc"
+
+    @property
+    def errors(self) -> Path:
+        """Quarantine for refused request files, one folder per group."""
+        return self.ipc / "errors"
+
+    @property
+    def spool(self) -> Path:
+        """Host-private spool: claimed requests live here while they run (same filesystem as ipc/)."""
+        return self.ipc / ".spool"
+
+    @property
+    def groups(self) -> Path:
+        """Parent of every group's workspace."""
+        return self.root / "groups"
+
+    @property
+    def farm_state(self) -> Path:
+        """Farm state files written by the host for agents to read."""
+        return self.root / "farm-state"
+
+    @property
+    def logs(self) -> Path:
+        """Host logs (request log)."""
+        return self.root / "logs"
+
+    @property
+    def outbox_files(self) -> Path:
+        """Private copies of files accepted for sending, so an agent cannot change them afterwards."""
+        return self.root / "outbox-files"
+
+    @property
+    def lock_path(self) -> Path:
+        """Held by the running daemon so that a second one refuses to start."""
+        return self.root / "farmhost.lock"
+
+    def group_ipc(self, folder: str) -> Path:
+        """A group's IPC directory."""
+        return self.ipc / folder
+
+    def workspace(self, folder: str) -> Path:
+        """A group's workspace."""
+        return self.groups / folder
+
+    def create(self) -> None:
+        """Create the top-level layout (idempotent)."""
+        for path in (self.ipc, self.errors, self.spool, self.groups, self.farm_state, self.logs, self.outbox_files):
+            path.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.spool, 0o700)
+
+    def create_group(self, folder: str) -> None:
+        """Create a group's workspace and IPC queues (idempotent; the folder was validated)."""
+        self.create()
+        self.workspace(folder).mkdir(exist_ok=True)
+        ipc = self.group_ipc(folder)
+        ipc.mkdir(exist_ok=True)
+        for name in (*QUEUE_DIRS, RESULTS_DIR):
+            (ipc / name).mkdir(exist_ok=True)

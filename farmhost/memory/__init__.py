@@ -1,0 +1,1 @@
+"""BM25 search over each group's markdown memory and chat transcripts."""

@@ -1,0 +1,1 @@
+"""The IPC wire format: request models, the result envelope and the closed code sets."""

@@ -1,0 +1,99 @@
+"""Turn the bytes of a request file into a validated request, or a specific reason it is refused."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+from pydantic import TypeAdapter, ValidationError
+
+from farmhost.protocol.codes import REQUEST_ID_RE, Queue
+from farmhost.protocol.requests import QUEUE_TYPES, ActionsRequest, AnyRequest, MessagesRequest, TasksRequest
+
+_ADAPTERS: Final[dict[Queue, TypeAdapter[Any]]] = {
+    Queue.MESSAGES: TypeAdapter(MessagesRequest),
+    Queue.TASKS: TypeAdapter(TasksRequest),
+    Queue.ACTIONS: TypeAdapter(ActionsRequest),
+}
+
+
+class RequestRejected(ValueError):
+    """A request file that cannot be executed; `request_id` is set when one could be recovered."""
+
+    def __init__(self, reason: str, *, request_id: str | None = None, kind: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.request_id = request_id
+        self.kind = kind
+
+
+def decode_request(queue: Queue, raw: bytes, *, stem: str) -> AnyRequest:
+    """Validate `raw` as a request of `queue`.
+
+    Args:
+        queue: the queue directory the file was found in (it decides which types are allowed).
+        raw: the file's bytes.
+        stem: the file name without `.json`, the fallback requestId.
+
+    Returns:
+        The request, with `requestId` filled in from the stem when absent and the stem is a valid id.
+
+    Raises:
+        RequestRejected: with a sentence saying what is wrong.
+    """
+    try:
+        request: AnyRequest = _ADAPTERS[queue].validate_json(raw)
+    except ValidationError as err:
+        raise _explain(queue, raw, stem, err) from None
+    if request.requestId is None:
+        fallback = stem if REQUEST_ID_RE.fullmatch(stem) else None
+        request = request.model_copy(update={"requestId": fallback})
+    return request
+
+
+def _explain(queue: Queue, raw: bytes, stem: str, err: ValidationError) -> RequestRejected:
+    stem_id = stem if REQUEST_ID_RE.fullmatch(stem) else None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return RequestRejected("file is not valid UTF-8 text", request_id=stem_id)
+    except RecursionError:
+        return RequestRejected("JSON is nested too deeply", request_id=stem_id)
+    except json.JSONDecodeError as exc:
+        return RequestRejected(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", request_id=stem_id)
+    if not isinstance(data, dict):
+        return RequestRejected(f"a request must be a JSON object, got {type(data).__name__}", request_id=stem_id)
+    raw_id = data.get("requestId")
+    if raw_id is not None and not (isinstance(raw_id, str) and REQUEST_ID_RE.fullmatch(raw_id)):
+        return RequestRejected(
+            "requestId must match ^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$ (letters, digits, '_', '.', '-')"
+        )
+    request_id = raw_id if isinstance(raw_id, str) else stem_id
+    allowed = QUEUE_TYPES[queue]
+    raw_kind = data.get("type")
+    kind = raw_kind if isinstance(raw_kind, str) and raw_kind in allowed else None
+    if kind is None:
+        return RequestRejected(
+            f"unknown type {raw_kind!r} for the {queue.value} queue (expected one of: {', '.join(allowed)})",
+            request_id=request_id,
+        )
+    if kind == "register_group" and "isMain" in data:
+        return RequestRejected(
+            "isMain cannot be set through IPC; only the operator can choose the main group",
+            request_id=request_id,
+            kind=kind,
+        )
+    return RequestRejected(_first_error(err), request_id=request_id, kind=kind)
+
+
+def _first_error(err: ValidationError) -> str:
+    first = err.errors(include_url=False)[0]
+    # The discriminator tag is the first element of the location; it tells nothing to the agent.
+    loc = [str(part) for part in first["loc"][1:]] or [str(part) for part in first["loc"]]
+    where = ".".join(loc)
+    message = str(first["msg"])
+    if first["type"] == "extra_forbidden":
+        return f"unknown field {where!r}"
+    if first["type"] == "missing":
+        return f"missing field {where!r}"
+    return f"field {where!r}: {message}" if where else message

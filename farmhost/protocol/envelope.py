@@ -1,0 +1,50 @@
+"""The result envelope written to `action_results/<requestId>.json` for every request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from farmhost.protocol.codes import ErrorCode, Status
+
+
+def utc_stamp(moment: datetime) -> str:
+    """Format an aware datetime as the contract's UTC timestamp (`2026-05-17T00:00:10.123Z`)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """What a handler produced: a result, or an error sentence with its code."""
+
+    result: Any = None
+    error: str | None = None
+    error_code: ErrorCode | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the request succeeded."""
+        return self.error_code is None
+
+    @classmethod
+    def failure(cls, code: ErrorCode, message: str) -> Outcome:
+        """An error outcome."""
+        return cls(error=message, error_code=code)
+
+
+def envelope(
+    *, request_id: str, kind: str, action: str | None, outcome: Outcome, executed_at: datetime, duration_ms: int
+) -> dict[str, Any]:
+    """Build the result document exactly as the contract lays it out."""
+    return {
+        "requestId": request_id,
+        "type": kind,
+        "action": action,
+        "status": Status.SUCCESS.value if outcome.ok else Status.ERROR.value,
+        "result": outcome.result if outcome.ok else None,
+        "error": outcome.error,
+        "errorCode": outcome.error_code.value if outcome.error_code else None,
+        "executedAt": utc_stamp(executed_at),
+        "durationMs": duration_ms,
+    }

@@ -1,0 +1,195 @@
+"""Pydantic models of every request an agent may write, one discriminated union per queue."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+from farmhost.protocol.codes import DASHBOARD_RE, FOLDER_RE, REQUEST_ID_RE, Queue, folder_problem
+
+RequestId = Annotated[str, StringConstraints(pattern=REQUEST_ID_RE.pattern)]
+FolderName = Annotated[str, StringConstraints(pattern=FOLDER_RE.pattern)]
+DashboardName = Annotated[str, StringConstraints(pattern=DASHBOARD_RE.pattern)]
+ChatJid = Annotated[str, StringConstraints(min_length=3, max_length=256, pattern=r"^[a-z][a-z0-9_-]*:\S+$")]
+EntityId = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+\.[a-z0-9_]+$", max_length=255)]
+Domain = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+$", max_length=64)]
+
+MAX_TEXT_CHARS: Final = 65_536  # a message over 16 Telegram chunks is a runaway agent, not a reply
+MAX_PROMPT_CHARS: Final = 16_384
+
+
+class _Request(BaseModel):
+    """Fields every request may carry; `groupFolder`/`timestamp` are accepted but never establish identity."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    requestId: RequestId | None = None
+    ttl: Annotated[float, Field(gt=0, le=86_400)] | None = None
+    expiresAt: AwareDatetime | None = None
+    timestamp: str | float | None = None
+
+    def expires_at(self, received_at: datetime) -> datetime | None:
+        """When the request stops being worth executing, from `ttl` (counted from receipt) or `expiresAt`."""
+        candidates = [self.expiresAt] if self.expiresAt is not None else []
+        if self.ttl is not None:
+            candidates.append(received_at + timedelta(seconds=self.ttl))
+        return min(candidates) if candidates else None
+
+    @property
+    def action_name(self) -> str | None:
+        """The `action` of the result envelope (None for requests without one)."""
+        return None
+
+
+# messages/ ---------------------------------------------------------------------------------------
+
+
+class MessageRequest(_Request):
+    """Send text to a chat."""
+
+    type: Literal["message"]
+    chatJid: ChatJid
+    text: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT_CHARS)]
+    groupFolder: str | None = None
+
+
+class FileRequest(_Request):
+    """Send a file from the group's own workspace to a chat."""
+
+    type: Literal["file"]
+    chatJid: ChatJid
+    path: Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+    caption: Annotated[str, StringConstraints(max_length=1024)] | None = None
+    groupFolder: str | None = None
+
+
+# tasks/ ------------------------------------------------------------------------------------------
+
+
+class ScheduleTaskRequest(_Request):
+    """Create a cron/interval/once task."""
+
+    type: Literal["schedule_task"]
+    prompt: Annotated[str, StringConstraints(min_length=1, max_length=MAX_PROMPT_CHARS)]
+    schedule_type: Literal["cron", "interval", "once"]
+    schedule_value: Annotated[str, StringConstraints(min_length=1, max_length=200)] | int
+    context_mode: Literal["isolated", "group"] = "isolated"
+    groupFolder: FolderName | None = None
+    taskId: RequestId | None = None
+
+
+class TaskIdRequest(_Request):
+    """Pause, resume or cancel one task."""
+
+    type: Literal["pause_task", "resume_task", "cancel_task"]
+    taskId: RequestId
+    groupFolder: str | None = None
+
+
+class RefreshGroupsRequest(_Request):
+    """Re-read the chats and rewrite `available_groups.json` (main only)."""
+
+    type: Literal["refresh_groups"]
+    groupFolder: str | None = None
+
+
+class RegisterGroupRequest(_Request):
+    """Register a chat as a group (main only); `isMain` is refused by name."""
+
+    type: Literal["register_group"]
+    jid: ChatJid
+    name: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    folder: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    trigger: Annotated[str, StringConstraints(min_length=1, max_length=100)] | None = None
+    requiresTrigger: bool = True
+    groupFolder: str | None = None
+
+    @field_validator("folder")
+    @classmethod
+    def _folder_is_valid(cls, value: str) -> str:
+        problem = folder_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+
+# actions/ ----------------------------------------------------------------------------------------
+
+CONTROL_ACTIONS: Final = frozenset(
+    {"ha_call_service", "ha_set_entity", "ha_restart", "ha_apply_dashboard", "ha_dashboard_patch"}
+)
+# Actions that write files (a screenshot, farm-state): not HA control, but not safe to re-run blindly after a crash.
+FILE_WRITING_ACTIONS: Final = frozenset({"ha_capture_screenshot", "farm_state_refresh"})
+FarmActionName = Literal[
+    "ha_get_status",
+    "ha_call_service",
+    "ha_set_entity",
+    "ha_restart",
+    "ha_dashboard_get",
+    "ha_dashboard_validate",
+    "ha_dashboard_patch",
+    "ha_apply_dashboard",
+    "ha_capture_screenshot",
+    "farm_state_refresh",
+]
+
+
+class FarmActionRequest(_Request):
+    """A Home Assistant / farm action; its params are checked by the action itself."""
+
+    type: Literal["farm_action"]
+    action: FarmActionName
+    params: dict[str, Any] = Field(default_factory=dict)
+    groupFolder: str | None = None
+
+    @property
+    def action_name(self) -> str | None:
+        """The farm action's name."""
+        return self.action
+
+
+class PingRequest(_Request):
+    """The cheapest request: proves the host answers."""
+
+    type: Literal["ping"]
+    groupFolder: str | None = None
+
+
+class MemoryActionRequest(_Request):
+    """memory_search / memory_get over markdown memory and transcripts."""
+
+    type: Literal["memory_action"]
+    action: Literal["memory_search", "memory_get"]
+    params: dict[str, Any] = Field(default_factory=dict)
+    groupFolder: str | None = None
+
+    @property
+    def action_name(self) -> str | None:
+        """The memory action's name."""
+        return self.action
+
+
+MessagesRequest = Annotated[MessageRequest | FileRequest, Field(discriminator="type")]
+TasksRequest = Annotated[
+    ScheduleTaskRequest | TaskIdRequest | RefreshGroupsRequest | RegisterGroupRequest, Field(discriminator="type")
+]
+ActionsRequest = Annotated[FarmActionRequest | PingRequest | MemoryActionRequest, Field(discriminator="type")]
+AnyRequest = (
+    MessageRequest
+    | FileRequest
+    | ScheduleTaskRequest
+    | TaskIdRequest
+    | RefreshGroupsRequest
+    | RegisterGroupRequest
+    | FarmActionRequest
+    | PingRequest
+    | MemoryActionRequest
+)
+
+QUEUE_TYPES: Final[dict[Queue, tuple[str, ...]]] = {
+    Queue.MESSAGES: ("message", "file"),
+    Queue.TASKS: ("schedule_task", "pause_task", "resume_task", "cancel_task", "refresh_groups", "register_group"),
+    Queue.ACTIONS: ("farm_action", "ping", "memory_action"),
+}

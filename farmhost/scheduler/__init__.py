@@ -1,0 +1,1 @@
+"""Scheduled tasks: schedule specs and when they run."""

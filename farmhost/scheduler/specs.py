@@ -1,0 +1,228 @@
+"""Schedule specs: validate cron/interval/once schedules and compute their run times (pure: time is passed in).
+
+Cron follows standard crontab semantics in the farm timezone: weekday 0 and 7 are Sunday, and when both
+day-of-month and day-of-week are restricted a day matches if either does. Across DST changes a local time
+that does not exist (spring forward) fires once, one hour later on the wall clock; a local time that occurs
+twice (fall back) fires once, at its first occurrence, unless the hour field is a wildcard (``*``, ``*/2``),
+in which case both occurrences fire. Naive ``once`` times are read in the farm timezone with ``fold=0``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta, tzinfo
+from enum import StrEnum
+from typing import Any
+
+from apscheduler.triggers.cron import CronTrigger
+
+_MIN_INTERVAL_MS = 1_000
+_MAX_INTERVAL_MS = 366 * 24 * 3600 * 1000
+_TICK = timedelta(microseconds=1)
+_DST_LOOKBACK = timedelta(hours=3)
+_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+_DOW_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")  # index == crontab weekday number
+
+
+class ScheduleType(StrEnum):
+    """How a task's schedule_value is read."""
+
+    CRON = "cron"
+    INTERVAL = "interval"
+    ONCE = "once"
+
+
+class ScheduleError(ValueError):
+    """Raised with a human sentence an agent can act on.
+
+    For example: "cron expression must have 5 fields (minute hour day month weekday), got 6".
+    """
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleSpec:
+    """A validated schedule; ``value`` is normalised (cron whitespace, interval ms digits, once ISO with offset)."""
+
+    type: ScheduleType
+    value: str
+
+
+def parse_schedule(schedule_type: str, schedule_value: str | int, *, tz: tzinfo) -> ScheduleSpec:
+    """Validate a schedule as given to ``schedule_task`` and normalise its value.
+
+    Args:
+        schedule_type: ``cron``, ``interval`` or ``once``.
+        schedule_value: 5-field crontab, interval in milliseconds, or ISO-8601 date-time.
+        tz: The farm's timezone (cron evaluation, naive once times).
+
+    Returns:
+        The normalised spec.
+
+    Raises:
+        ScheduleError: If the type or value is invalid.
+    """
+    if schedule_type == ScheduleType.CRON:
+        return ScheduleSpec(type=ScheduleType.CRON, value=_parse_cron(schedule_value, tz))
+    if schedule_type == ScheduleType.INTERVAL:
+        return ScheduleSpec(type=ScheduleType.INTERVAL, value=str(_parse_interval(schedule_value)))
+    if schedule_type == ScheduleType.ONCE:
+        return ScheduleSpec(type=ScheduleType.ONCE, value=_parse_once(schedule_value, tz).isoformat())
+    raise ScheduleError(f"schedule_type must be one of cron, interval, once; got {schedule_type!r}")
+
+
+def first_run(spec: ScheduleSpec, *, tz: tzinfo, now: datetime) -> datetime:
+    """Return when a newly created task first runs (aware, UTC).
+
+    Raises:
+        ScheduleError: If a once time is not strictly after ``now`` or a cron never fires again.
+        ValueError: If ``now`` is naive.
+    """
+    now_utc = _aware_utc(now, "now")
+    if spec.type == ScheduleType.INTERVAL:
+        return now_utc + timedelta(milliseconds=_parse_interval(spec.value))
+    if spec.type == ScheduleType.ONCE:
+        at = _parse_once(spec.value, tz).astimezone(UTC)
+        if at <= now_utc:
+            raise ScheduleError(f"once time {spec.value} is in the past (now is {now_utc.isoformat()})")
+        return at
+    fire = _next_cron(spec.value, tz, now_utc)
+    if fire is None:
+        raise ScheduleError(f"cron expression {spec.value!r} never fires again")
+    return fire
+
+
+def next_run_after(spec: ScheduleSpec, *, tz: tzinfo, anchor: datetime, now: datetime) -> datetime | None:
+    """Return the next due time strictly after ``now`` (aware, UTC), or None if there is none.
+
+    Cron: the next fire time after ``now``. Interval: ``anchor + k * interval`` for the smallest ``k >= 1``
+    that is after ``now`` (no drift). Once: None, a once task has no next run.
+
+    Raises:
+        ValueError: If ``anchor`` or ``now`` is naive.
+    """
+    anchor_utc, now_utc = _aware_utc(anchor, "anchor"), _aware_utc(now, "now")
+    if spec.type == ScheduleType.ONCE:
+        return None
+    if spec.type == ScheduleType.INTERVAL:
+        step = timedelta(milliseconds=_parse_interval(spec.value))
+        elapsed = now_utc - anchor_utc
+        k = elapsed // step + 1 if elapsed >= timedelta(0) else 1
+        return anchor_utc + k * step
+    return _next_cron(spec.value, tz, now_utc)
+
+
+def _aware_utc(value: datetime, name: str) -> datetime:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{name} must be a timezone-aware datetime, got naive {value!r}")
+    return value.astimezone(UTC)
+
+
+def _parse_interval(value: str | int) -> int:
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        ms = int(value.strip())
+    elif isinstance(value, int) and not isinstance(value, bool):
+        ms = value
+    else:
+        raise ScheduleError(f"interval must be a whole number of milliseconds such as '3600000', got {value!r}")
+    if ms < _MIN_INTERVAL_MS:
+        raise ScheduleError(f"interval must be at least {_MIN_INTERVAL_MS} ms (1 second), got {ms}")
+    if ms > _MAX_INTERVAL_MS:
+        raise ScheduleError(f"interval must be at most {_MAX_INTERVAL_MS} ms (366 days), got {ms}")
+    return ms
+
+
+def _parse_once(value: str | int, tz: tzinfo) -> datetime:
+    example = "such as '2026-05-01T09:00' (farm time) or '2026-05-01T08:00Z'"
+    if not isinstance(value, str):
+        raise ScheduleError(f"once time must be an ISO-8601 date-time string {example}, got {value!r}")
+    try:
+        date.fromisoformat(value)
+    except ValueError:
+        pass
+    else:
+        raise ScheduleError(f"once time {value!r} has no time of day; give a date-time {example}")
+    try:
+        at = datetime.fromisoformat(value)
+    except ValueError:
+        raise ScheduleError(f"once time {value!r} is not an ISO-8601 date-time {example}") from None
+    return at.replace(tzinfo=tz, fold=0) if at.tzinfo is None else at
+
+
+def _parse_cron(value: str | int, tz: tzinfo) -> str:
+    if not isinstance(value, str):
+        raise ScheduleError(
+            f"cron expression must be a string of 5 fields (minute hour day month weekday), got {value!r}"
+        )
+    fields = value.split()
+    if len(fields) != 5:
+        hint = "; shortcuts like @daily are not supported, write e.g. '0 0 * * *'" if value.startswith("@") else ""
+        raise ScheduleError(
+            f"cron expression must have 5 fields (minute hour day month weekday), got {len(fields)}{hint}"
+        )
+    normalised = " ".join(fields)
+    try:
+        fire = _next_cron(normalised, tz, _EPOCH)
+    except ValueError as exc:
+        raise ScheduleError(f"invalid cron expression {normalised!r}: {exc}") from None
+    if fire is None:
+        raise ScheduleError(f"cron expression {normalised!r} never fires (no date matches it)")
+    return normalised
+
+
+def _crontab_weekdays(field: str) -> str:
+    """Translate a crontab day-of-week field (0/7 = Sunday) into APScheduler weekday names."""
+    days: set[int] = set()
+    for item in field.lower().split(","):
+        base, slash, step_text = item.partition("/")
+        lo_text, dash, hi_text = base.partition("-")
+        step = int(step_text) if step_text.isascii() and step_text.isdigit() else 0 if slash else 1
+        if base == "*":
+            lo, hi = 0, 7
+        else:
+            lo = _weekday_number(lo_text, item)
+            hi = _weekday_number(hi_text, item) if dash else 7 if slash else lo
+        if step < 1 or lo > hi:
+            raise ValueError(f"day-of-week {item!r} is not valid (use 0-7 or sun-sat, ranges a-b, steps /n)")
+        days.update(day % 7 for day in range(lo, hi + 1, step))
+    return "*" if len(days) == 7 else ",".join(_DOW_NAMES[day] for day in sorted(days))
+
+
+def _weekday_number(text: str, item: str) -> int:
+    if text in _DOW_NAMES:
+        return _DOW_NAMES.index(text)
+    if text.isascii() and text.isdigit() and int(text) <= 7:
+        return int(text)
+    raise ValueError(f"day-of-week {item!r} is not valid (use 0-7 or sun-sat, ranges a-b, steps /n)")
+
+
+def _cron_triggers(value: str, tz: tzinfo) -> list[Any]:
+    minute, hour, dom, month, dow = value.split()
+    weekdays = _crontab_weekdays(dow)
+    if "/" in month and any(char.isalpha() for char in month):  # APScheduler silently drops these steps
+        raise ValueError(f"month {month!r}: steps need month numbers, e.g. 1-12/3")
+    if dom.startswith("*") or dow.startswith("*"):
+        exprs = [f"{minute} {hour} {dom} {month} {weekdays}"]
+    else:  # crontab: with both day fields restricted, a day matches if either matches
+        exprs = [f"{minute} {hour} {dom} {month} *", f"{minute} {hour} * {month} {weekdays}"]
+    return [CronTrigger.from_crontab(expr, timezone=tz) for expr in exprs]
+
+
+def _is_repeated_wall_time(fire: datetime) -> bool:
+    return fire.fold == 1 and fire.replace(fold=0).utcoffset() != fire.utcoffset()
+
+
+def _next_cron(value: str, tz: tzinfo, now_utc: datetime) -> datetime | None:
+    skip_repeated = not value.split()[1].startswith("*")
+    start = now_utc - _DST_LOOKBACK  # near a DST change, walk from before it so the result does not depend on `now`
+    if start.astimezone(tz).utcoffset() == now_utc.astimezone(tz).utcoffset():
+        start = now_utc
+    best: datetime | None = None
+    for trigger in _cron_triggers(value, tz):
+        cursor = start
+        while (fire := trigger.get_next_fire_time(None, cursor + _TICK)) is not None:
+            fire_utc: datetime = fire.astimezone(UTC)
+            if fire_utc > now_utc and not (skip_repeated and _is_repeated_wall_time(fire)):
+                best = fire_utc if best is None else min(best, fire_utc)
+                break
+            cursor = max(fire_utc, cursor + _TICK)
+    return best

@@ -1,0 +1,1 @@
+"""SQLite persistence; the only package that writes SQL."""

@@ -1,0 +1,98 @@
+"""The SQLite connection: WAL, migrations and the transaction helper every repository uses."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Final
+
+from farmhost.store.migrations import MIGRATIONS
+
+DB_FILE: Final = "farmhost.db"
+# The CLI and the daemon share the file; a writer holds the lock for milliseconds, so 10 s only
+# ever expires when something is badly wrong.
+BUSY_TIMEOUT_MS: Final = 10_000
+
+
+class Database:
+    """One connection to `farmhost.db`, used from one thread (the daemon's event loop or a CLI command)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.conn.row_factory = sqlite3.Row
+        self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        self.conn.execute("PRAGMA journal_mode = WAL")
+        self.conn.execute("PRAGMA foreign_keys = ON")
+        self._durable = True
+        self.conn.execute("PRAGMA synchronous = FULL")
+        self._migrate()
+
+    @classmethod
+    def open(cls, data_dir: Path) -> Database:
+        """Open (creating and migrating) the database of a data directory."""
+        return cls(data_dir / DB_FILE)
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.conn.close()
+
+    @contextmanager
+    def tx(self, *, durable: bool = True) -> Iterator[sqlite3.Connection]:
+        """Run a write transaction (BEGIN IMMEDIATE).
+
+        Args:
+            durable: fsync the WAL at commit (state changes); False for records that may be
+                recomputed after a power cut (results of read-only requests). Both survive kill -9.
+        """
+        if durable != self._durable:
+            self.conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
+            self._durable = durable
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    def data_version(self) -> int:
+        """A number that changes whenever another connection (the CLI) commits."""
+        row = self.conn.execute("PRAGMA data_version").fetchone()
+        return int(row[0])
+
+    def schema_version(self) -> int:
+        """The applied migration count."""
+        return int(self.conn.execute("PRAGMA user_version").fetchone()[0])
+
+    def _migrate(self) -> None:
+        if self.schema_version() >= len(MIGRATIONS):
+            return
+        with self.tx():
+            current = self.schema_version()  # re-read under the write lock: another process may have migrated
+            for number, script in enumerate(MIGRATIONS[current:], start=current + 1):
+                for statement in _statements(script):
+                    self.conn.execute(statement)
+                self.conn.execute(f"PRAGMA user_version = {number}")
+
+
+def _statements(script: str) -> list[str]:
+    return [part.strip() for part in script.split(";") if part.strip()]
+
+
+def now_utc() -> datetime:
+    """The current time, aware, in UTC."""
+    return datetime.now(UTC)
+
+
+def iso(moment: datetime | None) -> str | None:
+    """Store a datetime as ISO-8601 UTC text (sortable)."""
+    return None if moment is None else moment.astimezone(UTC).isoformat(timespec="milliseconds")
+
+
+def parse_iso(text: str | None) -> datetime | None:
+    """Read a datetime stored by `iso`."""
+    return None if text is None else datetime.fromisoformat(text)

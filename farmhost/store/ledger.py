@@ -1,0 +1,91 @@
+"""The request ledger: each (group, requestId) is executed at most once and its result kept."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from farmhost.store.db import iso
+
+LedgerState = Literal["started", "done"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LedgerEntry:
+    """What the host remembers of one request."""
+
+    folder: str
+    request_id: str
+    queue: str
+    kind: str
+    action: str | None
+    state: LedgerState
+    result: dict[str, Any] | None
+
+
+def get_entry(conn: sqlite3.Connection, folder: str, request_id: str) -> LedgerEntry | None:
+    """The ledger entry of a request, if the host has seen it."""
+    row = conn.execute(
+        "SELECT * FROM request_ledger WHERE folder = ? AND request_id = ?", (folder, request_id)
+    ).fetchone()
+    if row is None:
+        return None
+    return LedgerEntry(
+        folder=row["folder"],
+        request_id=row["request_id"],
+        queue=row["queue"],
+        kind=row["kind"],
+        action=row["action"],
+        state=row["state"],
+        result=json.loads(row["result"]) if row["result"] else None,
+    )
+
+
+def mark_started(
+    conn: sqlite3.Connection, *, folder: str, request_id: str, queue: str, kind: str, action: str | None, at: datetime
+) -> None:
+    """Record that a request with outside effects is about to run (so a crash turns it into `interrupted`)."""
+    conn.execute(
+        "INSERT INTO request_ledger (folder, request_id, queue, kind, action, state, created_at)"
+        " VALUES (?, ?, ?, ?, ?, 'started', ?)",
+        (folder, request_id, queue, kind, action, iso(at)),
+    )
+
+
+def record_done(
+    conn: sqlite3.Connection,
+    *,
+    folder: str,
+    request_id: str,
+    queue: str,
+    kind: str,
+    action: str | None,
+    result: dict[str, Any],
+    at: datetime,
+) -> None:
+    """Store the final result of a request (inserting or finishing a started entry)."""
+    conn.execute(
+        "INSERT INTO request_ledger (folder, request_id, queue, kind, action, state, result, created_at, finished_at)"
+        " VALUES (?, ?, ?, ?, ?, 'done', ?, ?, ?)"
+        " ON CONFLICT(folder, request_id) DO UPDATE SET state = 'done', result = excluded.result,"
+        " finished_at = excluded.finished_at",
+        (folder, request_id, queue, kind, action, json.dumps(result), iso(at), iso(at)),
+    )
+
+
+def prune(conn: sqlite3.Connection, *, older_than: datetime) -> int:
+    """Forget finished requests created before `older_than`; returns how many."""
+    return conn.execute(
+        "DELETE FROM request_ledger WHERE state = 'done' AND created_at < ?", (iso(older_than),)
+    ).rowcount
+
+
+def count_by_state(conn: sqlite3.Connection) -> dict[str, int]:
+    """Ledger size per state (for doctor)."""
+    return {row[0]: row[1] for row in conn.execute("SELECT state, count(*) FROM request_ledger GROUP BY state")}
+
+
+RETENTION_DEFAULT = timedelta(days=30)

@@ -1,0 +1,84 @@
+"""Versioned schema migrations, applied in order and recorded in `PRAGMA user_version`."""
+
+from __future__ import annotations
+
+from typing import Final
+
+MIGRATIONS: Final[tuple[str, ...]] = (
+    # 1: the foundation
+    """
+    CREATE TABLE groups (
+        folder TEXT PRIMARY KEY,
+        jid TEXT NOT NULL UNIQUE,
+        name TEXT NOT NULL,
+        trigger TEXT,
+        requires_trigger INTEGER NOT NULL DEFAULT 1,
+        is_main INTEGER NOT NULL DEFAULT 0,
+        added_at TEXT NOT NULL
+    );
+    CREATE UNIQUE INDEX groups_one_main ON groups(is_main) WHERE is_main = 1;
+    CREATE TABLE chats (
+        jid TEXT PRIMARY KEY,
+        name TEXT,
+        channel TEXT NOT NULL,
+        last_activity TEXT
+    );
+    CREATE TABLE tasks (
+        id TEXT PRIMARY KEY,
+        group_folder TEXT NOT NULL,
+        prompt TEXT NOT NULL,
+        schedule_type TEXT NOT NULL,
+        schedule_value TEXT NOT NULL,
+        context_mode TEXT NOT NULL,
+        status TEXT NOT NULL,
+        next_run TEXT,
+        last_run TEXT,
+        anchor TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        created_by TEXT
+    );
+    CREATE INDEX tasks_due ON tasks(status, next_run);
+    CREATE TABLE task_runs (
+        id INTEGER PRIMARY KEY,
+        task_id TEXT NOT NULL,
+        due_at TEXT NOT NULL,
+        claimed_at TEXT NOT NULL,
+        finished_at TEXT,
+        status TEXT NOT NULL,
+        detail TEXT,
+        UNIQUE (task_id, due_at)
+    );
+    CREATE TABLE outbox (
+        id INTEGER PRIMARY KEY,
+        message_key TEXT NOT NULL,
+        chunk_index INTEGER NOT NULL,
+        chunk_count INTEGER NOT NULL,
+        chat_jid TEXT NOT NULL,
+        source_folder TEXT,
+        kind TEXT NOT NULL,
+        body TEXT,
+        file_path TEXT,
+        status TEXT NOT NULL DEFAULT 'pending',
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at TEXT,
+        last_error TEXT,
+        created_at TEXT NOT NULL,
+        sent_at TEXT,
+        UNIQUE (message_key, chunk_index)
+    );
+    CREATE INDEX outbox_pending ON outbox(status, next_attempt_at);
+    CREATE TABLE request_ledger (
+        folder TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        queue TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        action TEXT,
+        state TEXT NOT NULL,
+        result TEXT,
+        created_at TEXT NOT NULL,
+        finished_at TEXT,
+        PRIMARY KEY (folder, request_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX request_ledger_age ON request_ledger(created_at);
+    """,
+)

@@ -1,0 +1,1 @@
+"""Telegram bridge: outgoing message formatting and delivery."""

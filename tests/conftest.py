@@ -1,0 +1,35 @@
+"""Shared fixtures: a data directory with a main and a non-main group, and a running daemon on it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from farmhost_testing import Daemon, farmhost
+
+MAIN_JID = "telegram:100"
+FIELD_JID = "telegram:200"
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    """An initialised data dir with groups `main` (main, telegram:100) and `field` (telegram:200)."""
+    root = tmp_path / "data"
+    for args in (
+        ("init",),
+        ("group", "add", "--jid", MAIN_JID, "--name", "Farm office", "--folder", "main", "--main"),
+        ("group", "add", "--jid", FIELD_JID, "--name", "Field crew", "--folder", "field"),
+    ):
+        done = farmhost(*args, data_dir=root)
+        assert done.returncode == 0, done.stderr
+    return root
+
+
+@pytest.fixture
+def daemon(data_dir: Path) -> Iterator[Daemon]:
+    """A running `farmhost run` on `data_dir`; stopped (SIGTERM) at the end."""
+    proc = Daemon(data_dir).start()
+    yield proc
+    if proc.proc is not None:
+        assert proc.stop() == 0, proc.log()
