@@ -1,0 +1,45 @@
+# farmhost: the two commands of the README, and the pieces they are made of.
+# Everything installs into this checkout (.tools/ for uv, .venv/ for farmhost); nothing global but Debian packages.
+
+PYTHON ?= python3
+UV_VERSION ?= 0.13.9
+DATA_DIR ?= ./data
+UV := .tools/bin/uv
+export UV_PYTHON_DOWNLOADS := never
+export UV_PROJECT_ENVIRONMENT := .venv
+
+.PHONY: run test install lint typecheck pytest bench clean
+
+## run: install, create ./data with a local main group, and run the daemon in the foreground (Ctrl-C stops it)
+run: install
+	.venv/bin/farmhost init --data-dir $(DATA_DIR)
+	@.venv/bin/farmhost group list --data-dir $(DATA_DIR) --json | grep -q '"isMain": true' || \
+	  .venv/bin/farmhost group add --data-dir $(DATA_DIR) --jid local:main --name "Farm office" --folder main --main
+	.venv/bin/farmhost run --data-dir $(DATA_DIR)
+
+## test: install everything the tests need, then lint, type-check and run the whole suite
+test: install lint typecheck pytest
+
+$(UV):
+	$(PYTHON) -m venv .tools
+	.tools/bin/pip install -q "uv==$(UV_VERSION)"
+
+install: $(UV)
+	$(UV) sync --frozen --python $(PYTHON) -q
+
+lint:
+	.venv/bin/ruff check farmhost tests bench
+	.venv/bin/ruff format --check farmhost tests bench
+
+typecheck:
+	.venv/bin/mypy
+
+pytest:
+	.venv/bin/pytest -q
+
+## bench: the IPC round-trip benchmark (figures in docs/performance.md)
+bench: install
+	.venv/bin/python bench/ipc_roundtrip.py
+
+clean:
+	rm -rf .venv .tools .mypy_cache .ruff_cache .pytest_cache
