@@ -70,7 +70,7 @@ class Settings(BaseSettings):
         try:
             ZoneInfo(name)
         except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"unknown time zone {value!r} (use an IANA name such as Europe/Lisbon)") from None
+            raise ValueError("unknown time zone (use an IANA name such as Europe/Lisbon)") from None
         return name
 
     @field_validator("ha_url", "telegram_api_base_url", "llm_base_url")
@@ -79,7 +79,7 @@ class Settings(BaseSettings):
         if not value:
             return None
         if not value.startswith(("http://", "https://")):
-            raise ValueError(f"must start with http:// or https://, got {value!r}")
+            raise ValueError("must start with http:// or https://")
         return value.rstrip("/")
 
     @property

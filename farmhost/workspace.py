@@ -62,11 +62,12 @@ def open_workspace_file(workspace: Path, path: str) -> int:
 
 
 def _step(fd: int, part: str, path: str) -> int:
+    """Open the child directory and close `fd`; on failure `fd` stays open for the caller to close (once)."""
     try:
-        return os.open(part, _DIR_FLAGS, dir_fd=fd)
+        child = os.open(part, _DIR_FLAGS, dir_fd=fd)
     except FileNotFoundError:
         raise NotFound(f"no file at {path!r} in the group's workspace") from None
     except OSError as err:
         raise NotAllowed(f"{path!r} goes through a symlink or a non-directory ({err.strerror})") from None
-    finally:
-        os.close(fd)
+    os.close(fd)
+    return child

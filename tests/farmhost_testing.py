@@ -79,7 +79,7 @@ def drop(
     tmp = queue_dir / f".{name}.{secrets.token_hex(3)}.tmp"
     tmp.write_bytes(data)
     os.rename(tmp, queue_dir / name)
-    return name[: -len(".json")] if name.endswith(".json") else name
+    return name.removesuffix(".json")
 
 
 def result_path(data_dir: Path, folder: str, request_id: str) -> Path:
@@ -154,7 +154,7 @@ class Daemon:
         return code
 
     def kill(self) -> None:
-        """kill -9."""
+        """Kill -9."""
         self.stop(signal.SIGKILL)
 
     def log(self) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +23,9 @@ Configuration comes from environment variables and an optional .env file in the 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command tree."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--data-dir", type=Path, help="data directory (overrides FARMHOST_DATA_DIR; default ./data)")
+    data_dir_help = "data directory (overrides FARMHOST_DATA_DIR; default ./data)"
+    # SUPPRESS: a command without --data-dir must not reset one given before the command name.
+    common.add_argument("--data-dir", type=Path, default=argparse.SUPPRESS, help=data_dir_help)
     parser = argparse.ArgumentParser(
         prog="farmhost",
         description="farmhost: the host daemon of a farm-agent appliance next to Home Assistant.",
@@ -30,17 +33,44 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"farmhost {__version__}")
+    parser.add_argument("--data-dir", type=Path, default=None, help=data_dir_help)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("init", parents=[common], help="create the data directory layout and database")
+    p = sub.add_parser(
+        "init",
+        parents=[common],
+        help="create the data directory layout and database",
+        description="Create the data directory (ipc/, ipc/errors/, groups/, farm-state/, logs/) and farmhost.db. "
+        "Safe to run again: nothing that exists is touched.",
+    )
     p.set_defaults(func=commands.init)
-    p = sub.add_parser("run", parents=[common], help="run the daemon in the foreground (SIGTERM/SIGINT stop it)")
+    p = sub.add_parser(
+        "run",
+        parents=[common],
+        help="run the daemon in the foreground (SIGTERM/SIGINT stop it)",
+        description="Run the daemon in the foreground: it serves every registered group's IPC directory. "
+        "SIGTERM or SIGINT stop it cleanly (host_status.json then says stopped). "
+        "Only one daemon may run on a data directory.",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=commands.run)
-    p = sub.add_parser("doctor", parents=[common], help="check every part and say how to fix what is off or broken")
+    p = sub.add_parser(
+        "doctor",
+        parents=[common],
+        help="check every part and say how to fix what is off or broken",
+        description="Check every part of the appliance (data dir, database, groups, inotify, Home Assistant, "
+        "Telegram, sandbox, LLM, disk, time zone) and print ok, off or broken with the fix. "
+        "Exit status 1 when anything is broken.",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=doctor.doctor)
-    p = sub.add_parser("schema", parents=[common], help="print the JSON Schema of the IPC contract")
+    p = sub.add_parser(
+        "schema",
+        parents=[common],
+        help="print the JSON Schema of the IPC contract",
+        description="Print the JSON Schema (draft 2020-12) of every request an agent may write and of the result "
+        "the host writes back (committed as docs/schema/ipc-v1.schema.json).",
+    )
     p.add_argument("-o", "--output", type=Path, help="write to this file instead of stdout")
     p.set_defaults(func=commands.schema)
 
@@ -61,4 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `farmhost group list | head`: the reader left, which is not an error worth a traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     return code

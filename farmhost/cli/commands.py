@@ -10,11 +10,24 @@ from typing import Any
 
 from farmhost.app import App
 from farmhost.config import Settings
+from farmhost.errors import ConfigError
 from farmhost.layout import DataLayout
 from farmhost.logs import configure
 from farmhost.protocol.schema import contract_schema
 from farmhost.store import outbox, tasks
 from farmhost.store.db import Database, iso
+
+
+def open_existing(settings: Settings) -> Database:
+    """Open the database for a command that only uses it; a missing one is refused, never created.
+
+    Raises:
+        ConfigError: the data directory has no database (a typo in --data-dir, or `init` not run yet).
+    """
+    if not DataLayout(settings.data_dir).db_path.is_file():
+        root = settings.data_dir
+        raise ConfigError(f"no farmhost database in {root}; create it with `farmhost init --data-dir {root}`")
+    return Database.open(settings.data_dir)
 
 
 def init(args: argparse.Namespace, settings: Settings) -> int:
@@ -46,13 +59,27 @@ def schema(args: argparse.Namespace, settings: Settings) -> int:
 
 def add_list_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     """`task list` and `outbox list`."""
-    task = sub.add_parser("task", help="scheduled tasks").add_subparsers(dest="task_command", required=True)
-    p = task.add_parser("list", parents=[common], help="list tasks (all groups)")
+    task = sub.add_parser(
+        "task", help="scheduled tasks", description="Inspect the scheduled tasks agents created."
+    ).add_subparsers(dest="task_command", required=True)
+    p = task.add_parser(
+        "list",
+        parents=[common],
+        help="list tasks (all groups)",
+        description="List the scheduled tasks of every group with their schedule and next run.",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--all", action="store_true", help="include cancelled tasks")
     p.set_defaults(func=task_list)
-    box = sub.add_parser("outbox", help="the durable outbox").add_subparsers(dest="outbox_command", required=True)
-    p = box.add_parser("list", parents=[common], help="list outbox entries, oldest first")
+    box = sub.add_parser(
+        "outbox", help="the durable outbox", description="Inspect the durable outbox of Telegram messages."
+    ).add_subparsers(dest="outbox_command", required=True)
+    p = box.add_parser(
+        "list",
+        parents=[common],
+        help="list outbox entries, oldest first",
+        description="List outbox entries (one per message chunk or file), oldest first, with their delivery status.",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--status", choices=["pending", "sent", "failed"], help="only entries with this status")
     p.add_argument("--limit", type=int, default=200, help="at most this many entries (default 200)")
@@ -61,7 +88,7 @@ def add_list_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def task_list(args: argparse.Namespace, settings: Settings) -> int:
     """Print the tasks table."""
-    db = Database.open(settings.data_dir)
+    db = open_existing(settings)
     try:
         rows = tasks.list_tasks(db.conn, include_cancelled=args.all)
     finally:
@@ -72,11 +99,11 @@ def task_list(args: argparse.Namespace, settings: Settings) -> int:
     if not rows:
         print("no tasks")
         return 0
-    print(f"{'ID':<34} {'GROUP':<16} {'STATUS':<10} {'SCHEDULE':<28} {'NEXT RUN':<25} PROMPT")
+    print(f"{'ID':<34} {'GROUP':<16} {'STATUS':<10} {'SCHEDULE':<28} {'NEXT RUN':<29} PROMPT")
     for t in rows:
         schedule = f"{t.schedule_type} {t.schedule_value}"
         print(
-            f"{t.id:<34} {t.group_folder:<16} {t.status:<10} {schedule:<28} {iso(t.next_run) or '-':<25} "
+            f"{t.id:<34} {t.group_folder:<16} {t.status:<10} {schedule:<28} {iso(t.next_run) or '-':<29} "
             f"{_short(t.prompt)}"
         )
     return 0
@@ -84,7 +111,7 @@ def task_list(args: argparse.Namespace, settings: Settings) -> int:
 
 def outbox_list(args: argparse.Namespace, settings: Settings) -> int:
     """Print the outbox."""
-    db = Database.open(settings.data_dir)
+    db = open_existing(settings)
     try:
         rows = outbox.list_entries(db.conn, status=args.status, limit=args.limit)
     finally:

@@ -68,7 +68,11 @@ def _data_dir(settings: Settings) -> Check:
 
 def _database(settings: Settings) -> list[Check]:
     if not DataLayout(settings.data_dir).db_path.exists():
-        return [Check("database", "broken", "farmhost.db is missing", f"farmhost init --data-dir {settings.data_dir}")]
+        fix = f"farmhost init --data-dir {settings.data_dir}"
+        return [
+            Check("database", "broken", "farmhost.db is missing", fix),
+            Check("groups", "broken", "no registry without farmhost.db", fix),
+        ]
     try:
         db = Database.open(settings.data_dir)
     except (sqlite3.Error, OSError) as err:
@@ -132,7 +136,10 @@ def _http_check(part: str, url: str, headers: dict[str, str], fix: str) -> Check
 
 def _home_assistant(settings: Settings) -> Check:
     if not settings.ha_enabled:
-        return Check("home assistant", "off", "HA_URL/HA_TOKEN not set", "set HA_URL and HA_TOKEN (a long-lived token)")
+        missing = " and ".join(
+            name for name, value in (("HA_URL", settings.ha_url), ("HA_TOKEN", settings.ha_token)) if not value
+        )
+        return Check("home assistant", "off", f"{missing} not set", "set HA_URL and HA_TOKEN (a long-lived token)")
     assert settings.ha_url is not None
     return _http_check(
         "home assistant",
@@ -169,7 +176,9 @@ def _llm(settings: Settings) -> Check:
 
 
 def _disk(settings: Settings) -> Check:
-    target = settings.data_dir if settings.data_dir.exists() else settings.data_dir.parent
+    target = settings.data_dir
+    while not target.exists() and target != target.parent:  # report the filesystem the data dir will live on
+        target = target.parent
     free = shutil.disk_usage(target).free
     if free < MIN_FREE_BYTES:
         return Check("disk", "broken", f"{free // 2**20} MiB free", "free space on the data dir's filesystem")

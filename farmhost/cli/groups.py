@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from farmhost.cli.commands import open_existing
 from farmhost.config import Settings
 from farmhost.groups.registry import new_group, register, unregister
 from farmhost.layout import DataLayout
@@ -15,9 +16,21 @@ from farmhost.store.db import Database, iso, now_utc
 
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     """Register the `group` sub-commands."""
-    group = sub.add_parser("group", help="registered chats and their workspace folders")
+    group = sub.add_parser(
+        "group",
+        help="registered chats and their workspace folders",
+        description="Register, list and remove groups: a chat (jid) bound to a workspace folder.",
+    )
     cmds = group.add_subparsers(dest="group_command", required=True)
-    p = cmds.add_parser("add", parents=[common], help="register a chat as a group")
+    p = cmds.add_parser(
+        "add",
+        parents=[common],
+        help="register a chat as a group",
+        description="Register a chat as a group and create groups/<folder>/ and "
+        "ipc/<folder>/{messages,tasks,actions,action_results}. The folder must match "
+        "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$ and not be 'global' or 'errors'. "
+        "Exactly one group is main; only this command can choose it.",
+    )
     p.add_argument("--jid", required=True, help="chat id, e.g. telegram:-1001234")
     p.add_argument("--name", required=True, help="display name")
     p.add_argument("--folder", required=True, help="workspace folder: letters, digits, '_' or '-' (max 64)")
@@ -27,10 +40,17 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         "--no-trigger-required", action="store_true", help="the agent answers every message, not only triggered ones"
     )
     p.set_defaults(func=add)
-    p = cmds.add_parser("list", parents=[common], help="list registered groups")
+    p = cmds.add_parser(
+        "list", parents=[common], help="list registered groups", description="List the registered groups."
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=list_)
-    p = cmds.add_parser("remove", parents=[common], help="unregister a group (its files are kept)")
+    p = cmds.add_parser(
+        "remove",
+        parents=[common],
+        help="unregister a group (its files are kept)",
+        description="Unregister a group. Its workspace and IPC files are kept; a running daemon stops serving it.",
+    )
     p.add_argument("folder", help="the group's folder")
     p.set_defaults(func=remove)
 
@@ -64,7 +84,7 @@ def add(args: argparse.Namespace, settings: Settings) -> int:
 
 def list_(args: argparse.Namespace, settings: Settings) -> int:
     """Print the registry."""
-    db = Database.open(settings.data_dir)
+    db = open_existing(settings)
     try:
         rows = groups.list_groups(db.conn)
     finally:
@@ -75,18 +95,18 @@ def list_(args: argparse.Namespace, settings: Settings) -> int:
     if not rows:
         print("no groups; add one with: farmhost group add --jid telegram:<id> --name <name> --folder <folder> --main")
         return 0
-    print(f"{'FOLDER':<20} {'MAIN':<5} {'JID':<28} {'TRIGGER':<16} {'REQUIRED':<9} {'ADDED':<25} NAME")
+    print(f"{'FOLDER':<20} {'MAIN':<5} {'JID':<28} {'TRIGGER':<16} {'REQUIRED':<9} {'ADDED':<29} NAME")
     for g in rows:
         print(
             f"{g.folder:<20} {'yes' if g.is_main else '':<5} {g.jid:<28} {g.trigger or '-':<16} "
-            f"{'yes' if g.requires_trigger else 'no':<9} {iso(g.added_at) or '':<25} {g.name}"
+            f"{'yes' if g.requires_trigger else 'no':<9} {iso(g.added_at) or '':<29} {g.name}"
         )
     return 0
 
 
 def remove(args: argparse.Namespace, settings: Settings) -> int:
     """Unregister a group; a running daemon stops serving it within a second."""
-    db = Database.open(settings.data_dir)
+    db = open_existing(settings)
     try:
         with db.tx() as conn:
             group = unregister(conn, args.folder)

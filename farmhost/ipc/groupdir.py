@@ -55,10 +55,14 @@ class GroupDir:
         """A fresh descriptor of `action_results/` (the caller closes it)."""
         return self._open_subdir(RESULTS_DIR)
 
-    def refresh(self) -> None:
-        """Re-verify every queue directory (called by the periodic rescan and on directory events)."""
-        for queue in Queue:
+    def refresh(self) -> list[Queue]:
+        """Re-verify every queue directory; returns the queues whose directory had to be re-opened."""
+        stale = [
+            q for q in Queue if q.value not in self._queues or not self._still_there(q.value, self._queues[q.value])
+        ]
+        for queue in stale:
             self.queue_fd(queue)
+        return stale
 
     def _still_there(self, name: str, fd: int) -> bool:
         try:
@@ -77,11 +81,21 @@ class GroupDir:
             except OSError as err:
                 if err.errno not in (errno.ELOOP, errno.ENOTDIR):
                     raise
-                kind = "a symlink" if err.errno == errno.ELOOP else "not a directory"
+                kind = self._entry_kind(name)
                 logger.warning("group %s: %s/ was %s; moved it to quarantine and recreated it", self.folder, name, kind)
                 self._evict(self.fd, name, f"{name}/ was replaced by {kind}; the host recreated the directory")
                 self._mkdir(name)
         raise OSError(errno.EIO, f"cannot open {self.folder}/{name} as a directory")
+
+    def _entry_kind(self, name: str) -> str:
+        # Linux reports a symlink opened with O_DIRECTORY | O_NOFOLLOW as ENOTDIR, so look at the entry itself.
+        try:
+            mode = os.stat(name, dir_fd=self.fd, follow_symlinks=False).st_mode
+        except FileNotFoundError:
+            return "something that vanished"
+        if stat.S_ISLNK(mode):
+            return "a symlink"
+        return "a file" if stat.S_ISREG(mode) else "something that is not a directory"
 
     def _mkdir(self, name: str) -> None:
         with contextlib.suppress(FileExistsError):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +17,7 @@ from farmhost.ipc.reader import Refused, read_claimed
 from farmhost.ipc.requestlog import RequestLog
 from farmhost.ipc.router import Router
 from farmhost.ipc.writer import write_json_atomic
-from farmhost.protocol.codes import ErrorCode, Queue
+from farmhost.protocol.codes import REQUEST_ID_RE, RESULTS_DIR, ErrorCode, Queue
 from farmhost.protocol.decode import RequestRejected, decode_request
 from farmhost.protocol.envelope import Outcome, envelope, utc_stamp
 from farmhost.store import ledger
@@ -64,14 +64,16 @@ class RequestProcessor:
         """Answer one claimed request; returns False when it must stay in the spool to be retried."""
         started = time.perf_counter()
         received = self._clock()
+        stem = item.name[: -len(".json")]
         try:
             raw, mtime = read_claimed(item.spool_fd, item.name, max_bytes=self._max_bytes)
         except FileNotFoundError:
             return True
         except Refused as refused:
-            self._refuse(item, refused.reason, refused.code, None, None, received, started)
+            # Unread, but the agent's client names the file `<requestId>.json`: answer it under that id.
+            stem_id = stem if REQUEST_ID_RE.fullmatch(stem) else None
+            self._refuse(item, refused.reason, refused.code, stem_id, None, received, started)
             return True
-        stem = item.name[: -len(".json")]
         try:
             request = decode_request(item.queue, raw, stem=stem)
         except RequestRejected as rejected:
@@ -79,7 +81,7 @@ class RequestProcessor:
                 item, rejected.reason, ErrorCode.INVALID_REQUEST, rejected.request_id, rejected.kind, received, started
             )
             return True
-        request_id = request.requestId or f"gen-{time.time_ns()}-{secrets.token_hex(3)}"
+        request_id = request.requestId or _generated_id(item)
         answer = await self._router.execute(
             item.group, item.queue, request, request_id, received_at=received, stale=mtime < self._stale_before
         )
@@ -110,8 +112,23 @@ class RequestProcessor:
         except OSError as err:
             logger.error("group %s: cannot open action_results/: %s", item.group.folder, err)
             return False
+        name = f"{request_id}.json"
         try:
-            write_json_atomic(results_fd, f"{request_id}.json", document, fsync_dir=fsync_dir)
+            try:
+                write_json_atomic(results_fd, name, document, fsync_dir=fsync_dir)
+            except IsADirectoryError:
+                # The agent planted a directory where the result goes; left there, it would block the queue.
+                self._quarantine.move(
+                    results_fd,
+                    name,
+                    folder=item.group.folder,
+                    queue=RESULTS_DIR,
+                    original_name=name,
+                    reason=f"a directory stood at {RESULTS_DIR}/{name}, where the host writes the result",
+                    code=ErrorCode.INVALID_REQUEST,
+                    at=self._clock(),
+                )
+                write_json_atomic(results_fd, name, document, fsync_dir=fsync_dir)
         except OSError as err:
             logger.error("group %s: cannot write result %s: %s", item.group.folder, request_id, err)
             return False
@@ -129,17 +146,9 @@ class RequestProcessor:
         received: datetime,
         started: float,
     ) -> None:
-        self._quarantine.move(
-            item.spool_fd,
-            item.name,
-            folder=item.group.folder,
-            queue=item.queue.value,
-            original_name=item.name,
-            reason=reason,
-            code=code,
-            at=received,
-        )
         answered = False
+        # Answer before moving the file out of the spool: a crash in between re-runs this refusal (same answer)
+        # instead of leaving the agent without one.
         # An id whose earlier request succeeded keeps its stored result: a bad file must not overwrite it.
         if request_id and ledger.get_entry(self._db.conn, item.group.folder, request_id) is None:
             document = envelope(
@@ -151,6 +160,16 @@ class RequestProcessor:
                 duration_ms=round((time.perf_counter() - started) * 1000),
             )
             answered = self._answer(item, request_id, document, fsync_dir=False)
+        self._quarantine.move(
+            item.spool_fd,
+            item.name,
+            folder=item.group.folder,
+            queue=item.queue.value,
+            original_name=item.name,
+            reason=reason,
+            code=code,
+            at=received,
+        )
         self._log.write(
             {
                 "ts": utc_stamp(received),
@@ -163,5 +182,17 @@ class RequestProcessor:
                 "errorCode": code.value,
                 "reason": reason,
                 "answered": answered,
+                "durationMs": round((time.perf_counter() - started) * 1000, 3),
             }
         )
+
+
+def _generated_id(item: ClaimedFile) -> str:
+    """An id for a request that has none, derived from the claimed file so a restart after a crash finds it again.
+
+    A random id would make the ledger miss the earlier execution and run a STATE request twice. The inode and
+    mtime survive the claim's rename and differ between two files written one after the other.
+    """
+    info = os.stat(item.name, dir_fd=item.spool_fd, follow_symlinks=False)
+    key = os.fsencode(f"{item.queue.value}/{item.name}/{info.st_ino}/{info.st_mtime_ns}")  # any name, even not UTF-8
+    return f"gen-{hashlib.sha256(key).hexdigest()[:24]}"

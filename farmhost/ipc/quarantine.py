@@ -14,8 +14,8 @@ from farmhost.protocol.envelope import utc_stamp
 
 logger = logging.getLogger(__name__)
 
-# Keep quarantine names under NAME_MAX (255) with room for the stamp, queue and ".reason.json".
-_MAX_NAME_PART = 160
+# Keep quarantine names under NAME_MAX (255 bytes, not characters) with room for a counter and ".reason.json".
+_MAX_NAME_BYTES = 160
 
 
 class Quarantine:
@@ -39,12 +39,12 @@ class Quarantine:
         """Move `src_name` (any kind of entry) into quarantine and write its reason; returns the new name."""
         dir_fd = self._folder_fd(folder)
         try:
-            target = self._free_name(dir_fd, f"{at.strftime('%Y%m%dT%H%M%S.%fZ')}-{queue}-{original_name}")
+            target = self._free_name(dir_fd, _fit(f"{at.strftime('%Y%m%dT%H%M%S.%fZ')}-{queue}-{original_name}"))
             os.rename(src_name, target, src_dir_fd=src_dir_fd, dst_dir_fd=dir_fd)
             note = {
                 "folder": folder,
                 "queue": queue,
-                "file": original_name,
+                "file": _printable(original_name),
                 "reason": reason,
                 "errorCode": code.value,
                 "receivedAt": utc_stamp(at),
@@ -66,12 +66,22 @@ class Quarantine:
 
     @staticmethod
     def _free_name(dir_fd: int, wanted: str) -> str:
-        base = wanted[:_MAX_NAME_PART]
-        candidate, counter = base, 1
+        candidate, counter = wanted, 1
         while _exists(dir_fd, candidate) or _exists(dir_fd, f"{candidate}.reason.json"):
             counter += 1
-            candidate = f"{base}-{counter}"
+            candidate = f"{wanted}-{counter}"
         return candidate
+
+
+def _fit(name: str) -> str:
+    """Cut a name to _MAX_NAME_BYTES; names from listdir may hold undecodable bytes (surrogate escapes)."""
+    raw = os.fsencode(name)
+    return name if len(raw) <= _MAX_NAME_BYTES else os.fsdecode(raw[:_MAX_NAME_BYTES])
+
+
+def _printable(name: str) -> str:
+    """A file name as JSON-safe text: bytes that are not UTF-8 become U+FFFD."""
+    return os.fsencode(name).decode("utf-8", "replace")
 
 
 def _exists(dir_fd: int, name: str) -> bool:

@@ -18,7 +18,12 @@ class RequestLog:
     def __init__(self, logs_dir: Path, *, max_bytes: int) -> None:
         logs_dir.mkdir(parents=True, exist_ok=True)
         self._handler = logging.handlers.RotatingFileHandler(
-            logs_dir / REQUEST_LOG_FILE, maxBytes=max_bytes, backupCount=_BACKUPS, encoding="utf-8"
+            # A file name that is not UTF-8 (an agent's choice) is logged escaped rather than lost.
+            logs_dir / REQUEST_LOG_FILE,
+            maxBytes=max_bytes,
+            backupCount=_BACKUPS,
+            encoding="utf-8",
+            errors="backslashreplace",
         )
         self._handler.setFormatter(logging.Formatter("%(message)s"))
         self._logger = logging.getLogger(f"farmhost.requests.{id(self)}")

@@ -162,7 +162,12 @@ class IpcService:
 
     def _attach(self, group: Group) -> None:
         assert self._processor is not None
-        self._layout.create_group(group.folder)
+        try:
+            self._layout.create_group(group.folder)
+        except FileExistsError as err:
+            # The agent replaced a queue or result directory with a file or a dangling link: GroupDir evicts
+            # it to quarantine and recreates it below; it must never keep the daemon from starting.
+            logger.warning("group %s: %s is not a directory; it will be quarantined", group.folder, err.filename)
         gdir = GroupDir(group.folder, self._ipc_fd, evict=self._evict)
         spool_fds = {queue: self._open_spool(group.folder, queue) for queue in Queue}
         attached = _Attached(group=group, gdir=gdir, spool_fds=spool_fds)
@@ -231,8 +236,10 @@ class IpcService:
         if attached is None:
             return
         try:
-            attached.gdir.refresh()
-            self._watch(attached)
+            reopened = attached.gdir.refresh()
+            if reopened and self._watcher is not None:
+                for queue in reopened:
+                    self._watcher.watch(folder, queue.value, attached.gdir.queue_fd(queue))
         except OSError as err:
             logger.error("group %s: cannot re-open its IPC directories: %s", folder, err)
         for worker in attached.workers.values():

@@ -14,6 +14,10 @@ from farmhost.store.groups import Group
 
 logger = logging.getLogger(__name__)
 
+# A request that makes the host itself fail this many times is left in the spool (retried at the next start),
+# so that one poison file cannot stop every request queued behind it.
+MAX_ATTEMPTS = 3
+
 
 class QueueWorker:
     """One task per (group, queue): requests of a queue run one after another, queues and groups in parallel."""
@@ -29,6 +33,7 @@ class QueueWorker:
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
+        self._failures: dict[str, int] = {}
 
     def start(self) -> None:
         """Start draining; the first pass recovers the spool and scans the queue."""
@@ -52,11 +57,14 @@ class QueueWorker:
         async with self._lock:
             done = 0
             for name in pending_names(self._spool_fd):
-                if not await self._processor.process(self._item(name)):
+                if self._parked(name):
+                    continue
+                if not await self._process(name):
                     return done  # results cannot be written now; the next rescan retries
                 done += 1
             while True:
-                names = pending_names(self._gdir.queue_fd(self.queue))
+                # A parked name stays in the queue too: claiming it would replace the parked file in the spool.
+                names = [n for n in pending_names(self._gdir.queue_fd(self.queue)) if not self._parked(n)]
                 if not names:
                     return done
                 for name in names:
@@ -66,10 +74,30 @@ class QueueWorker:
                         logger.error("group %s: cannot claim %s/%s: %s", self.group.folder, self.queue, name, err)
                         return done
                     if claimed:
-                        if not await self._processor.process(self._item(name)):
+                        if not await self._process(name):
                             return done
                         done += 1
                     await asyncio.sleep(0)  # let other groups' workers run between requests
+
+    def _parked(self, name: str) -> bool:
+        return self._failures.get(name, 0) >= MAX_ATTEMPTS
+
+    async def _process(self, name: str) -> bool:
+        """Process one spooled request; a failure of the host itself is retried, then the request is parked."""
+        try:
+            answered = await self._processor.process(self._item(name))
+        except Exception:
+            attempts = self._failures[name] = self._failures.get(name, 0) + 1
+            where = f"group {self.group.folder}: {self.queue}/{name}"
+            if attempts < MAX_ATTEMPTS:
+                logger.exception("%s failed inside the host (attempt %d); retrying at the next rescan", where, attempts)
+                return False
+            logger.exception(
+                "%s failed inside the host %d times; left in the spool until the next start", where, attempts
+            )
+            return True
+        self._failures.pop(name, None)
+        return answered
 
     def _item(self, name: str) -> ClaimedFile:
         return ClaimedFile(group=self.group, gdir=self._gdir, queue=self.queue, spool_fd=self._spool_fd, name=name)

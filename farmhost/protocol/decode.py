@@ -61,6 +61,8 @@ def _explain(queue: Queue, raw: bytes, stem: str, err: ValidationError) -> Reque
         return RequestRejected("JSON is nested too deeply", request_id=stem_id)
     except json.JSONDecodeError as exc:
         return RequestRejected(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", request_id=stem_id)
+    except ValueError as exc:  # e.g. an integer over Python's 4300-digit limit: must not escape as a host bug
+        return RequestRejected(f"not valid JSON: {exc}", request_id=stem_id)
     if not isinstance(data, dict):
         return RequestRejected(f"a request must be a JSON object, got {type(data).__name__}", request_id=stem_id)
     raw_id = data.get("requestId")
@@ -91,7 +93,7 @@ def _first_error(err: ValidationError) -> str:
     # The discriminator tag is the first element of the location; it tells nothing to the agent.
     loc = [str(part) for part in first["loc"][1:]] or [str(part) for part in first["loc"]]
     where = ".".join(loc)
-    message = str(first["msg"])
+    message = str(first["msg"]).removeprefix("Value error, ")  # pydantic's prefix for a validator's own sentence
     if first["type"] == "extra_forbidden":
         return f"unknown field {where!r}"
     if first["type"] == "missing":

@@ -101,7 +101,10 @@ class RegisterGroupRequest(_Request):
     type: Literal["register_group"]
     jid: ChatJid
     name: Annotated[str, StringConstraints(min_length=1, max_length=200)]
-    folder: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    # The pattern is for the exported schema only: `_folder_is_valid` checks it with the contract's own message.
+    folder: Annotated[
+        str, StringConstraints(min_length=1, max_length=64), Field(json_schema_extra={"pattern": FOLDER_RE.pattern})
+    ]
     trigger: Annotated[str, StringConstraints(min_length=1, max_length=100)] | None = None
     requiresTrigger: bool = True
     groupFolder: str | None = None

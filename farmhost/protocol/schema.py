@@ -11,10 +11,20 @@ from farmhost.protocol.requests import ActionsRequest, MessagesRequest, TasksReq
 
 SCHEMA_ID = "https://farmhost.invalid/schema/ipc-v1.json"
 
+# Name of each queue's union in `$defs`; `queues` maps the queue directory to it.
+QUEUE_DEFS: dict[str, tuple[str, Any]] = {
+    "messages": ("MessagesRequest", MessagesRequest),
+    "tasks": ("TasksRequest", TasksRequest),
+    "actions": ("ActionsRequest", ActionsRequest),
+}
+RESULT_DEF = "Result"
+
 
 def result_schema() -> dict[str, Any]:
     """The result envelope written to `action_results/<requestId>.json`."""
     return {
+        "title": "Result",
+        "description": "What the host writes to action_results/<requestId>.json for every request.",
         "type": "object",
         "additionalProperties": False,
         "required": [
@@ -43,17 +53,34 @@ def result_schema() -> dict[str, Any]:
 
 
 def contract_schema() -> dict[str, Any]:
-    """One document: a schema per queue (`messages`, `tasks`, `actions`) and the result envelope."""
-    queues = {
-        "messages": TypeAdapter(MessagesRequest).json_schema(mode="validation"),
-        "tasks": TypeAdapter(TasksRequest).json_schema(mode="validation"),
-        "actions": TypeAdapter(ActionsRequest).json_schema(mode="validation"),
-    }
+    """One self-contained document: every definition in the root `$defs`, one union per queue, the result.
+
+    `queues.<queue>` and `result` are `$ref`s into `$defs`; the root itself accepts any request or result.
+    pydantic writes its references as `#/$defs/<Model>`, so the models' definitions must live in the root
+    `$defs` for those references to resolve.
+
+    Raises:
+        ValueError: two queues define different models under the same name.
+    """
+    defs: dict[str, Any] = {}
+    for union_name, union in QUEUE_DEFS.values():
+        schema = TypeAdapter(union).json_schema(mode="validation")
+        for name, definition in schema.pop("$defs", {}).items():
+            if defs.setdefault(name, definition) != definition:
+                raise ValueError(f"two request models are both called {name!r}")
+        defs[union_name] = schema
+    defs[RESULT_DEF] = result_schema()
+    refs = {queue: {"$ref": f"#/$defs/{union_name}"} for queue, (union_name, _) in QUEUE_DEFS.items()}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": SCHEMA_ID,
         "title": "farmhost IPC contract v1",
-        "description": "Requests an agent writes to ipc/<folder>/<queue>/*.json and the result the host writes back.",
-        "queues": queues,
-        "result": result_schema(),
+        "description": (
+            "Requests an agent writes to ipc/<folder>/<queue>/*.json and the result the host writes back. "
+            "Validate a request against queues.<queue> (messages, tasks, actions), a result against result."
+        ),
+        "anyOf": [*refs.values(), {"$ref": f"#/$defs/{RESULT_DEF}"}],
+        "queues": refs,
+        "result": {"$ref": f"#/$defs/{RESULT_DEF}"},
+        "$defs": defs,
     }

@@ -16,7 +16,7 @@ from typing import Any
 
 from apscheduler.triggers.cron import CronTrigger
 
-_MIN_INTERVAL_MS = 1_000
+_MIN_INTERVAL_MS = 1  # the contract: any whole number of milliseconds > 0
 _MAX_INTERVAL_MS = 366 * 24 * 3600 * 1000
 _TICK = timedelta(microseconds=1)
 _DST_LOOKBACK = timedelta(hours=3)
@@ -125,7 +125,7 @@ def _parse_interval(value: str | int) -> int:
     else:
         raise ScheduleError(f"interval must be a whole number of milliseconds such as '3600000', got {value!r}")
     if ms < _MIN_INTERVAL_MS:
-        raise ScheduleError(f"interval must be at least {_MIN_INTERVAL_MS} ms (1 second), got {ms}")
+        raise ScheduleError(f"interval must be a whole number of milliseconds > 0, got {ms}")
     if ms > _MAX_INTERVAL_MS:
         raise ScheduleError(f"interval must be at most {_MAX_INTERVAL_MS} ms (366 days), got {ms}")
     return ms

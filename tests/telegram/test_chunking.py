@@ -115,7 +115,9 @@ def test_minimum_limit_is_accepted() -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        pytest.param("a" * 25 + "\n\n" + "b" * 8 + "\n" + "c" * 20, ["a" * 25, "b" * 8 + "\n" + "c" * 20], id="paragraph"),
+        pytest.param(
+            "a" * 25 + "\n\n" + "b" * 8 + "\n" + "c" * 20, ["a" * 25, "b" * 8 + "\n" + "c" * 20], id="paragraph"
+        ),
         pytest.param(
             "a" * 5 + "\n\n" + "b" * 20 + "\n" + "c" * 30, ["a" * 5 + "\n\n" + "b" * 20, "c" * 30], id="line-not-tiny"
         ),
@@ -257,7 +259,9 @@ PIECES = [
 ]
 piece = st.one_of(st.sampled_from(PIECES), st.text(min_size=1, max_size=60))
 texts = st.lists(piece, max_size=120).map("".join)
-fence_free = st.lists(st.one_of(st.sampled_from([p for p in PIECES if "`" not in p]), st.text(max_size=60)), max_size=120)
+fence_free = st.lists(
+    st.one_of(st.sampled_from([p for p in PIECES if "`" not in p]), st.text(max_size=60)), max_size=120
+)
 limits = st.integers(min_value=MIN_LIMIT, max_value=120)
 
 

@@ -1,0 +1,55 @@
+"""`farmhost task list` and `farmhost outbox list` show what agents did, as text and as JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from conftest import FIELD_JID
+from farmhost_testing import Daemon, drop, farmhost, wait_result
+
+
+def _json(*args: str, data_dir: Path) -> list[dict[str, Any]]:
+    done = farmhost(*args, "--json", data_dir=data_dir)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    assert isinstance(rows, list)
+    return rows
+
+
+def test_task_and_outbox_lists(daemon: Daemon, data_dir: Path) -> None:
+    empty_tasks = farmhost("task", "list", data_dir=data_dir)
+    assert empty_tasks.returncode == 0 and "no tasks" in empty_tasks.stdout
+    empty_box = farmhost("outbox", "list", data_dir=data_dir)
+    assert empty_box.returncode == 0 and "outbox is empty" in empty_box.stdout
+
+    schedule = {
+        "type": "schedule_task",
+        "prompt": "Check the greenhouse",
+        "schedule_type": "cron",
+        "schedule_value": "0 7 * * *",
+        "taskId": "greenhouse-check",
+    }
+    assert wait_result(data_dir, "field", drop(data_dir, "field", "tasks", schedule))["status"] == "success"
+    message = {"type": "message", "chatJid": FIELD_JID, "text": "Gate 3 is open"}
+    assert wait_result(data_dir, "field", drop(data_dir, "field", "messages", message))["status"] == "success"
+
+    (task,) = _json("task", "list", data_dir=data_dir)
+    assert task["id"] == "greenhouse-check" and task["groupFolder"] == "field"
+    assert task["schedule_type"] == "cron" and task["schedule_value"] == "0 7 * * *"
+    assert task["status"] == "active" and task["next_run"]
+    text = farmhost("task", "list", data_dir=data_dir).stdout
+    assert (
+        "greenhouse-check" in text and "field" in text and "cron 0 7 * * *" in text and "Check the greenhouse" in text
+    )
+
+    (entry,) = _json("outbox", "list", data_dir=data_dir)
+    assert entry["chatJid"] == FIELD_JID and entry["sourceFolder"] == "field"
+    assert entry["body"] == "Gate 3 is open" and entry["kind"] == "text"
+    # Telegram is off in this daemon: nothing can be sent, so the entry stays pending.
+    assert entry["status"] == "pending"
+    assert _json("outbox", "list", "--status", "pending", data_dir=data_dir) == [entry]
+    assert _json("outbox", "list", "--status", "sent", data_dir=data_dir) == []
+    text = farmhost("outbox", "list", data_dir=data_dir).stdout
+    assert FIELD_JID in text and "Gate 3 is open" in text and "pending" in text

@@ -1,0 +1,201 @@
+"""Group handlers through the real daemon: register_group, refresh_groups and the available_groups.json snapshot."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sqlite3
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+from farmhost_testing import Daemon, drop, farmhost, quarantined, wait_for, wait_result
+
+MAIN_JID, FIELD_JID = "telegram:100", "telegram:200"
+_ids = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def farm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One daemon for the module; each test registers its own folders and chats."""
+    root = tmp_path_factory.mktemp("groups") / "data"
+    for args in (
+        ("init",),
+        ("group", "add", "--jid", MAIN_JID, "--name", "Farm office", "--folder", "main", "--main"),
+        ("group", "add", "--jid", FIELD_JID, "--name", "Field crew", "--folder", "field"),
+    ):
+        done = farmhost(*args, data_dir=root)
+        assert done.returncode == 0, done.stderr
+    daemon = Daemon(root).start()
+    yield root
+    assert daemon.stop() == 0, daemon.log()
+
+
+def ask(data_dir: Path, folder: str, queue: str, payload: dict[str, Any]) -> dict[str, Any]:
+    rid = f"grp-{next(_ids)}"
+    drop(data_dir, folder, queue, {**payload, "requestId": rid})
+    return wait_result(data_dir, folder, rid)
+
+
+def register(data_dir: Path, source: str, **fields: Any) -> dict[str, Any]:
+    return ask(data_dir, source, "tasks", {"type": "register_group", **fields})
+
+
+def _db_rows(data_dir: Path, sql: str) -> list[tuple[Any, ...]]:
+    with closing(sqlite3.connect(f"file:{data_dir / 'farmhost.db'}?mode=ro", uri=True)) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def available(data_dir: Path, folder: str) -> dict[str, Any]:
+    return json.loads((data_dir / "ipc" / folder / "available_groups.json").read_text())  # type: ignore[no-any-return]
+
+
+def test_register_group_from_main_creates_dirs_and_is_served_at_once(farm: Path) -> None:
+    result = register(farm, "main", jid="telegram:300", name="Barn team", folder="barn")
+    assert (result["status"], result["errorCode"]) == ("success", None), result
+    group = result["result"]
+    assert {k: v for k, v in group.items() if k != "addedAt"} == {
+        "jid": "telegram:300",
+        "name": "Barn team",
+        "folder": "barn",
+        "trigger": "@Barn",
+        "requiresTrigger": True,
+        "isMain": False,
+    }
+    assert (farm / "groups" / "barn").is_dir()
+    for sub in ("messages", "tasks", "actions", "action_results"):
+        assert (farm / "ipc" / "barn" / sub).is_dir(), sub
+    # Served without a restart: snapshots are there and a ping is answered.
+    assert available(farm, "barn")["groups"] == []
+    assert json.loads((farm / "ipc" / "barn" / "current_tasks.json").read_text()) == []
+    drop(farm, "barn", "actions", {"type": "ping", "requestId": "barn-ping"})
+    assert wait_result(farm, "barn", "barn-ping")["result"]["pong"] is True
+    status = json.loads((farm / "ipc" / "barn" / "host_status.json").read_text())
+    assert status["status"] == "alive"
+    listed = {g["folder"]: g for g in json.loads(farmhost("group", "list", "--json", data_dir=farm).stdout)}
+    assert listed["barn"]["isMain"] is False and listed["main"]["isMain"] is True
+    # main's snapshot lists the new group as registered.
+    rows = {g["jid"]: g for g in available(farm, "main")["groups"]}
+    assert rows["telegram:300"] == {
+        "jid": "telegram:300",
+        "name": "Barn team",
+        "folder": "barn",
+        "isRegistered": True,
+        "lastActivity": None,
+    }
+    assert {MAIN_JID, FIELD_JID} <= rows.keys()
+
+
+def test_register_group_with_trigger_settings(farm: Path) -> None:
+    result = register(
+        farm, "main", jid="telegram:301", name="Dairy", folder="dairy", trigger="@cow", requiresTrigger=False
+    )
+    assert result["result"]["trigger"] == "@cow" and result["result"]["requiresTrigger"] is False
+
+
+@pytest.mark.parametrize(
+    ("source", "fields", "code", "sentence"),
+    [
+        ("field", {"jid": "telegram:310", "name": "Sneaky", "folder": "sneaky"}, "unauthorized", "only allowed from"),
+        ("main", {"jid": "telegram:311", "name": "E", "folder": "errors"}, "invalid_request", "reserved"),
+        ("main", {"jid": "telegram:312", "name": "G", "folder": "Global"}, "invalid_request", "reserved"),
+        ("main", {"jid": "telegram:313", "name": "T", "folder": "../etc"}, "invalid_request", "not valid"),
+        ("main", {"jid": "telegram:314", "name": "T", "folder": "-dash"}, "invalid_request", "not valid"),
+        ("main", {"jid": "telegram:315", "name": "T", "folder": "a" * 65}, "invalid_request", "folder"),
+        ("main", {"jid": "telegram:316", "name": "F", "folder": "FIELD"}, "conflict", "already used"),
+        ("main", {"jid": FIELD_JID, "name": "F", "folder": "field2"}, "conflict", "already registered"),
+        ("main", {"jid": "telegram:317", "name": "M", "folder": "boss", "isMain": True}, "invalid_request", "isMain"),
+        ("main", {"jid": "not-a-jid", "name": "M", "folder": "nojid"}, "invalid_request", "jid"),
+    ],
+)
+def test_register_group_refusals(farm: Path, source: str, fields: dict[str, Any], code: str, sentence: str) -> None:
+    before = sorted(p.name for p in (farm / "ipc").iterdir())
+    result = register(farm, source, **fields)
+    assert (result["status"], result["errorCode"]) == ("error", code), result
+    assert sentence in result["error"]
+    assert sorted(p.name for p in (farm / "ipc").iterdir()) == before
+    folders = [row[0] for row in _db_rows(farm, "SELECT folder FROM groups")]
+    assert fields["folder"] not in folders and "field" in folders
+
+
+def test_is_main_in_register_group_is_quarantined_with_its_reason(farm: Path) -> None:
+    result = register(farm, "main", jid="telegram:320", name="Boss", folder="boss2", isMain=False)
+    assert result["errorCode"] == "invalid_request"
+    note = next(n for n in quarantined(farm, "main") if n["file"] == f"{result['requestId']}.json")
+    assert note["errorCode"] == "invalid_request" and "isMain" in note["reason"]
+
+
+def _seen_chat(data_dir: Path, jid: str, name: str) -> None:
+    """A chat the bot has seen but nobody registered (what the Telegram side records)."""
+    with closing(sqlite3.connect(data_dir / "farmhost.db")) as conn, conn:
+        conn.execute(
+            "INSERT INTO chats (jid, name, channel, last_activity) VALUES (?, ?, 'telegram', ?)",
+            (jid, name, "2026-05-17T06:00:00.000+00:00"),
+        )
+
+
+def test_refresh_groups_is_main_only_and_lists_unregistered_chats(farm: Path) -> None:
+    _seen_chat(farm, "telegram:-1009", "Neighbours")
+    refused = ask(farm, "field", "tasks", {"type": "refresh_groups"})
+    assert refused["errorCode"] == "unauthorized"
+    result = ask(farm, "main", "tasks", {"type": "refresh_groups"})
+    assert result["status"] == "success"
+    rows = {g["jid"]: g for g in available(farm, "main")["groups"]}
+    assert rows["telegram:-1009"] == {
+        "jid": "telegram:-1009",
+        "name": "Neighbours",
+        "folder": None,
+        "isRegistered": False,
+        "lastActivity": "2026-05-17T06:00:00.000+00:00",
+    }
+    assert rows[MAIN_JID]["isRegistered"] is True and rows[FIELD_JID]["isRegistered"] is True
+    assert available(farm, "field")["groups"] == []  # non-main groups never see the chat list
+    # Registering the seen chat turns it into a registered group in main's snapshot.
+    assert register(farm, "main", jid="telegram:-1009", name="Neighbours", folder="neighbours")["status"] == "success"
+    rows = {g["jid"]: g for g in available(farm, "main")["groups"]}
+    assert (rows["telegram:-1009"]["isRegistered"], rows["telegram:-1009"]["folder"]) == (True, "neighbours")
+
+
+def test_a_group_removed_with_the_cli_stops_being_served(farm: Path) -> None:
+    assert register(farm, "main", jid="telegram:330", name="Temp", folder="temp")["status"] == "success"
+    done = farmhost("group", "remove", "temp", data_dir=farm)
+    assert done.returncode == 0, done.stderr
+    status = farm / "ipc" / "temp" / "host_status.json"
+    wait_for(lambda: json.loads(status.read_text())["status"] == "stopped", what="temp to be detached")
+    rows = {g["jid"] for g in available(farm, "main")["groups"]}
+    assert "telegram:330" not in rows
+
+
+def _log(data_dir: Path) -> list[dict[str, Any]]:
+    path = data_dir / "logs" / "requests.ndjson"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_request_log_has_one_line_per_processed_request(farm: Path) -> None:
+    drop(farm, "field", "actions", {"type": "ping", "requestId": "log-ping"})
+    drop(farm, "field", "messages", {"type": "message", "requestId": "log-deny", "chatJid": MAIN_JID, "text": "x"})
+    drop(farm, "main", "tasks", {"type": "cancel_task", "requestId": "log-missing", "taskId": "nope"})
+    drop(farm, "main", "actions", b"{not json", name="log-bad.json")
+    expected = {
+        "log-ping": ("field", "actions", "ping", "success", None),
+        "log-deny": ("field", "messages", "message", "error", "unauthorized"),
+        "log-missing": ("main", "tasks", "cancel_task", "error", "not_found"),
+        "log-bad": ("main", "actions", None, "quarantined", "invalid_request"),
+    }
+    for rid, (folder, *_) in expected.items():
+        wait_result(farm, folder, rid)
+
+    def mine() -> list[dict[str, Any]]:
+        return [line for line in _log(farm) if line.get("requestId") in expected]
+
+    wait_for(lambda: len(mine()) >= len(expected), what="the request log lines")
+    lines = {line["requestId"]: line for line in mine()}
+    assert len(mine()) == len(lines) == len(expected)
+    for rid, (group, queue, kind, status, code) in expected.items():
+        line = lines[rid]
+        got = (line["group"], line["queue"], line["type"], line["status"], line["errorCode"])
+        assert got == (group, queue, kind, status, code), line
+        assert isinstance(line["durationMs"], int | float) and line["durationMs"] >= 0, line
+        assert line["ts"].endswith("Z")
