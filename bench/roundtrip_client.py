@@ -52,13 +52,14 @@ class ResultWaiter:
 
     def arrived(self, wanted: Collection[str], *, deadline: float) -> list[str]:
         """Block until one of the `wanted` file names is in the directory; returns those that are ([] at deadline)."""
+        checked = time.perf_counter()
         while time.perf_counter() < deadline:
             events = self._inotify.read(timeout=POLL_FALLBACK_MS)
-            if events:
-                names = {event.name for event in events}
-                got = [name for name in names if name in wanted]
-            else:  # no event for a while: look for ourselves, in case a notification was missed
+            got = list({event.name for event in events if event.name in wanted})
+            if not got and time.perf_counter() - checked >= POLL_FALLBACK_MS / 1000:
+                # Nothing we wait for was notified for a while: look ourselves, in case an event was lost.
                 got = [name for name in wanted if os.path.exists(os.path.join(self.results_dir, name))]
+                checked = time.perf_counter()
             if got:
                 return got
         return []
@@ -90,7 +91,7 @@ class Latency:
 
 
 def percentile(sorted_ms: list[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending list (p99 of 25 samples is their maximum)."""
+    """Nearest-rank percentile of an ascending list (the p99 of fewer than 100 samples is their maximum)."""
     return sorted_ms[max(0, math.ceil(q * len(sorted_ms)) - 1)]
 
 
@@ -135,6 +136,7 @@ class WindowCount:
     errors: int = 0
     lost: int = 0
     latencies_ms: list[float] = field(default_factory=list)
+    failure: str | None = None  # the client thread died: the run is void
 
 
 def windowed(group_dir: str, *, window: int, start_at: float, stop_at: float, fsync: bool, out: WindowCount) -> None:
@@ -166,6 +168,8 @@ def windowed(group_dir: str, *, window: int, start_at: float, stop_at: float, fs
                 if now < stop_at:
                     send()
         out.lost += len(outstanding)
+    except (OSError, ValueError) as err:  # reported by throughput(), which runs this in a thread
+        out.failure = f"{type(err).__name__}: {err}"
     finally:
         waiter.close()
 
@@ -216,6 +220,9 @@ def throughput(host: Host, *, groups: int, seconds: float, ramp: float, fsync: b
     host_cpu, client_cpu = cpu_seconds(host.pid) - host_cpu, _own_cpu_seconds() - client_cpu
     for thread in threads:
         thread.join(stop_at - time.perf_counter() + DRAIN_TIMEOUT_S + 1)
+    failures = [f"{host.group_dir(i)}: {c.failure}" for i, c in enumerate(counts) if c.failure]
+    if failures:
+        raise RuntimeError(f"a client thread failed: {failures[0]}")
     latencies = sorted(ms for count in counts for ms in count.latencies_ms) or [math.nan]
     return Throughput(
         groups=groups,

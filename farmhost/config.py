@@ -53,6 +53,7 @@ class Settings(BaseSettings):
     stale_request_seconds: float = Field(default=3600, gt=0, validation_alias="FARMHOST_STALE_REQUEST_SECONDS")
     result_retention_hours: float = Field(default=24, gt=0, validation_alias="FARMHOST_RESULT_RETENTION_HOURS")
     ledger_retention_days: float = Field(default=30, gt=0, validation_alias="FARMHOST_LEDGER_RETENTION_DAYS")
+    quarantine_retention_days: float = Field(default=30, gt=0, validation_alias="FARMHOST_QUARANTINE_RETENTION_DAYS")
     heartbeat_seconds: float = Field(default=5.0, gt=0, le=300, validation_alias="FARMHOST_HEARTBEAT_SECONDS")
     request_log_max_bytes: int = Field(default=10 * 1024 * 1024, ge=4096, validation_alias="FARMHOST_REQUEST_LOG_BYTES")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(

@@ -136,6 +136,19 @@ class RequestProcessor:
             os.close(results_fd)
         return True
 
+    def give_up(self, item: ClaimedFile, attempts: int) -> None:
+        """Quarantine a request the host itself failed on `attempts` times, answering `internal` under its stem."""
+        stem = item.name[: -len(".json")]
+        self._refuse(
+            item,
+            f"the host failed {attempts} times while handling this request (a host bug; see the host log)",
+            ErrorCode.INTERNAL,
+            stem if REQUEST_ID_RE.fullmatch(stem) else None,
+            None,
+            self._clock(),
+            time.perf_counter(),
+        )
+
     def _refuse(
         self,
         item: ClaimedFile,

@@ -19,7 +19,7 @@ from farmhost.ipc.processor import RequestProcessor
 from farmhost.ipc.quarantine import Quarantine
 from farmhost.ipc.requestlog import RequestLog
 from farmhost.ipc.router import Router
-from farmhost.ipc.sweeper import sweep_results
+from farmhost.ipc.sweeper import sweep_host_temp, sweep_quarantine, sweep_results
 from farmhost.ipc.watcher import InotifyWatcher
 from farmhost.ipc.worker import QueueWorker
 from farmhost.layout import DataLayout
@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 # How often the daemon checks whether the CLI changed the registry (a cheap PRAGMA read).
 REGISTRY_POLL_SECONDS = 0.25
 SWEEP_SECONDS = 3600.0
+# A host temp file older than this was abandoned by a crash: no write takes a minute.
+HOST_TEMP_GRACE_SECONDS = 60.0
 
 
 @dataclass
@@ -42,6 +44,7 @@ class _Attached:
     gdir: GroupDir
     spool_fds: dict[Queue, int]
     workers: dict[Queue, QueueWorker] = field(default_factory=dict)
+    watched: dict[Queue, tuple[int, int]] = field(default_factory=dict)  # (st_dev, st_ino) under each watch
 
     def update(self, group: Group) -> None:
         """The registry changed this group's fields (name, trigger): serve it with the new ones."""
@@ -75,6 +78,7 @@ class IpcService:
         self._groups: dict[str, _Attached] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._unknown_dirs: set[str] = set()
+        self._failing_snapshots: set[tuple[str, str]] = set()
         self._data_version = -1
         self._ipc_fd = self._errors_fd = self._spool_fd = -1
         self._watcher: InotifyWatcher | None = None
@@ -100,7 +104,7 @@ class IpcService:
         )
         if self._settings.ipc_mode == "inotify":
             self._watcher = InotifyWatcher(
-                on_queue=self._queue_event, on_group=self._group_event, on_overflow=self.wake_all
+                on_queue=self._queue_event, on_group=self._group_event, on_overflow=self._overflowed
             )
             self._watcher.start()
         self.reload_groups()
@@ -188,10 +192,8 @@ class IpcService:
         if self._watcher is not None and folder not in self._groups:
             for queue in (None, *Queue):
                 self._watcher.unwatch(folder, queue.value if queue else None)
-        snapshots.write_snapshot(
-            attached.gdir.fd,
-            snapshots.HOST_STATUS,
-            snapshots.host_status(self._identity, status=status, now=self._clock()),
+        self._write_snapshot(
+            attached, snapshots.HOST_STATUS, snapshots.host_status(self._identity, status=status, now=self._clock())
         )
         attached.gdir.close()
         for fd in attached.spool_fds.values():
@@ -206,10 +208,23 @@ class IpcService:
     def _watch(self, attached: _Attached) -> None:
         if self._watcher is None:
             return
-        folder = attached.group.folder
-        self._watcher.watch(folder, None, attached.gdir.fd)
+        self._watcher.watch(attached.group.folder, None, attached.gdir.fd)
+        self._rewatch(attached)
+
+    def _rewatch(self, attached: _Attached) -> None:
+        """Watch each queue directory the group holds now, unless its watch is already on that directory.
+
+        A worker may re-open a swapped queue directory before the group's directory event arrives, so the
+        held directory itself, not whether `refresh` re-opened it, decides whether a new watch is needed.
+        """
+        if self._watcher is None:
+            return
         for queue in Queue:
-            self._watcher.watch(folder, queue.value, attached.gdir.queue_fd(queue))
+            fd = attached.gdir.queue_fd(queue)
+            info = os.fstat(fd)
+            if attached.watched.get(queue) != (info.st_dev, info.st_ino):
+                self._watcher.watch(attached.group.folder, queue.value, fd)
+                attached.watched[queue] = (info.st_dev, info.st_ino)
 
     def _evict(self, dir_fd: int, name: str, reason: str) -> None:
         folder = next((f for f, a in self._groups.items() if a.gdir.fd == dir_fd), "unknown")
@@ -236,14 +251,17 @@ class IpcService:
         if attached is None:
             return
         try:
-            reopened = attached.gdir.refresh()
-            if reopened and self._watcher is not None:
-                for queue in reopened:
-                    self._watcher.watch(folder, queue.value, attached.gdir.queue_fd(queue))
+            attached.gdir.refresh()
+            self._rewatch(attached)
         except OSError as err:
             logger.error("group %s: cannot re-open its IPC directories: %s", folder, err)
         for worker in attached.workers.values():
             worker.wake()
+
+    def _overflowed(self) -> None:
+        # Events were lost, directory swaps among them: re-verify every group's directories, then drain.
+        for folder in list(self._groups):
+            self._group_event(folder)
 
     def _rescan(self) -> None:
         for folder in list(self._groups):
@@ -261,16 +279,34 @@ class IpcService:
     def _heartbeat(self) -> None:
         document = snapshots.host_status(self._identity, status="alive", now=self._clock())
         for attached in self._groups.values():
-            snapshots.write_snapshot(attached.gdir.fd, snapshots.HOST_STATUS, document)
+            self._write_snapshot(attached, snapshots.HOST_STATUS, document)
 
     def _sweep(self) -> None:
-        now = self._clock()
-        cutoff = time.time() - self._settings.result_retention_hours * 3600
-        removed = sum(sweep_results(a.gdir.results_fd(), older_than=cutoff) for a in self._groups.values())
+        now, wall = self._clock(), time.time()
+        results = temps = 0
+        for attached in self._groups.values():
+            results += sweep_results(
+                attached.gdir.results_fd(), older_than=wall - self._settings.result_retention_hours * 3600
+            )
+            temps += sweep_host_temp(attached.gdir.fd, older_than=wall - HOST_TEMP_GRACE_SECONDS)
+            results_fd = attached.gdir.results_fd()
+            try:
+                temps += sweep_host_temp(results_fd, older_than=wall - HOST_TEMP_GRACE_SECONDS)
+            finally:
+                os.close(results_fd)
+        quarantine = sweep_quarantine(
+            self._errors_fd, older_than=wall - self._settings.quarantine_retention_days * 86400
+        )
         with self._db.tx(durable=False) as conn:
             pruned = ledger.prune(conn, older_than=now - timedelta(days=self._settings.ledger_retention_days))
-        if removed or pruned:
-            logger.info("swept %d uncollected results and %d old ledger entries", removed, pruned)
+        if results or temps or quarantine or pruned:
+            logger.info(
+                "swept %d uncollected results, %d abandoned temp files, %d old quarantined files, %d ledger entries",
+                results,
+                temps,
+                quarantine,
+                pruned,
+            )
 
     def _changed(self, changes: set[Change]) -> None:
         if Change.GROUPS in changes:
@@ -282,13 +318,23 @@ class IpcService:
         registered = self.groups
         now = self._clock()
         for attached in self._groups.values():
-            fd, group = attached.gdir.fd, attached.group
+            group = attached.group
             if Change.TASKS in changes:
-                snapshots.write_snapshot(fd, snapshots.CURRENT_TASKS, snapshots.tasks_snapshot(self._db, group))
+                self._write_snapshot(attached, snapshots.CURRENT_TASKS, snapshots.tasks_snapshot(self._db, group))
             if Change.GROUPS in changes:
                 document = snapshots.groups_snapshot(self._db, group, registered, now=now)
-                snapshots.write_snapshot(fd, snapshots.AVAILABLE_GROUPS, document)
+                self._write_snapshot(attached, snapshots.AVAILABLE_GROUPS, document)
         self._heartbeat()
+
+    def _write_snapshot(self, attached: _Attached, name: str, document: object) -> None:
+        key = (attached.group.folder, name)
+        if snapshots.write_snapshot(attached.gdir.fd, name, document, evict=self._evict):
+            if key in self._failing_snapshots:
+                self._failing_snapshots.discard(key)
+                logger.info("group %s: %s is written again", *key)
+        elif key not in self._failing_snapshots:  # log the failure once, not at every heartbeat
+            self._failing_snapshots.add(key)
+            logger.error("group %s: cannot write %s; agents will not see it until this is fixed", *key)
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro, name=name)

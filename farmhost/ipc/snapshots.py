@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -69,9 +70,19 @@ def host_status(identity: HostIdentity, *, status: str, now: datetime) -> dict[s
     }
 
 
-def write_snapshot(group_fd: int, name: str, document: Any) -> None:
-    """Write one snapshot atomically into a group's IPC directory (by descriptor)."""
-    try:
-        write_json_atomic(group_fd, name, document)
-    except OSError as err:
-        logger.error("could not write %s: %s", name, os.strerror(err.errno or 0))
+def write_snapshot(group_fd: int, name: str, document: Any, *, evict: Callable[[int, str, str], None]) -> bool:
+    """Write one snapshot atomically into a group's IPC directory (by descriptor).
+
+    An agent that put a directory where the snapshot goes has it moved to quarantine and the write retried.
+    Returns whether the snapshot was written (the caller logs a failure once).
+    """
+    for _ in range(2):
+        try:
+            write_json_atomic(group_fd, name, document)
+            return True
+        except IsADirectoryError:
+            evict(group_fd, name, f"{name} was replaced by a directory; the host moved it away")
+        except OSError as err:
+            logger.debug("could not write %s: %s", name, os.strerror(err.errno or 0))
+            return False
+    return False

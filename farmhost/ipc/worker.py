@@ -14,8 +14,8 @@ from farmhost.store.groups import Group
 
 logger = logging.getLogger(__name__)
 
-# A request that makes the host itself fail this many times is left in the spool (retried at the next start),
-# so that one poison file cannot stop every request queued behind it.
+# A request that makes the host itself fail this many times is quarantined with an `internal` answer (or, if even
+# that fails, left in the spool until the next start), so one poison file cannot stop every request behind it.
 MAX_ATTEMPTS = 3
 
 
@@ -92,9 +92,13 @@ class QueueWorker:
             if attempts < MAX_ATTEMPTS:
                 logger.exception("%s failed inside the host (attempt %d); retrying at the next rescan", where, attempts)
                 return False
-            logger.exception(
-                "%s failed inside the host %d times; left in the spool until the next start", where, attempts
-            )
+            logger.exception("%s failed inside the host %d times; quarantining it", where, attempts)
+            try:
+                self._processor.give_up(self._item(name), attempts)
+            except Exception:
+                logger.exception("%s could not be quarantined; left in the spool until the next start", where)
+                return True
+            self._failures.pop(name, None)
             return True
         self._failures.pop(name, None)
         return answered

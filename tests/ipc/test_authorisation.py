@@ -71,6 +71,12 @@ def _simple(source: str, queue: str, payload: dict[str, Any], code: str | None, 
 
 
 FARM = {"type": "farm_action", "action": "ha_get_status", "params": {}}
+CONTROL = {
+    "type": "farm_action",
+    "action": "ha_call_service",
+    "params": {"domain": "switch", "service": "turn_on", "target": {"entity_id": "switch.pump"}},
+}
+GET = {"type": "memory_action", "action": "memory_get", "params": {"path": "MEMORY.md"}}
 SEARCH = {"type": "memory_action", "action": "memory_search", "params": {"query": "pump"}}
 
 CASES = [
@@ -110,7 +116,10 @@ CASES = [
     # actions/: farm_action main only (HA is not configured here), memory own folder unless main, ping anyone
     _simple("main", "actions", FARM, "upstream_unavailable", "farm_action"),
     _simple("field", "actions", FARM, "unauthorized", "farm_action"),
-    _simple("field", "actions", {**SEARCH, "groupFolder": "main"}, "unauthorized", "memory_action-other-folder"),
+    _simple("main", "actions", CONTROL, "upstream_unavailable", "farm_action-control"),
+    _simple("field", "actions", CONTROL, "unauthorized", "farm_action-control"),
+    _simple("field", "actions", {**SEARCH, "groupFolder": "main"}, "unauthorized", "memory_search-other-folder"),
+    _simple("field", "actions", {**GET, "groupFolder": "main"}, "unauthorized", "memory_get-other-folder"),
     _simple("main", "actions", {"type": "ping"}, SUCCESS, "ping"),
     _simple("field", "actions", {"type": "ping"}, SUCCESS, "ping"),
 ]  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -12,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from farmhost_testing import Daemon, clean_env, drop, farmhost, read_result, wait_for, wait_result
+from farmhost_testing import Daemon, clean_env, drop, farmhost, quarantined, read_result, wait_for, wait_result
 from ipc_support import (
+    FIELD_JID,
+    MAIN_JID,
     Env,
     logged,
     make_data_dir,
@@ -27,10 +30,12 @@ from ipc_support import (
 
 from farmhost.app import build_handlers
 from farmhost.config import load_settings
+from farmhost.groups.registry import new_group, register
 from farmhost.ipc.handlers import Effect, Handlers, HandlerSpec, RequestContext
 from farmhost.ipc.service import IpcService
 from farmhost.ipc.snapshots import HostIdentity
 from farmhost.layout import DataLayout
+from farmhost.protocol.codes import Queue
 from farmhost.protocol.envelope import Outcome
 from farmhost.protocol.requests import AnyRequest
 from farmhost.store.db import Database, now_utc
@@ -187,7 +192,8 @@ def test_group_add_and_remove_while_running(fast: Env) -> None:
     assert done.returncode == 0, done.stderr
     rid = uid("barn")
     drop(data_dir, "barn", "actions", {"type": "ping", "requestId": rid})
-    assert wait_result(data_dir, "barn", rid, timeout=2.0)["status"] == "success"  # "within a second", with slack
+    # The registry is polled every 0.25 s ("within a second"); the slack is for a loaded CI machine.
+    assert wait_result(data_dir, "barn", rid, timeout=3.0)["status"] == "success"
     assert "serving group barn (telegram:300)" in daemon.log()
 
     done = farmhost("group", "remove", "barn", data_dir=data_dir)
@@ -225,6 +231,27 @@ def test_broken_queue_directories_do_not_stop_the_daemon_from_starting(data_dir:
     finally:
         assert daemon.stop() == 0, daemon.log()
     assert (data_dir / "ipc" / "main" / "tasks").is_dir()
+    assert "Traceback" not in daemon.log()
+
+
+def test_polling_mode_serves_and_defends_the_same(data_dir: Path) -> None:
+    """FARMHOST_IPC_MODE=poll (no inotify): requests are still answered and hostile entries still quarantined."""
+    env = clean_env(FARMHOST_IPC_MODE="poll", FARMHOST_IPC_POLL_SECONDS="0.1")
+    daemon = Daemon(data_dir, env=env).start()
+    try:
+        ping_ok(data_dir, "main")
+        queue = data_dir / "ipc" / "field" / "actions"
+        os.mkfifo(queue / "fifo.json")
+        os.symlink("/etc/passwd", queue / "link.json")
+        _swap_for_symlink(data_dir / "ipc" / "field" / "messages", "../main/messages")
+        assert "a FIFO" in wait_note(data_dir, "field", "fifo.json")["reason"]
+        assert "a symlink" in wait_note(data_dir, "field", "link.json")["reason"]
+        assert "replaced by a symlink" in wait_note(data_dir, "field", "messages", queue="messages")["reason"]
+        ping_ok(data_dir, "field")
+        assert "ipc mode poll" in daemon.log()
+    finally:
+        assert daemon.stop() == 0, daemon.log()
+    assert "Traceback" not in daemon.log()
 
 
 # a slow handler stalls only its own queue (the real IpcService, in-process) ---------------------------------------
@@ -259,11 +286,41 @@ async def _service(data_dir: Path, handlers: Handlers, **settings: Any) -> Async
         db.close()
 
 
+@pytest.fixture
+def quick_data_dir(tmp_path: Path) -> Path:
+    """The `data_dir` layout (main and field) made in-process through the registry, without three CLI runs."""
+    data_dir = tmp_path / "data"
+    layout = DataLayout(data_dir)
+    layout.create()
+    db = Database.open(data_dir)
+    try:
+        with db.tx() as conn:
+            for jid, name, folder, is_main in (
+                (MAIN_JID, "Farm office", "main", True),
+                (FIELD_JID, "Field crew", "field", False),
+            ):
+                group = new_group(
+                    conn,
+                    jid=jid,
+                    name=name,
+                    folder=folder,
+                    trigger=None,
+                    requires_trigger=True,
+                    is_main=is_main,
+                    at=now_utc(),
+                )
+                register(conn, layout, group)
+    finally:
+        db.close()
+    return data_dir
+
+
 def _table() -> Handlers:
     return build_handlers(HostIdentity(pid=os.getpid(), version="test", started_at=now_utc()))
 
 
-async def test_slow_handler_stalls_only_its_own_queue(data_dir: Path) -> None:
+async def test_slow_handler_stalls_only_its_own_queue(quick_data_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    data_dir = quick_data_dir
     started, release = asyncio.Event(), asyncio.Event()
 
     async def slow_status(ctx: RequestContext, request: AnyRequest) -> Outcome:
@@ -296,9 +353,12 @@ async def test_slow_handler_stalls_only_its_own_queue(data_dir: Path) -> None:
         assert slow["status"] == "success" and slow["result"] == {"slow": True, "group": "main"}
         behind = await _until(lambda: read_result(data_dir, "main", "behind-slow"), "the queued ping")
         assert behind["status"] == "success"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
-async def test_handler_over_its_timeout_is_answered_timeout(data_dir: Path) -> None:
+async def test_handler_over_its_timeout_is_answered_timeout(quick_data_dir: Path) -> None:
+    data_dir = quick_data_dir
+
     async def hang(ctx: RequestContext, request: AnyRequest) -> Outcome:
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
@@ -324,15 +384,37 @@ class _BrokenTable(dict[str, HandlerSpec]):
 
 
 async def test_request_that_breaks_the_host_does_not_block_its_queue(
-    data_dir: Path, caplog: pytest.LogCaptureFixture
+    quick_data_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    data_dir = quick_data_dir
     async with _service(data_dir, _BrokenTable(_table()), ipc_rescan_seconds=0.05):
         drop(data_dir, "main", "actions", {"type": "farm_action", "action": "ha_restart", "requestId": "a-poison"})
         drop(data_dir, "main", "actions", {"type": "ping", "requestId": "b-behind"})
         behind = await _until(lambda: read_result(data_dir, "main", "b-behind"), "the request behind the poison")
         assert behind["status"] == "success"
-        assert read_result(data_dir, "main", "a-poison") is None
-        assert (data_dir / "ipc" / ".spool" / "main" / "actions" / "a-poison.json").exists(), "kept for a restart"
-        assert "main: actions/a-poison.json failed inside the host 3 times; left in the spool" in caplog.text
+        poisoned = await _until(lambda: read_result(data_dir, "main", "a-poison"), "the poison's answer")
+        assert poisoned["status"] == "error" and poisoned["errorCode"] == "internal"
+        assert "failed 3 times" in poisoned["error"]
+        assert not (data_dir / "ipc" / ".spool" / "main" / "actions" / "a-poison.json").exists()
+        notes = [n for n in quarantined(data_dir, "main") if n["file"] == "a-poison.json"]
+        assert len(notes) == 1 and notes[0]["errorCode"] == "internal"
+        assert "main: actions/a-poison.json failed inside the host 3 times; quarantining it" in caplog.text
         drop(data_dir, "main", "actions", {"type": "ping", "requestId": "c-later"})
         assert (await _until(lambda: read_result(data_dir, "main", "c-later"), "a later ping"))["status"] == "success"
+
+
+async def test_queue_directory_reopened_by_a_worker_first_is_still_watched(quick_data_dir: Path) -> None:
+    """A swap seen first by a worker (it re-opens its queue while draining) must still get an inotify watch."""
+    data_dir = quick_data_dir
+    async with _service(data_dir, _table()) as service:
+        drop(data_dir, "field", "actions", {"type": "ping", "requestId": "before"})
+        await _until(lambda: read_result(data_dir, "field", "before"), "the first ping")
+        actions = data_dir / "ipc" / "field" / "actions"
+        os.rename(actions, actions.with_name("actions-away"))
+        os.mkdir(actions)
+        service._groups["field"].gdir.queue_fd(Queue.ACTIONS)  # what a draining worker does before the event
+        await asyncio.sleep(0.05)  # the group-directory events are handled now
+        drop(data_dir, "field", "actions", {"type": "ping", "requestId": "after"})
+        # Well under the 5 s periodic rescan: only inotify on the new directory can have woken the worker.
+        answered = await _until(lambda: read_result(data_dir, "field", "after"), "the ping", timeout=2.0)
+        assert answered["status"] == "success"

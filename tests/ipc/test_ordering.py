@@ -144,7 +144,8 @@ def test_files_older_than_an_hour_at_start_are_expired(data_dir: Path) -> None:
         assert wait_result(data_dir, "field", "stale-broken")["errorCode"] == "invalid_request"
         ping_ok(data_dir, "field")
     finally:
-        assert daemon.stop() == 0
+        assert daemon.stop() == 0, daemon.log()
+    assert "Traceback" not in daemon.log()
     assert [t["prompt"] for t in tasks(data_dir)] == ["check the pumps recent"]
     assert outbox(data_dir) == []
 
@@ -172,7 +173,8 @@ def test_queue_is_processed_in_file_name_order(data_dir: Path) -> None:
         assert executed == sorted(executed)
         ping_ok(data_dir, "field")
     finally:
-        assert daemon.stop() == 0
+        assert daemon.stop() == 0, daemon.log()
+    assert "Traceback" not in daemon.log()
     listed = {t["id"]: t for t in tasks(data_dir)}
     assert sorted(listed) == [f"task-{name}" for name in names]
 
@@ -192,4 +194,5 @@ def test_spool_leftovers_go_first_and_nothing_is_lost_across_restart(data_dir: P
         assert [r["requestId"] for r in wait_logged(data_dir, group="field", count=2)] == ["b-claimed", "a-queued"]
         assert os.listdir(spool) == [] and os.listdir(queue) == []
     finally:
-        assert daemon.stop() == 0
+        assert daemon.stop() == 0, daemon.log()
+    assert "Traceback" not in daemon.log()

@@ -1,0 +1,53 @@
+"""Housekeeping at start-up: old results, the host's abandoned temp files and old quarantine go; the rest stays."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from farmhost_testing import Daemon, drop, wait_result
+
+
+def _age(path: Path, seconds: float) -> Path:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+    return path
+
+
+def test_start_up_sweep_removes_only_what_is_old_and_ours(data_dir: Path) -> None:
+    ipc = data_dir / "ipc" / "field"
+    errors = data_dir / "ipc" / "errors" / "field"
+    errors.mkdir(parents=True)
+    old_result = ipc / "action_results" / "r-old.json"
+    old_result.write_text("{}")
+    _age(old_result, 25 * 3600)
+    fresh_result = ipc / "action_results" / "r-fresh.json"
+    fresh_result.write_text("{}")
+    host_temp = ipc / ".host_status.json.deadbeef.tmp"
+    host_temp.write_text("{")
+    _age(host_temp, 2 * 3600)
+    agent_temp = ipc / "actions" / ".a-1.json.tmp"
+    agent_temp.write_text("{")
+    _age(agent_temp, 2 * 3600)
+    old_quarantine = errors / "20200101T000000.000000Z-actions-x.json"
+    old_quarantine.write_text("x")
+    _age(old_quarantine, 31 * 86400)
+    recent_quarantine = errors / "20261101T000000.000000Z-actions-y.json"
+    recent_quarantine.write_text("y")
+
+    daemon = Daemon(data_dir).start()
+    try:
+        # The sweep runs before the daemon reports alive; a ping proves it is serving afterwards.
+        assert (
+            wait_result(data_dir, "field", drop(data_dir, "field", "actions", {"type": "ping"}))["status"] == "success"
+        )
+    finally:
+        assert daemon.stop() == 0
+    assert not old_result.exists()
+    assert not host_temp.exists()
+    assert not old_quarantine.exists()
+    assert fresh_result.exists()
+    assert agent_temp.exists(), "an agent's own temp file in its queue is never touched"
+    assert recent_quarantine.exists()
+    assert "swept 1 uncollected results, 1 abandoned temp files, 1 old quarantined files" in daemon.log()
