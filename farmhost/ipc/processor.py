@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
@@ -72,12 +73,12 @@ class RequestProcessor:
         except Refused as refused:
             # Unread, but the agent's client names the file `<requestId>.json`: answer it under that id.
             stem_id = stem if REQUEST_ID_RE.fullmatch(stem) else None
-            self._refuse(item, refused.reason, refused.code, stem_id, None, received, started)
+            await self._refuse(item, refused.reason, refused.code, stem_id, None, received, started)
             return True
         try:
             request = decode_request(item.queue, raw, stem=stem)
         except RequestRejected as rejected:
-            self._refuse(
+            await self._refuse(
                 item, rejected.reason, ErrorCode.INVALID_REQUEST, rejected.request_id, rejected.kind, received, started
             )
             return True
@@ -85,7 +86,7 @@ class RequestProcessor:
         answer = await self._router.execute(
             item.group, item.queue, request, request_id, received_at=received, stale=mtime < self._stale_before
         )
-        if not self._answer(item, request_id, answer.document, fsync_dir=answer.effect is not Effect.READ):
+        if not await self._answer(item, request_id, answer.document, fsync_dir=answer.effect is not Effect.READ):
             return False
         os.unlink(item.name, dir_fd=item.spool_fd)
         doc = answer.document
@@ -106,12 +107,21 @@ class RequestProcessor:
         )
         return True
 
-    def _answer(self, item: ClaimedFile, request_id: str, document: dict[str, object], *, fsync_dir: bool) -> bool:
+    async def _answer(
+        self, item: ClaimedFile, request_id: str, document: dict[str, object], *, fsync_dir: bool
+    ) -> bool:
         try:
             results_fd = item.gdir.results_fd()
         except OSError as err:
             logger.error("group %s: cannot open action_results/: %s", item.group.folder, err)
             return False
+        # The write ends in fsync, which can take milliseconds on an SD card: in a thread, it never stalls another
+        # group's queue. The thread owns the descriptor, so a worker cancelled meanwhile cannot close it under it.
+        return await asyncio.to_thread(self._write_result_sync, item, results_fd, request_id, document, fsync_dir)
+
+    def _write_result_sync(
+        self, item: ClaimedFile, results_fd: int, request_id: str, document: dict[str, object], fsync_dir: bool
+    ) -> bool:
         name = f"{request_id}.json"
         try:
             try:
@@ -136,10 +146,10 @@ class RequestProcessor:
             os.close(results_fd)
         return True
 
-    def give_up(self, item: ClaimedFile, attempts: int) -> None:
+    async def give_up(self, item: ClaimedFile, attempts: int) -> None:
         """Quarantine a request the host itself failed on `attempts` times, answering `internal` under its stem."""
         stem = item.name[: -len(".json")]
-        self._refuse(
+        await self._refuse(
             item,
             f"the host failed {attempts} times while handling this request (a host bug; see the host log)",
             ErrorCode.INTERNAL,
@@ -149,7 +159,7 @@ class RequestProcessor:
             time.perf_counter(),
         )
 
-    def _refuse(
+    async def _refuse(
         self,
         item: ClaimedFile,
         reason: str,
@@ -172,7 +182,7 @@ class RequestProcessor:
                 executed_at=received,
                 duration_ms=round((time.perf_counter() - started) * 1000),
             )
-            answered = self._answer(item, request_id, document, fsync_dir=False)
+            answered = await self._answer(item, request_id, document, fsync_dir=False)
         self._quarantine.move(
             item.spool_fd,
             item.name,

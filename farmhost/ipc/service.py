@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -276,10 +276,17 @@ class IpcService:
         if self._db.data_version() != self._data_version:
             self.reload_groups()
 
-    def _heartbeat(self) -> None:
+    async def _heartbeat(self) -> None:
         document = snapshots.host_status(self._identity, status="alive", now=self._clock())
-        for attached in self._groups.values():
-            self._write_snapshot(attached, snapshots.HOST_STATUS, document)
+        # Sixteen fsyncs would stall every queue for tens of milliseconds on an SD card: write them in a thread,
+        # on duplicated descriptors that stay valid even if a group is detached meanwhile.
+        targets = [(attached, os.dup(attached.gdir.fd)) for attached in self._groups.values()]
+        written = await asyncio.to_thread(_write_all_sync, [fd for _, fd in targets], snapshots.HOST_STATUS, document)
+        for (attached, _), ok in zip(targets, written, strict=True):
+            if not ok and attached.group.folder in self._groups:
+                self._write_snapshot(attached, snapshots.HOST_STATUS, document)  # evicts, logs once
+            elif ok and (attached.group.folder, snapshots.HOST_STATUS) in self._failing_snapshots:
+                self._write_snapshot(attached, snapshots.HOST_STATUS, document)  # logs the recovery
 
     def _sweep(self) -> None:
         now, wall = self._clock(), time.time()
@@ -324,7 +331,9 @@ class IpcService:
             if Change.GROUPS in changes:
                 document = snapshots.groups_snapshot(self._db, group, registered, now=now)
                 self._write_snapshot(attached, snapshots.AVAILABLE_GROUPS, document)
-        self._heartbeat()
+        document = snapshots.host_status(self._identity, status="alive", now=now)
+        for attached in self._groups.values():
+            self._write_snapshot(attached, snapshots.HOST_STATUS, document)
 
     def _write_snapshot(self, attached: _Attached, name: str, document: object) -> None:
         key = (attached.group.folder, name)
@@ -342,10 +351,27 @@ class IpcService:
         task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
 
     @staticmethod
-    async def _every(seconds: float, tick: Callable[[], None]) -> None:
+    async def _every(seconds: float, tick: Callable[[], None | Awaitable[None]]) -> None:
         while True:
             await asyncio.sleep(seconds)
             try:
-                tick()
+                pending = tick()
+                if pending is not None:
+                    await pending
             except Exception:
                 logger.exception("periodic %s failed", getattr(tick, "__name__", tick))
+
+
+def _write_all_sync(fds: list[int], name: str, document: object) -> list[bool]:
+    """Write one snapshot into several group directories, closing each descriptor; runs in a thread."""
+    written = []
+    for fd in fds:
+        try:
+            written.append(snapshots.write_snapshot(fd, name, document, evict=_no_evict))
+        finally:
+            os.close(fd)
+    return written
+
+
+def _no_evict(dir_fd: int, name: str, reason: str) -> None:
+    """Eviction needs the event loop's state; the write fails here and the caller retries on the loop."""

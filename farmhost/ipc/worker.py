@@ -67,9 +67,10 @@ class QueueWorker:
                 names = [n for n in pending_names(self._gdir.queue_fd(self.queue)) if not self._parked(n)]
                 if not names:
                     return done
+                queue_fd = self._gdir.queue_fd(self.queue)  # verified once per batch, not per file
                 for name in names:
                     try:
-                        claimed = claim(self._gdir.queue_fd(self.queue), name, self._spool_fd)
+                        claimed = claim(queue_fd, name, self._spool_fd)
                     except OSError as err:
                         logger.error("group %s: cannot claim %s/%s: %s", self.group.folder, self.queue, name, err)
                         return done
@@ -94,7 +95,7 @@ class QueueWorker:
                 return False
             logger.exception("%s failed inside the host %d times; quarantining it", where, attempts)
             try:
-                self._processor.give_up(self._item(name), attempts)
+                await self._processor.give_up(self._item(name), attempts)
             except Exception:
                 logger.exception("%s could not be quarantined; left in the spool until the next start", where)
                 return True
