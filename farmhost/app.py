@@ -7,13 +7,17 @@ import fcntl
 import logging
 import os
 import signal
+from dataclasses import replace
 from datetime import datetime
 from typing import Final
 
 from farmhost import __version__
 from farmhost.config import Settings
 from farmhost.errors import ConfigError
-from farmhost.farm.actions import HANDLERS as FARM_HANDLERS
+from farmhost.farm.actions import farm_handlers
+from farmhost.farm.deps import FarmDeps
+from farmhost.farm.homeassistant import HAClient
+from farmhost.farm.state import StateCollector, collector_options
 from farmhost.groups.requests import HANDLERS as GROUP_HANDLERS
 from farmhost.ipc.handlers import Handlers
 from farmhost.ipc.ping import ping_handlers
@@ -31,14 +35,14 @@ logger = logging.getLogger(__name__)
 STOP_TIMEOUT: Final = 8.0
 
 
-def build_handlers(identity: HostIdentity) -> Handlers:
+def build_handlers(identity: HostIdentity, farm: FarmDeps) -> Handlers:
     """The full handler table, assembled from every capability's own table."""
     return {
         **ping_handlers(identity),
         **MESSAGE_HANDLERS,
         **TASK_HANDLERS,
         **GROUP_HANDLERS,
-        **FARM_HANDLERS,
+        **farm_handlers(farm),
         **MEMORY_HANDLERS,
     }
 
@@ -53,17 +57,27 @@ class App:
         self._lock_fd = -1
         self.db: Database | None = None
         self.ipc: IpcService | None = None
+        self.ha: HAClient | None = None
+        self.collector: StateCollector | None = None
 
     async def start(self) -> None:
         """Take the data-dir lock, open the store, start the IPC engine."""
         self.layout.create()
         self._take_lock()
         self.db = Database.open(self.settings.data_dir)
+        farm = FarmDeps(settings=self.settings, layout=self.layout, ha=None, dashboards_dir=self.layout.dashboards)
+        if self.settings.ha_url and self.settings.ha_token:
+            self.ha = HAClient(url=self.settings.ha_url, token=self.settings.ha_token)
+            await self.ha.start()  # never waits for HA: actions answer upstream_unavailable until it is up
+            farm = replace(farm, ha=self.ha)
+            self.collector = StateCollector.from_deps(farm, **collector_options(self.settings))
+            farm = replace(farm, state=self.collector)
+            await self.collector.start()  # returns at once; the first poll runs in the background
         self.ipc = IpcService(
             settings=self.settings,
             layout=self.layout,
             db=self.db,
-            handlers=build_handlers(self.identity),
+            handlers=build_handlers(self.identity, farm),
             identity=self.identity,
         )
         await self.ipc.start()
@@ -82,6 +96,12 @@ class App:
         if self.ipc is not None:
             await self.ipc.stop()
             self.ipc = None
+        if self.collector is not None:
+            await self.collector.stop()
+            self.collector = None
+        if self.ha is not None:
+            await self.ha.close()
+            self.ha = None
         if self.db is not None:
             self.db.close()
             self.db = None

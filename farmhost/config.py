@@ -56,6 +56,20 @@ class Settings(BaseSettings):
     quarantine_retention_days: float = Field(default=30, gt=0, validation_alias="FARMHOST_QUARANTINE_RETENTION_DAYS")
     heartbeat_seconds: float = Field(default=5.0, gt=0, le=300, validation_alias="FARMHOST_HEARTBEAT_SECONDS")
     request_log_max_bytes: int = Field(default=10 * 1024 * 1024, ge=4096, validation_alias="FARMHOST_REQUEST_LOG_BYTES")
+    dashboard_backups: int = Field(default=10, ge=1, le=1000, validation_alias="FARMHOST_DASHBOARD_BACKUPS")
+    # farm state collector (docs/farm-state.md)
+    state_poll_seconds: float = Field(default=30.0, gt=0, validation_alias="FARMHOST_STATE_POLL_SECONDS")
+    telemetry_seconds: float = Field(default=300.0, gt=0, validation_alias="FARMHOST_TELEMETRY_SECONDS")
+    state_inventory_seconds: float = Field(default=300.0, gt=0, validation_alias="FARMHOST_STATE_INVENTORY_SECONDS")
+    telemetry_retention_days: int = Field(default=90, ge=1, validation_alias="FARMHOST_TELEMETRY_RETENTION_DAYS")
+    calendar_days: int = Field(default=14, ge=1, le=366, validation_alias="FARMHOST_CALENDAR_DAYS")
+    alert_resolved_keep: int = Field(default=50, ge=0, validation_alias="FARMHOST_ALERT_RESOLVED_KEEP")
+    alert_frost_celsius: float = Field(default=2.0, validation_alias="FARMHOST_ALERT_FROST_CELSIUS")
+    alert_soil_low_percent: float = Field(
+        default=25.0, ge=0, le=100, validation_alias="FARMHOST_ALERT_SOIL_LOW_PERCENT"
+    )
+    alert_unavailable_minutes: float = Field(default=10.0, ge=0, validation_alias="FARMHOST_ALERT_UNAVAILABLE_MINUTES")
+    alert_ignore_entities: str | None = Field(default=None, validation_alias="FARMHOST_ALERT_IGNORE_ENTITIES")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", validation_alias="FARMHOST_LOG_LEVEL"
     )

@@ -46,6 +46,11 @@ class DataLayout:
         return self.root / "farm-state"
 
     @property
+    def dashboards(self) -> Path:
+        """Working copies of the staged Lovelace dashboards (seeded from the repository's dashboards/)."""
+        return self.root / "dashboards"
+
+    @property
     def logs(self) -> Path:
         """Host logs (request log)."""
         return self.root / "logs"
@@ -70,7 +75,16 @@ class DataLayout:
 
     def create(self) -> None:
         """Create the top-level layout (idempotent)."""
-        for path in (self.ipc, self.errors, self.spool, self.groups, self.farm_state, self.logs, self.outbox_files):
+        for path in (
+            self.ipc,
+            self.errors,
+            self.spool,
+            self.groups,
+            self.farm_state,
+            self.dashboards,
+            self.logs,
+            self.outbox_files,
+        ):
             path.mkdir(parents=True, exist_ok=True)
         os.chmod(self.spool, 0o700)
 

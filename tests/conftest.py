@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from farmhost_testing import Daemon, farmhost
 
+pytest_plugins = ["ha_fixture"]  # the real Home Assistant: fixtures `ha`, `ha_env`, `ha_reset` (tests/ha/README.md)
+
 MAIN_JID = "telegram:100"
 FIELD_JID = "telegram:200"
 

@@ -8,7 +8,6 @@ import json
 import sys
 from typing import Any
 
-from farmhost.app import App
 from farmhost.config import Settings
 from farmhost.errors import ConfigError
 from farmhost.layout import DataLayout
@@ -43,6 +42,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     """Run the daemon until a signal stops it."""
     secrets = [s for s in (settings.ha_token, settings.telegram_bot_token, settings.llm_api_key) if s]
     configure("DEBUG" if args.verbose else settings.log_level, secrets=secrets)
+    from farmhost.app import App  # the daemon's whole dependency tree; other commands start faster without it
+
     asyncio.run(App(settings).run())
     return 0
 

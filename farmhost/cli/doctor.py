@@ -10,9 +10,10 @@ import sqlite3
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
-from typing import Final, Literal
+from typing import Final, Literal, cast
 
 from farmhost.config import Settings
+from farmhost.farm.policy import load_profile, profile_report
 from farmhost.layout import DataLayout
 from farmhost.store import groups, outbox
 from farmhost.store.db import Database
@@ -44,6 +45,7 @@ def doctor(args: argparse.Namespace, settings: Settings) -> int:
         _telegram(settings),
         _runtime(settings),
         _llm(settings),
+        _farm_profile(settings),
         _disk(settings),
         Check("timezone", "ok", f"{settings.zone.key}" + ("" if settings.tz else " (system zone; set TZ to pin it)")),
     ]
@@ -147,6 +149,13 @@ def _home_assistant(settings: Settings) -> Check:
         {"Authorization": f"Bearer {settings.ha_token}"},
         "check HA_URL and that HA_TOKEN is a valid long-lived access token",
     )
+
+
+def _farm_profile(settings: Settings) -> Check:
+    state, detail, fix = profile_report(load_profile(settings.profile_path), farm_mode=settings.farm_mode)
+    if state == "off" and not fix:
+        fix = f"optional: write {settings.profile_path} to narrow the policy (docs/farm-actions.md)"
+    return Check("farm profile", cast(State, state), detail, fix)
 
 
 def _telegram(settings: Settings) -> Check:

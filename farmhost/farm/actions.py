@@ -1,28 +1,140 @@
-"""The farm_action table: each action's effect class and policy; execution arrives with the HA client."""
+"""The farm_action table: every action's function, effect and timeout, and the handler rows built from it.
+
+Each handler authorises the source group (main only unless the farm profile says otherwise), applies the
+control gate (a readable profile; in production a validated one), runs the action within its timeout and
+appends one audit line, whatever the outcome. That is why the rows are `main_only=False`: a refusal must
+happen here, where it is audited, not in the router.
+"""
 
 from __future__ import annotations
 
-from typing import Final, get_args
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, get_args
 
-from farmhost.errors import Unavailable
-from farmhost.ipc.handlers import Effect, Handlers, HandlerSpec, RequestContext
+from farmhost.errors import FarmhostError
+from farmhost.farm import policy
+from farmhost.farm.audit import AuditLog
+from farmhost.farm.core_actions import ha_call_service, ha_get_status, ha_restart, ha_set_entity
+from farmhost.farm.dashboard_actions import (
+    ha_apply_dashboard,
+    ha_dashboard_get,
+    ha_dashboard_patch,
+    ha_dashboard_validate,
+)
+from farmhost.farm.screenshot import ha_capture_screenshot
+from farmhost.farm.state import farm_state_refresh
+from farmhost.ipc.handlers import (
+    DEFAULT_HANDLER_TIMEOUT,
+    AsyncHandler,
+    Effect,
+    Handlers,
+    HandlerSpec,
+    RequestContext,
+)
+from farmhost.protocol.codes import ErrorCode
 from farmhost.protocol.envelope import Outcome
-from farmhost.protocol.requests import CONTROL_ACTIONS, FILE_WRITING_ACTIONS, AnyRequest, FarmActionName
+from farmhost.protocol.requests import (
+    CONTROL_ACTIONS,
+    FILE_WRITING_ACTIONS,
+    AnyRequest,
+    FarmActionName,
+    FarmActionRequest,
+)
+
+if TYPE_CHECKING:
+    from farmhost.farm.deps import FarmAction, FarmDeps
 
 ACTION_NAMES: Final = tuple(get_args(FarmActionName))
+# The router's own timeout sits this far behind the action's, so the action's clearer message wins.
+ROUTER_MARGIN: Final = 2.0
 
 
-async def _home_assistant_off(ctx: RequestContext, request: AnyRequest) -> Outcome:
-    if not ctx.settings.ha_enabled:
-        raise Unavailable("Home Assistant is not configured on this host (the operator sets HA_URL and HA_TOKEN)")
-    raise Unavailable("this farmhost version does not run Home Assistant actions yet")
+@dataclass(frozen=True, kw_only=True)
+class FarmActionSpec:
+    """One row of the farm table."""
+
+    run: FarmAction
+    effect: Effect
+    timeout: float = DEFAULT_HANDLER_TIMEOUT
 
 
 def _effect(action: str) -> Effect:
     return Effect.EXTERNAL if action in CONTROL_ACTIONS | FILE_WRITING_ACTIONS else Effect.READ
 
 
-HANDLERS: Final[Handlers] = {
-    f"farm_action:{name}": HandlerSpec(effect=_effect(name), run=_home_assistant_off, main_only=True)
-    for name in ACTION_NAMES
+def _row(run: FarmAction, name: str, timeout: float = DEFAULT_HANDLER_TIMEOUT) -> FarmActionSpec:
+    return FarmActionSpec(run=run, effect=_effect(name), timeout=timeout)
+
+
+ACTIONS: Final[dict[str, FarmActionSpec]] = {
+    "ha_get_status": _row(ha_get_status, "ha_get_status"),
+    "ha_call_service": _row(ha_call_service, "ha_call_service"),
+    "ha_set_entity": _row(ha_set_entity, "ha_set_entity"),
+    # HA restarts in ~7 s here, 30-90 s on a Raspberry Pi; core_actions.RESTART_TIMEOUT is 150 s.
+    "ha_restart": _row(ha_restart, "ha_restart", timeout=160.0),
+    "ha_dashboard_get": _row(ha_dashboard_get, "ha_dashboard_get"),
+    "ha_dashboard_validate": _row(ha_dashboard_validate, "ha_dashboard_validate"),
+    "ha_dashboard_patch": _row(ha_dashboard_patch, "ha_dashboard_patch"),
+    "ha_apply_dashboard": _row(ha_apply_dashboard, "ha_apply_dashboard"),
+    "ha_capture_screenshot": _row(ha_capture_screenshot, "ha_capture_screenshot", timeout=60.0),
+    "farm_state_refresh": _row(farm_state_refresh, "farm_state_refresh"),
 }
+assert set(ACTIONS) == set(ACTION_NAMES), "every FarmActionName needs a row"
+
+
+def farm_handlers(deps: FarmDeps, *, audit: AuditLog | None = None) -> Handlers:
+    """The `farm_action:<name>` handler rows, all sharing `deps` and one audit log.
+
+    Args:
+        deps: the farm's runtime (settings, layout, HA client or None, dashboards dir).
+        audit: the audit log; by default `farm-state/audit.ndjson`, rotated at FARMHOST_REQUEST_LOG_BYTES.
+    """
+    log = audit or AuditLog(deps.layout.farm_state, max_bytes=deps.settings.request_log_max_bytes)
+    return {
+        f"farm_action:{name}": HandlerSpec(
+            effect=spec.effect, run=_handler(deps, log, name, spec), timeout=spec.timeout + ROUTER_MARGIN
+        )
+        for name, spec in ACTIONS.items()
+    }
+
+
+def _handler(deps: FarmDeps, audit: AuditLog, name: str, spec: FarmActionSpec) -> AsyncHandler:
+    async def run(ctx: RequestContext, request: AnyRequest) -> Outcome:
+        params = request.params if isinstance(request, FarmActionRequest) else {}
+        started = time.perf_counter()
+        code: ErrorCode | None = ErrorCode.INTERNAL
+        try:
+            result = await _guarded(deps, ctx, name, spec, params)
+            code = None
+            return Outcome(result=result)
+        except FarmhostError as err:
+            code = err.code
+            raise
+        except asyncio.CancelledError:
+            code = ErrorCode.INTERRUPTED  # the host is stopping
+            raise
+        finally:
+            audit.record(
+                at=ctx.now,
+                group=ctx.group.folder,
+                request_id=ctx.request_id,
+                action=name,
+                params=params,
+                error_code=code,
+                duration_ms=round((time.perf_counter() - started) * 1000),
+            )
+
+    return run
+
+
+async def _guarded(deps: FarmDeps, ctx: RequestContext, name: str, spec: FarmActionSpec, params: dict[str, Any]) -> Any:
+    loaded = policy.load_profile(deps.settings.profile_path)
+    policy.authorise_group(name, folder=ctx.group.folder, is_main=ctx.group.is_main, loaded=loaded)
+    policy.check_control(name, farm_mode=deps.settings.farm_mode, loaded=loaded)
+    try:
+        async with asyncio.timeout(spec.timeout):
+            return await spec.run(deps, ctx, params)
+    except TimeoutError:
+        raise FarmhostError(f"{name} did not finish within {spec.timeout:g} s", code=ErrorCode.TIMEOUT) from None

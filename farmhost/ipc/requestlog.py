@@ -15,11 +15,12 @@ _BACKUPS = 5
 class RequestLog:
     """Appends `{ts, group, queue, requestId, type, action, status, errorCode, durationMs, ...}` lines."""
 
-    def __init__(self, logs_dir: Path, *, max_bytes: int) -> None:
+    def __init__(self, logs_dir: Path, *, max_bytes: int, file_name: str = REQUEST_LOG_FILE) -> None:
+        # `file_name`: the same rotating NDJSON log serves farm-state/audit.ndjson (farmhost/farm/audit.py).
         logs_dir.mkdir(parents=True, exist_ok=True)
         self._handler = logging.handlers.RotatingFileHandler(
             # A file name that is not UTF-8 (an agent's choice) is logged escaped rather than lost.
-            logs_dir / REQUEST_LOG_FILE,
+            logs_dir / file_name,
             maxBytes=max_bytes,
             backupCount=_BACKUPS,
             encoding="utf-8",

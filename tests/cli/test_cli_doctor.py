@@ -167,3 +167,18 @@ def test_doctor_probes_home_assistant_and_telegram(tmp_path: Path, bot_api: BotA
     assert "TELEGRAM_BOT_TOKEN" in done.stdout
     assert "wrong-token" not in done.stdout + done.stderr
     assert len(bot_api.paths) == 2
+
+
+def test_doctor_reports_a_broken_farm_profile_and_the_production_gate(data_dir: Path) -> None:
+    profile = data_dir / "farm-profile.json"
+    profile.write_text("{not json")
+    done = farmhost("doctor", "--json", data_dir=data_dir)
+    line = next(c for c in json.loads(done.stdout) if c["part"] == "farm profile")
+    assert done.returncode == 1
+    assert line["state"] == "broken" and str(profile) in line["fix"]
+    profile.unlink()
+    production = farmhost("doctor", "--json", data_dir=data_dir, env=clean_env(FARM_MODE="production"))
+    line = next(c for c in json.loads(production.stdout) if c["part"] == "farm profile")
+    assert line["state"] == "broken", "production without a validated profile refuses control actions"
+    demo = farmhost("doctor", "--json", data_dir=data_dir)
+    assert next(c for c in json.loads(demo.stdout) if c["part"] == "farm profile")["state"] == "off"

@@ -123,7 +123,11 @@ def test_register_group_refusals(farm: Path, source: str, fields: dict[str, Any]
 def test_is_main_in_register_group_is_quarantined_with_its_reason(farm: Path) -> None:
     result = register(farm, "main", jid="telegram:320", name="Boss", folder="boss2", isMain=False)
     assert result["errorCode"] == "invalid_request"
-    note = next(n for n in quarantined(farm, "main") if n["file"] == f"{result['requestId']}.json")
+    # the host answers first, then moves the file to quarantine: the note can lag the result by a moment
+    note = wait_for(
+        lambda: next((n for n in quarantined(farm, "main") if n["file"] == f"{result['requestId']}.json"), None),
+        what="the quarantine note",
+    )
     assert note["errorCode"] == "invalid_request" and "isMain" in note["reason"]
 
 

@@ -1,0 +1,300 @@
+"""The core Home Assistant farm actions: ha_get_status, ha_call_service, ha_set_entity and ha_restart."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import time
+from typing import TYPE_CHECKING, Annotated, Any, Final, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from farmhost.errors import InvalidRequest, Unavailable
+from farmhost.farm import policy
+from farmhost.farm.homeassistant import HaRejected
+from farmhost.protocol.requests import Domain, EntityId
+
+if TYPE_CHECKING:
+    from farmhost.farm.deps import FarmDeps
+    from farmhost.farm.homeassistant import HAClient
+    from farmhost.ipc.handlers import RequestContext
+
+# On a Raspberry Pi HA takes 30-90 s to restart; the action's own timeout (actions.py) is above this.
+RESTART_TIMEOUT: Final = 150.0
+# A driven entity (a template number/select following its helper) reflects a change a moment after the call.
+READ_BACK_SECONDS: Final = 3.0
+MAX_ENTITY_IDS: Final = 500
+STATE_KEYS: Final = ("entity_id", "state", "attributes", "last_changed", "last_updated")
+TARGET_KEYS: Final = ("entity_id", *policy.INDIRECT_TARGETS)
+
+NUMBER_DOMAINS: Final = frozenset({"input_number", "number"})
+SWITCH_DOMAINS: Final = frozenset({"input_boolean", "switch", "light", "fan"})
+SELECT_DOMAINS: Final = frozenset({"input_select", "select"})
+SETTABLE_DOMAINS: Final = NUMBER_DOMAINS | SWITCH_DOMAINS | SELECT_DOMAINS
+ENTITY_ID_RE: Final = re.compile(r"^[a-z0-9_]+\.[a-z0-9_]+$")
+ON_WORDS: Final = frozenset({"on", "true", "1", "yes"})
+OFF_WORDS: Final = frozenset({"off", "false", "0", "no"})
+
+ServiceName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+$", max_length=64)]
+TargetId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,255}$")]
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+_P = TypeVar("_P", bound=_Params)
+
+
+class _StatusParams(_Params):
+    entityIds: Annotated[list[EntityId], Field(max_length=MAX_ENTITY_IDS)] | None = None
+    domains: Annotated[list[Domain], Field(max_length=100)] | None = None
+
+
+class _ServiceParams(_Params):
+    domain: Domain
+    service: ServiceName
+    data: dict[str, Any] | None = None
+    target: dict[str, TargetId | list[TargetId]] | None = None
+
+
+class _SetParams(_Params):
+    entityId: EntityId
+    value: Any  # each domain checks it (_number, _switch, the options), with a sentence naming what it takes
+
+
+class _NoParams(_Params):
+    pass
+
+
+async def ha_get_status(deps: FarmDeps, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+    """Current states, all or filtered: `{entityIds?, domains?}` (an entity matching either filter is kept).
+
+    Returns:
+        `{states: [{entity_id, state, attributes, last_changed, last_updated}], count, missing}`; `missing`
+        lists requested entity ids HA does not know (reported, not an error).
+
+    Raises:
+        InvalidRequest: unknown params, or an entity id / domain that is not a valid name.
+    """
+    p = _parse(_StatusParams, params, "ha_get_status")
+    states = await _ha(deps).get_states()
+    wanted_ids = set(p.entityIds or ())
+    wanted_domains = set(p.domains or ())
+    if p.entityIds is None and p.domains is None:
+        kept = states
+    else:
+        kept = [s for s in states if s.get("entity_id") in wanted_ids or _domain(s) in wanted_domains]
+    known = {s.get("entity_id") for s in states}
+    kept = sorted(kept, key=lambda s: str(s.get("entity_id")))
+    return {
+        "states": [_state(s) for s in kept],
+        "count": len(kept),
+        "missing": sorted(wanted_ids - known),
+    }
+
+
+async def ha_call_service(deps: FarmDeps, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+    """Call a service: `{domain, service, data?, target?}`, checked against the service policy first.
+
+    Returns:
+        `{service: "domain.service", changedStates: [...]}`: the states the call changed, as HA reports them.
+
+    Raises:
+        InvalidRequest: bad params. NotAllowed: a denied domain or outside the farm profile.
+        NotFound: HA has no such service. HaRejected: HA refused the data (its sentence is kept).
+    """
+    p = _parse(_ServiceParams, params, "ha_call_service")
+    data = dict(p.data or {})
+    target = dict(p.target or {})
+    unknown = sorted(set(target) - set(TARGET_KEYS))
+    if unknown:
+        raise InvalidRequest(f"target may only hold {', '.join(TARGET_KEYS)} (got {', '.join(unknown)})")
+    entity_ids = _entity_ids(data.get("entity_id"), "data.entity_id") + _entity_ids(
+        target.get("entity_id"), "target.entity_id"
+    )
+    indirect = any(key in data or key in target for key in policy.INDIRECT_TARGETS)
+    loaded = policy.load_profile(deps.settings.profile_path)
+    policy.check_service(p.domain, p.service, entity_ids, indirect=indirect, loaded=loaded)
+    try:
+        changed = await _ha(deps).call_service(p.domain, p.service, data, target=target or None)
+    except HaRejected as err:  # HA refused the data: the agent's request was invalid, HA's sentence says why
+        raise InvalidRequest(err.message) from None
+    return {"service": f"{p.domain}.{p.service}", "changedStates": [_state(s) for s in changed]}
+
+
+async def ha_set_entity(deps: FarmDeps, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+    """Set one entity to a value: `{entityId, value}`, through the service its domain uses.
+
+    input_number/number: a number within the entity's min/max (set_value). input_boolean/switch/light/fan:
+    true/false, on/off, 1/0, yes/no in any case (turn_on/turn_off). input_select/select: one of its options
+    (select_option).
+
+    Returns:
+        `{entityId, service, requested, state, confirmed}`: `state` is read back from HA afterwards and
+        `confirmed` says whether it shows the requested value.
+
+    Raises:
+        InvalidRequest: another domain, or a value the entity cannot take (the message gives the range or the
+        options). NotFound: HA has no such entity. NotAllowed: outside the farm profile.
+    """
+    p = _parse(_SetParams, params, "ha_set_entity")
+    domain = p.entityId.split(".", 1)[0]
+    if domain not in SETTABLE_DOMAINS:
+        raise InvalidRequest(
+            f"ha_set_entity cannot set {domain} entities; it sets {', '.join(sorted(SETTABLE_DOMAINS))}. "
+            f"Use ha_call_service for {p.entityId}"
+        )
+    service = _service_for(domain, p.value, p.entityId)
+    loaded = policy.load_profile(deps.settings.profile_path)
+    policy.check_service(domain, service, [p.entityId], indirect=False, loaded=loaded)
+    ha = _ha(deps)
+    current = await ha.get_state(p.entityId)
+    data, expected = _plan(p.entityId, domain, p.value, current.get("attributes") or {})
+    try:
+        await ha.call_service(domain, service, {"entity_id": p.entityId, **data})
+    except HaRejected as err:
+        raise InvalidRequest(err.message) from None
+    state = await _read_back(ha, p.entityId, expected)
+    return {
+        "entityId": p.entityId,
+        "service": f"{domain}.{service}",
+        "requested": p.value,
+        "state": _state(state),
+        "confirmed": _shows(state.get("state"), expected),
+    }
+
+
+async def ha_restart(deps: FarmDeps, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+    """Restart HA through its API (homeassistant.restart) and wait until it is RUNNING again.
+
+    Returns:
+        `{restarted: true, seconds}`: how long HA took from the request to RUNNING.
+
+    Raises:
+        Unavailable: HA is not RUNNING (it would ignore the restart). HaTimeout: not back in time.
+    """
+    _parse(_NoParams, params, "ha_restart")
+    seconds = await _ha(deps).restart(timeout=RESTART_TIMEOUT)
+    return {"restarted": True, "seconds": round(seconds, 1)}
+
+
+# helpers ---------------------------------------------------------------------------------------------
+
+
+def _ha(deps: FarmDeps) -> HAClient:
+    if deps.ha is None:
+        raise Unavailable("Home Assistant is not configured on this host (the operator sets HA_URL and HA_TOKEN)")
+    return deps.ha
+
+
+def _parse(model: type[_P], params: dict[str, Any], action: str) -> _P:
+    try:
+        return model.model_validate(params)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"] if not str(part).startswith(("function-", "list[")))
+        if first["type"] == "extra_forbidden":
+            takes = ", ".join(model.model_fields) or "no params"
+            raise InvalidRequest(f"{action}: unknown param {where!r} ({action} takes {takes})") from None
+        if first["type"] == "missing":
+            raise InvalidRequest(f"{action}: missing param {where!r}") from None
+        message = str(first["msg"])
+        if first["type"] == "string_pattern_mismatch":
+            message = "not a valid Home Assistant name (lower-case letters, digits and '_', as in switch.pump_1)"
+        raise InvalidRequest(f"{action}: param {where!r}: {message}") from None
+
+
+def _entity_ids(value: Any, where: str) -> list[str]:
+    if value is None:
+        return []
+    values = [value] if isinstance(value, str) else value
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise InvalidRequest(f"{where} must be an entity id or a list of entity ids")
+    bad = [v for v in values if v != "all" and not _valid_entity_id(v)]
+    if bad:
+        raise InvalidRequest(f"{where}: {bad[0]!r} is not a valid entity id (lower-case domain.object_id)")
+    return list(values)
+
+
+def _valid_entity_id(value: str) -> bool:
+    return ENTITY_ID_RE.fullmatch(value) is not None
+
+
+def _service_for(domain: str, value: Any, entity_id: str) -> str:
+    if domain in NUMBER_DOMAINS:
+        return "set_value"
+    if domain in SWITCH_DOMAINS:
+        return "turn_on" if _switch(value, entity_id) else "turn_off"
+    return "select_option"
+
+
+def _plan(entity_id: str, domain: str, value: Any, attrs: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """(service data, the state to expect) for setting `entity_id` to `value`, checked against its attributes."""
+    if domain in NUMBER_DOMAINS:
+        number = _number(value, entity_id)
+        low, high = attrs.get("min"), attrs.get("max")
+        if isinstance(low, int | float) and isinstance(high, int | float) and not low <= number <= high:
+            raise InvalidRequest(f"{entity_id} takes values from {low:g} to {high:g}; {number:g} is outside that range")
+        return {"value": number}, number
+    if domain in SWITCH_DOMAINS:
+        return {}, "on" if _switch(value, entity_id) else "off"
+    options = attrs.get("options")
+    option = str(value) if isinstance(value, str | int) and not isinstance(value, bool) else None
+    if not isinstance(options, list) or option not in options:
+        listed = ", ".join(repr(o) for o in options) if isinstance(options, list) else "none listed"
+        raise InvalidRequest(f"{entity_id} takes one of its options: {listed} (got {value!r})")
+    return {"option": option}, option
+
+
+def _number(value: Any, entity_id: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise InvalidRequest(f"{entity_id} takes a number, not {value!r}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise InvalidRequest(f"{entity_id} takes a number, not {value!r}") from None
+    if not math.isfinite(number):
+        raise InvalidRequest(f"{entity_id} takes a finite number, not {value!r}")
+    return number
+
+
+def _switch(value: Any, entity_id: str) -> bool:
+    if isinstance(value, bool):
+        word = "true" if value else "false"
+    elif isinstance(value, int | float) and value in (0, 1):
+        word = str(int(value))
+    else:
+        word = value.strip().lower() if isinstance(value, str) else repr(value)
+    if word in ON_WORDS:
+        return True
+    if word in OFF_WORDS:
+        return False
+    raise InvalidRequest(f"{entity_id} is switched with true/false, on/off, 1/0 or yes/no (got {value!r})")
+
+
+async def _read_back(ha: HAClient, entity_id: str, expected: Any) -> dict[str, Any]:
+    deadline = time.monotonic() + READ_BACK_SECONDS
+    state = await ha.get_state(entity_id)
+    while not _shows(state.get("state"), expected) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+        state = await ha.get_state(entity_id)
+    return state
+
+
+def _shows(state: Any, expected: Any) -> bool:
+    if isinstance(expected, float):
+        try:
+            return math.isclose(float(state), expected, rel_tol=1e-9, abs_tol=1e-6)
+        except (TypeError, ValueError):
+            return False
+    return bool(state == expected)
+
+
+def _state(raw: dict[str, Any]) -> dict[str, Any]:
+    return {key: raw.get(key) for key in STATE_KEYS}
+
+
+def _domain(state: dict[str, Any]) -> str:
+    return str(state.get("entity_id", "")).split(".", 1)[0]

@@ -1,0 +1,244 @@
+"""The dashboard farm actions: read, validate, patch and apply staged Lovelace dashboards; owns their files.
+
+A dashboard is a name, never a path. Its staged copy is `<dashboards_dir>/<name>.yaml`; a missing copy is
+seeded from the repository's `dashboards/<name>.yaml` when one ships. In Home Assistant it is the storage-mode
+dashboard at url path `farmhost-<name>`; `ha_apply_dashboard` keeps the previous HA config as timestamped
+JSON files in `<dashboards_dir>/backups/<name>/`. The dashboards directory is visible to the main agent, so
+every file in it is opened relative to a held directory descriptor without following links.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any, Final
+
+from farmhost.errors import Conflict, InvalidRequest, NotFound, Unavailable
+from farmhost.farm import dashboards as dash
+from farmhost.farm.dashboard_files import BACKUPS_DIR, Staging
+from farmhost.farm.dashboard_patch import apply_operations
+from farmhost.farm.homeassistant import HaNotFound, HaRejected
+
+if TYPE_CHECKING:
+    from farmhost.farm.deps import FarmDeps
+    from farmhost.farm.homeassistant import HAClient
+    from farmhost.ipc.handlers import RequestContext
+
+DASHBOARD_ICON: Final = "mdi:sprout"
+
+
+# ------------------------------------------------------------------------------------------------ actions
+
+
+async def ha_dashboard_get(deps: FarmDeps, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+    """The staged dashboard as data and YAML text, or one of its views (`viewPath`)."""
+    _allowed(params, "ha_dashboard_get", {"dashboard", "viewPath"})
+    name = _name(params)
+    path = params.get("viewPath")
+    if "viewPath" in params and not isinstance(path, str):
+        raise InvalidRequest("`viewPath` must be a view path (text)")
+    # YAML work runs in a thread like the file I/O: a big dashboard takes ruamel a second to parse.
+    return await asyncio.to_thread(_get, Staging(deps.dashboards_dir), name, path)
+
+
+async def ha_dashboard_validate(deps: FarmDeps, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+    """Check the staged dashboard (or YAML `content`): syntax, structure and, with `checkEntities`, entities."""
+    _allowed(params, "ha_dashboard_validate", {"dashboard", "content", "checkEntities"})
+    check_entities = _flag(params, "checkEntities", default=False)
+    if "content" in params:
+        if "dashboard" in params:
+            raise InvalidRequest("give either `dashboard` (a staged dashboard) or `content` (YAML text), not both")
+        content = params["content"]
+        if not isinstance(content, str):
+            raise InvalidRequest("`content` must be the dashboard as YAML text")
+        if len(content.encode()) > dash.MAX_DASHBOARD_BYTES:
+            raise InvalidRequest(f"`content` is larger than {dash.MAX_DASHBOARD_BYTES // 1024} KiB")
+        name, text = None, content
+    else:
+        name = _name(params)
+        text = await asyncio.to_thread(Staging(deps.dashboards_dir).read, name)
+    config, check = await asyncio.to_thread(dash.validate_text, text)
+    unknown: list[str] = []
+    if check_entities and config is not None:
+        unknown = await _unknown_entities(_ha(deps), config)
+        if unknown:
+            noun = "entity" if len(unknown) == 1 else "entities"
+            check.warnings.append(f"Home Assistant does not know {len(unknown)} {noun}: {', '.join(unknown)}")
+    result: dict[str, Any] = {"dashboard": name, **check.as_dict(), "unknownEntities": unknown}
+    if config is not None:
+        result["views"] = dash.summary(config)
+        result["entities"] = dash.entity_ids(config)
+    return result
+
+
+async def ha_dashboard_patch(deps: FarmDeps, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+    """Apply patch operations to the staged dashboard, all or nothing; `dryRun` shows the result unwritten."""
+    _allowed(params, "ha_dashboard_patch", {"dashboard", "operations", "dryRun"}, required={"operations"})
+    name = _name(params)
+    dry_run = _flag(params, "dryRun", default=False)
+    return await asyncio.to_thread(_patch, Staging(deps.dashboards_dir), name, params["operations"], dry_run)
+
+
+async def ha_apply_dashboard(deps: FarmDeps, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+    """Validate the staged dashboard, back up what HA has, and save it as HA's storage-mode dashboard."""
+    _allowed(params, "ha_apply_dashboard", {"dashboard", "backup"})
+    name = _name(params)
+    backup = _flag(params, "backup", default=True)
+    staging = Staging(deps.dashboards_dir)
+    config, check = await asyncio.to_thread(lambda: dash.validate_text(staging.read(name)))
+    if config is None or not check.valid:
+        raise InvalidRequest(f"dashboard {name!r} is not valid, nothing was applied: {'; '.join(check.errors)}")
+    ha = _ha(deps)
+    url = dash.url_path(name)
+    title = config.get("title") if isinstance(config.get("title"), str) and config["title"].strip() else name
+    created = await _ensure_dashboard(ha, url, title)
+    backup_file = None
+    if backup and not created:
+        try:
+            current = await ha.ws_command("lovelace/config", url_path=url)
+        except HaNotFound:  # config_not_found: the dashboard exists but was never saved
+            current = None
+        if current is not None:
+            kept = deps.settings.dashboard_backups
+            backup_file = await asyncio.to_thread(staging.backup, name, current, ctx.now, kept)
+    await ha.ws_command("lovelace/config/save", url_path=url, config=config)
+    views = config["views"]
+    return {
+        "dashboard": name,
+        "urlPath": url,
+        "created": created,
+        "backup": f"{BACKUPS_DIR}/{name}/{backup_file}" if backup_file else None,
+        "views": len(views),
+        "cards": sum(dash.count_cards(v) for v in views),
+        "warnings": check.warnings,
+    }
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def _allowed(params: dict[str, Any], action: str, allowed: set[str], *, required: Collection[str] = ()) -> None:
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        raise InvalidRequest(
+            f"{action} does not take {', '.join(f'`{u}`' for u in unknown)} (it takes {', '.join(sorted(allowed))})"
+        )
+    missing = sorted(set(required) - set(params))
+    if missing:
+        raise InvalidRequest(f"{action} needs {', '.join(f'`{m}`' for m in missing)}")
+
+
+def _name(params: dict[str, Any]) -> str:
+    return dash.check_name(params.get("dashboard", dash.DEFAULT_DASHBOARD))
+
+
+def _flag(params: dict[str, Any], key: str, *, default: bool) -> bool:
+    value = params.get(key, default)
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"`{key}` must be true or false")
+    return value
+
+
+def _get_key(config: Any, key: str) -> Any:
+    return config.get(key) if isinstance(config, dict) else None
+
+
+def _ha(deps: FarmDeps) -> HAClient:
+    if deps.ha is None:
+        raise Unavailable("Home Assistant is not configured on this host (the operator sets HA_URL and HA_TOKEN)")
+    return deps.ha
+
+
+async def _unknown_entities(ha: HAClient, config: Any) -> list[str]:
+    known = {state.get("entity_id") for state in await ha.get_states()}
+    return [entity for entity in dash.entity_ids(config) if entity not in known]
+
+
+async def _ensure_dashboard(ha: HAClient, url: str, title: str) -> bool:
+    """Make sure HA has a storage-mode dashboard at `url` with `title`; True when it was created now."""
+    existing = await _find_dashboard(ha, url)
+    if existing is None:
+        try:
+            await ha.ws_command(
+                "lovelace/dashboards/create",
+                url_path=url,
+                title=title,
+                icon=DASHBOARD_ICON,
+                show_in_sidebar=True,
+                require_admin=False,
+                mode="storage",
+            )
+            return True
+        except HaRejected:  # created by a concurrent apply, or the path is taken by something else
+            existing = await _find_dashboard(ha, url)
+            if existing is None:
+                raise
+    if existing.get("mode") != "storage":
+        raise Conflict(
+            f"Home Assistant's dashboard {url!r} is a {existing.get('mode')} dashboard (configured in YAML); "
+            "farmhost only writes storage-mode dashboards: remove it from HA's configuration or rename the dashboard"
+        )
+    if existing.get("title") != title and isinstance(existing.get("id"), str):
+        await ha.ws_command("lovelace/dashboards/update", dashboard_id=existing["id"], title=title)
+    return False
+
+
+async def _find_dashboard(ha: HAClient, url: str) -> dict[str, Any] | None:
+    listed = await ha.ws_command("lovelace/dashboards/list")
+    for item in listed if isinstance(listed, list) else []:
+        if isinstance(item, dict) and item.get("url_path") == url:
+            return item
+    return None
+
+
+def _get(staging: Staging, name: str, path: str | None) -> dict[str, Any]:
+    text = staging.read(name)
+    doc = dash.load(text)
+    config = dash.to_plain(doc)
+    base = {"dashboard": name, "urlPath": dash.url_path(name), "file": f"{name}.yaml"}
+    if path is None:
+        return {
+            **base,
+            "title": _get_key(config, "title"),
+            "views": dash.summary(config),
+            "config": config,
+            "yaml": text,
+        }
+    views = _get_key(config, "views")
+    for index, view in enumerate(views if isinstance(views, list) else []):
+        if isinstance(view, dict) and view.get("path") == path:
+            return {**base, "viewPath": path, "index": index, "view": view, "yaml": dash.dump(doc["views"][index])}
+    known = [v["path"] for v in dash.summary(config) if isinstance(v["path"], str)]
+    raise NotFound(f"dashboard {name!r} has no view with path {path!r} (views: {', '.join(known) or 'none'})")
+
+
+def _patch(staging: Staging, name: str, operations: Any, dry_run: bool) -> dict[str, Any]:
+    with staging.locked() as directory:
+        old = staging.read_locked(directory, name, missing_ok=True)
+        doc = dash.load(old if old is not None else f"title: {name}\nviews: []\n")
+        changes = apply_operations(doc, operations)
+        new = dash.dump(doc)
+        config, check = dash.validate_text(new)
+        if config is None or not check.valid:
+            raise InvalidRequest(
+                f"the patch would leave dashboard {name!r} invalid, nothing was changed: {'; '.join(check.errors)}"
+            )
+        written = not dry_run and new != old
+        if written:
+            staging.write_locked(directory, f"{name}.yaml", new.encode())
+    diff = "".join(
+        difflib.unified_diff(
+            (old or "").splitlines(keepends=True), new.splitlines(keepends=True), f"a/{name}.yaml", f"b/{name}.yaml"
+        )
+    )
+    return {
+        "dashboard": name,
+        "dryRun": dry_run,
+        "written": written,
+        "created": old is None and written,
+        "changes": changes,
+        "diff": diff,
+        "validation": check.as_dict(),
+        "views": dash.summary(config),
+    }

@@ -1,0 +1,30 @@
+"""FarmDeps: what every farm action receives, assembled once by the app (no globals, no lookups)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from farmhost.config import Settings
+    from farmhost.farm.homeassistant import HAClient
+    from farmhost.farm.state import StateCollector
+    from farmhost.ipc.handlers import RequestContext
+    from farmhost.layout import DataLayout
+
+
+@dataclass(frozen=True, kw_only=True)
+class FarmDeps:
+    """The farm's runtime: the HA client (None when HA is not configured), settings and paths."""
+
+    settings: Settings
+    layout: DataLayout
+    ha: HAClient | None
+    dashboards_dir: Path  # the working copies of the staged dashboards (data dir), seeded from the repo's dashboards/
+    state: StateCollector | None = None  # the running collector, the one writer of farm-state/ (None: HA off)
+
+
+# One farm action: validated params in, a JSON-able result out; raises FarmhostError subclasses for failures.
+FarmAction = Callable[["FarmDeps", "RequestContext", dict[str, Any]], Awaitable[Any]]

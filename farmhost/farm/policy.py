@@ -1,0 +1,249 @@
+"""Farm action policy: who may run an action, which services control may reach, and the production gate.
+
+The decisions are pure functions of the request and the farm profile (`FARM_PROFILE_PATH`, default
+`<data>/farm-profile.json`, format in docs/farm-actions.md). `load_profile` reads the file on every call
+(it is small and the operator may edit it while farmhost runs); a file that cannot be read or parsed is a
+`LoadedProfile` with a `problem`, which refuses control actions and leaves every other default in place.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Final, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from farmhost.errors import NotAllowed, Unauthorized
+from farmhost.protocol.requests import CONTROL_ACTIONS, FarmActionName
+
+# Service domains no agent may call, whatever the profile says: they reach the host itself (shell_command,
+# python_script, pyscript, hassio), HA's own lifecycle (homeassistant: ha_restart has its own action),
+# or history and backups (recorder, system_log, backup).
+DEFAULT_DENIED_DOMAINS: Final = frozenset(
+    {"homeassistant", "hassio", "shell_command", "python_script", "pyscript", "recorder", "system_log", "backup"}
+)
+MAX_PROFILE_BYTES: Final = 256 * 1024
+ALL_GROUPS: Final = "*"
+ACTION_NAMES: Final = frozenset(get_args(FarmActionName))
+# Targets HA resolves to entities on its own side: under an entity allow-list they cannot be checked.
+INDIRECT_TARGETS: Final = ("device_id", "area_id", "floor_id", "label_id")
+
+_DomainPattern = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_*]+$", max_length=64)]
+_ServicePattern = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_*]+\.[a-z0-9_*]+$", max_length=128)]
+_EntityPattern = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_*]+\.[a-z0-9_*]+$", max_length=255)]
+_GroupName = Annotated[str, StringConstraints(pattern=r"^(\*|[A-Za-z0-9][A-Za-z0-9_-]{0,63})$")]
+
+
+class ProfileInvalid(ValueError):
+    """The farm profile's text is not a valid profile; the message says what is wrong."""
+
+
+class _PolicySection(BaseModel):
+    """`policy` of the profile: every key optional, unknown keys refused (a typo must not open anything)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    allowedDomains: list[_DomainPattern] | None = None
+    allowedServices: list[_ServicePattern] | None = None
+    allowedEntities: list[_EntityPattern] | None = None
+    actionGroups: dict[FarmActionName, list[_GroupName]] = Field(default_factory=dict)
+
+
+class _ValidationSection(BaseModel):
+    """`validation` of the profile: the operator's record that the farm was checked."""
+
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+
+    status: str | None = None
+
+
+class _ProfileFile(BaseModel):
+    """The whole file: other top-level keys (farm name, notes...) are the operator's and ignored here."""
+
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+
+    policy: _PolicySection = Field(default_factory=_PolicySection)
+    validation: _ValidationSection = Field(default_factory=_ValidationSection)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FarmProfile:
+    """The parts of the farm profile farmhost enforces; None means "not narrowed"."""
+
+    allowed_domains: frozenset[str] | None = None
+    allowed_services: frozenset[str] | None = None
+    allowed_entities: frozenset[str] | None = None
+    action_groups: dict[str, frozenset[str]] = field(default_factory=dict)
+    validation_status: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadedProfile:
+    """The profile as found on disk: absent, valid, or broken (`problem` says why, naming the file)."""
+
+    path: Path
+    profile: FarmProfile | None = None
+    problem: str | None = None
+
+    @property
+    def exists(self) -> bool:
+        """A profile file was found (valid or not)."""
+        return self.profile is not None or self.problem is not None
+
+
+def parse_profile(raw: bytes | str) -> FarmProfile:
+    """Parse the profile's JSON text.
+
+    Raises:
+        ProfileInvalid: a sentence saying what is wrong (invalid JSON, unknown policy key, bad pattern...).
+    """
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ProfileInvalid(f"not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise ProfileInvalid("the profile must be a JSON object")
+    try:
+        parsed = _ProfileFile.model_validate(data)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        message = "unknown key" if first["type"] == "extra_forbidden" else str(first["msg"])
+        raise ProfileInvalid(f"{where}: {message}") from None
+    policy = parsed.policy
+    return FarmProfile(
+        allowed_domains=_frozen(policy.allowedDomains),
+        allowed_services=_frozen(policy.allowedServices),
+        allowed_entities=_frozen(policy.allowedEntities),
+        action_groups={action: frozenset(groups) for action, groups in policy.actionGroups.items()},
+        validation_status=parsed.validation.status,
+    )
+
+
+def load_profile(path: Path) -> LoadedProfile:
+    """Read the farm profile at `path`; a missing file is no profile, an unreadable one a `problem`."""
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_PROFILE_BYTES + 1)
+    except FileNotFoundError:
+        return LoadedProfile(path=path)
+    except OSError as err:
+        return LoadedProfile(path=path, problem=f"the farm profile {path} cannot be read: {err.strerror or err}")
+    if len(raw) > MAX_PROFILE_BYTES:
+        return LoadedProfile(path=path, problem=f"the farm profile {path} is over {MAX_PROFILE_BYTES} bytes")
+    try:
+        return LoadedProfile(path=path, profile=parse_profile(raw))
+    except ProfileInvalid as err:
+        return LoadedProfile(path=path, problem=f"the farm profile {path} is not valid: {err}")
+
+
+def authorise_group(action: str, *, folder: str, is_main: bool, loaded: LoadedProfile) -> None:
+    """Main only, unless the profile's `actionGroups` lists the groups (exactly) for this action.
+
+    Raises:
+        Unauthorized: the source group may not run this action.
+    """
+    profile = loaded.profile
+    allowed = profile.action_groups.get(action) if profile is not None else None
+    if allowed is None:
+        if is_main:
+            return
+        why = " (the farm profile could not be read, so the defaults apply)" if loaded.problem else ""
+        raise Unauthorized(f"{action} is only allowed from the main group{why}")
+    if ALL_GROUPS in allowed or folder in allowed:
+        return
+    who = ", ".join(sorted(allowed)) or "no group"
+    raise Unauthorized(f"the farm profile allows {action} only from: {who}")
+
+
+def check_control(action: str, *, farm_mode: str, loaded: LoadedProfile) -> None:
+    """The gate every control action passes: a readable profile, and in production a validated one.
+
+    Raises:
+        NotAllowed: with what the operator has to do.
+    """
+    if action not in CONTROL_ACTIONS:
+        return
+    if loaded.problem is not None:
+        raise NotAllowed(
+            f"{action} is refused because {loaded.problem}; the operator must fix or remove that file "
+            "(`farmhost doctor` shows the problem)"
+        )
+    if farm_mode != "production":
+        return
+    status = loaded.profile.validation_status if loaded.profile is not None else None
+    if status != "pass":
+        found = "there is no farm profile" if loaded.profile is None else f"its validation.status is {status!r}"
+        raise NotAllowed(
+            f"{action} is refused: FARM_MODE=production requires the farm profile {loaded.path} to have "
+            f'validation.status "pass", and {found}; the operator must validate the farm and record it there'
+        )
+
+
+def check_service(domain: str, service: str, entity_ids: list[str], *, indirect: bool, loaded: LoadedProfile) -> None:
+    """The service policy of ha_call_service/ha_set_entity: denied domains, then the profile's narrowing.
+
+    Args:
+        domain: the service's domain.
+        service: the service name.
+        entity_ids: the entities the call targets by id (may be empty).
+        indirect: the call also targets devices/areas/floors/labels (resolved by HA, not checkable here).
+        loaded: the farm profile.
+
+    Raises:
+        NotAllowed: a sentence naming the rule that refused the call.
+    """
+    name = f"{domain}.{service}"
+    if domain in DEFAULT_DENIED_DOMAINS:
+        raise NotAllowed(f"services of the {domain!r} domain are never allowed for agents ({name})")
+    profile = loaded.profile
+    if profile is None:
+        return
+    if profile.allowed_domains is not None and not _matches(domain, profile.allowed_domains):
+        raise NotAllowed(
+            f"the farm profile does not allow the {domain!r} domain ({name}); allowed: {_list(profile.allowed_domains)}"
+        )
+    if profile.allowed_services is not None and not _matches(name, profile.allowed_services):
+        raise NotAllowed(f"the farm profile does not allow {name}; allowed: {_list(profile.allowed_services)}")
+    if profile.allowed_entities is None:
+        return
+    if indirect or not entity_ids:
+        raise NotAllowed(
+            f"the farm profile limits control to listed entities: target {name} by entity_id "
+            "(not by device, area, floor or label, and not without a target)"
+        )
+    refused = [e for e in entity_ids if e == "all" or not _matches(e, profile.allowed_entities)]
+    if refused:
+        raise NotAllowed(f"the farm profile does not allow control of {', '.join(refused)}")
+
+
+def _matches(value: str, patterns: frozenset[str]) -> bool:
+    return any(fnmatch.fnmatchcase(value, pattern) for pattern in patterns)
+
+
+def _frozen(values: list[str] | None) -> frozenset[str] | None:
+    return frozenset(values) if values is not None else None
+
+
+def _list(values: frozenset[str]) -> str:
+    return ", ".join(sorted(values)) or "nothing"
+
+
+def profile_report(loaded: LoadedProfile, *, farm_mode: str) -> tuple[str, str, str]:
+    """`farmhost doctor`'s line for the farm profile: (state ok/off/broken, detail, fix)."""
+    if loaded.problem is not None:
+        return "broken", f"{loaded.problem}; control actions are refused", f"fix or remove {loaded.path}"
+    if loaded.profile is None:
+        if farm_mode == "production":
+            return "broken", f"FARM_MODE=production and no profile at {loaded.path}", _GATE_FIX
+        return "off", f"no profile at {loaded.path}: default policy (main only, denied domains)", ""
+    status = loaded.profile.validation_status
+    if farm_mode == "production" and status != "pass":
+        return "broken", f"{loaded.path}: validation.status is {status!r}; control actions are refused", _GATE_FIX
+    return "ok", f"{loaded.path} (validation.status {status!r}, FARM_MODE={farm_mode})", ""
+
+
+_GATE_FIX: Final = 'validate the farm, then set "validation": {"status": "pass"} in the profile'

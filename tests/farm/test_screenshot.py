@@ -1,0 +1,432 @@
+"""ha_capture_screenshot against the session's real Home Assistant, driving Debian's real Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from farmhost_testing import Daemon, clean_env, drop, wait_result
+from ha_fixture import HaInstance
+
+from farmhost.config import Settings
+from farmhost.errors import FarmhostError, InvalidRequest, NotAllowed, NotFound, Unavailable
+from farmhost.farm.dashboards import url_path
+from farmhost.farm.deps import FarmDeps
+from farmhost.farm.screenshot import (
+    CHROMIUM_PATH,
+    capture,
+    ha_capture_screenshot,
+    open_screenshots_dir,
+    parse_params,
+    write_png,
+)
+from farmhost.ipc.handlers import RequestContext
+from farmhost.layout import DataLayout
+from farmhost.protocol.codes import ErrorCode
+from farmhost.store.db import Database
+from farmhost.store.groups import Group, get_group, insert_group
+
+ACTION = "ha_capture_screenshot"
+DASHBOARD = "shots"  # url path farmhost-shots: the test's own, so other tests' dashboards never change the picture
+NOW = datetime(2026, 5, 17, 6, 30, tzinfo=UTC)
+MAIN_GROUP: dict[str, Any] = {
+    "jid": "telegram:100",
+    "name": "Farm office",
+    "folder": "main",
+    "trigger": None,
+    "requires_trigger": False,
+    "is_main": True,
+    "added_at": NOW,
+}
+MIN_PNG_BYTES = 10_000  # a nearly blank 1280x800 page is ~6 KB; this dashboard ~45 KB
+
+
+@dataclass
+class Spy:
+    """A real HTTP server on another origin: any request reaching it escaped the screenshot's origin filter."""
+
+    port: int
+    hits: list[str]
+
+
+@pytest.fixture(scope="module")
+def spy() -> Iterator[Spy]:
+    hits: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield Spy(port=server.server_address[1], hits=hits)
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def dashboard(ha: HaInstance, spy: Spy) -> str:
+    """The storage dashboard `shots` in HA: two views, three cards, and a markdown image from another origin."""
+    ha.ensure_running()
+    config = {
+        "title": "Screenshot test",
+        "views": [
+            {
+                "title": "Overview",
+                "path": "overview",
+                "cards": [
+                    {
+                        "type": "entities",
+                        "title": "Field 1",
+                        "entities": [
+                            "sensor.field_1_soil_moisture",
+                            "sensor.air_temperature",
+                            "switch.irrigation_pump",
+                        ],
+                    },
+                    {"type": "gauge", "entity": "sensor.field_1_soil_moisture", "name": "Soil moisture"},
+                    {
+                        "type": "markdown",
+                        "content": f'## Screenshot test\n<img src="http://127.0.0.1:{spy.port}/spy.gif">',
+                    },
+                ],
+            },
+            {
+                "title": "Irrigation",
+                "path": "irrigation",
+                "cards": [{"type": "entities", "entities": ["switch.irrigation_pump"]}],
+            },
+        ],
+    }
+    with ha.ws() as ws:
+        listed = ws.command("lovelace/dashboards/list")["result"]
+        if not any(d["url_path"] == url_path(DASHBOARD) for d in listed):
+            created = ws.command(
+                "lovelace/dashboards/create", url_path=url_path(DASHBOARD), title="Shots", mode="storage"
+            )
+            assert created["success"], created
+        saved = ws.command("lovelace/config/save", url_path=url_path(DASHBOARD), config=config)
+        assert saved["success"], saved
+    return DASHBOARD
+
+
+class Farm:
+    """A data dir with the `main` group, and the real deps and request context the router gives an action."""
+
+    def __init__(self, root: Path, ha_url: str | None, ha_token: str | None) -> None:
+        self.layout = DataLayout(root)
+        self.layout.create_group("main")
+        self.db = Database.open(root)
+        with self.db.tx() as conn:
+            if get_group(conn, "main") is None:
+                insert_group(conn, Group(**MAIN_GROUP))
+            group = get_group(conn, "main")
+        assert group is not None
+        self.group = group
+        settings = {"data_dir": root, "ha_url": ha_url, "ha_token": ha_token}
+        self.settings = Settings(**settings, _env_file=None)  # type: ignore[call-arg]
+        self.deps = FarmDeps(settings=self.settings, layout=self.layout, ha=None, dashboards_dir=root / "dashboards")
+        self.workspace = self.layout.workspace("main")
+
+    def ctx(self, request_id: str) -> RequestContext:
+        return RequestContext(
+            group=self.group, settings=self.settings, layout=self.layout, db=self.db, now=NOW, request_id=request_id
+        )
+
+    async def shoot(self, request_id: str, **params: Any) -> dict[str, Any]:
+        result: dict[str, Any] = await ha_capture_screenshot(self.deps, self.ctx(request_id), params)
+        return result
+
+
+@pytest.fixture
+def make_farm(tmp_path: Path) -> Iterator[Callable[..., Farm]]:
+    """Farm(ha_url, ha_token) on this test's data dir; databases closed at the end."""
+    farms: list[Farm] = []
+
+    def make(ha_url: str | None, ha_token: str | None) -> Farm:
+        farms.append(Farm(tmp_path / "data", ha_url, ha_token))
+        return farms[-1]
+
+    yield make
+    for f in farms:
+        f.db.close()
+
+
+@pytest.fixture
+def farm(make_farm: Callable[..., Farm], ha: HaInstance) -> Farm:
+    ha.ensure_running()  # an earlier test may have stopped the session's HA
+    return make_farm(ha.url, ha.token)
+
+
+def png_header(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()[:24]
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", data
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def files_under(root: Path) -> set[Path]:
+    return set(root.rglob("*"))
+
+
+# ------------------------------------------------------------------------------------------------ real captures
+
+
+async def test_capture_saves_the_logged_in_dashboard_in_the_workspace(
+    farm: Farm, dashboard: str, spy: Spy, ha: HaInstance
+) -> None:
+    result = await farm.shoot("shot-1", dashboard=dashboard)
+
+    assert result["path"] == "screenshots/shots-20260517T063000Z-shot-1.png"
+    assert result["urlPath"] == "/farmhost-shots"
+    assert result["matched"] == 3, "the dashboard's three cards were in the page, so it is not HA's login page"
+    saved = farm.workspace / result["path"]
+    assert saved.is_file() and not saved.is_symlink()
+    assert saved.resolve().is_relative_to(farm.workspace.resolve())
+    assert png_header(saved) == (1280, 800) == (result["width"], result["height"])
+    assert saved.stat().st_size == result["bytes"] > MIN_PNG_BYTES
+    assert not [p.name for p in saved.parent.iterdir() if p.name.startswith(".")], "no temp file left behind"
+    assert spy.hits == [], "the markdown card's image on another origin was blocked"
+    assert all(ha.token.encode() not in p.read_bytes() for p in files_under(farm.workspace) if p.is_file())
+
+
+async def test_view_size_zoom_and_selector(farm: Farm, dashboard: str) -> None:
+    result = await farm.shoot(
+        "shot-2",
+        dashboard=dashboard,
+        view="irrigation",
+        width=1000,
+        height=700,
+        zoom=1.5,
+        waitMs=50,
+        selector="hui-entities-card",
+    )
+
+    assert result["path"] == "screenshots/shots-irrigation-20260517T063000Z-shot-2.png"
+    assert result["urlPath"] == "/farmhost-shots/irrigation"
+    assert result["matched"] == 1
+    assert png_header(farm.workspace / result["path"]) == (1000, 700) == (result["width"], result["height"])
+
+
+def test_through_the_daemon_main_gets_a_picture_and_other_groups_are_refused(
+    data_dir: Path, ha_env: dict[str, str], dashboard: str
+) -> None:
+    daemon = Daemon(data_dir, env=clean_env(**ha_env)).start()
+    try:
+        params = {"dashboard": dashboard, "view": "overview", "width": 800, "height": 600}
+        for folder, rid in (("field", "shot-field"), ("main", "shot-main")):
+            drop(
+                data_dir,
+                folder,
+                "actions",
+                {"type": "farm_action", "requestId": rid, "action": ACTION, "params": params},
+            )
+        refused = wait_result(data_dir, "field", "shot-field", timeout=20)
+        done = wait_result(data_dir, "main", "shot-main", timeout=45)
+    finally:
+        assert daemon.stop() == 0, daemon.log()
+
+    assert (refused["status"], refused["errorCode"]) == ("error", "unauthorized"), refused
+    assert not (data_dir / "groups" / "field" / "screenshots").exists()
+    assert done["status"] == "success", done
+    result = done["result"]
+    assert result["path"].startswith("screenshots/shots-overview-") and result["path"].endswith("-shot-main.png")
+    assert (result["width"], result["height"], result["urlPath"], result["matched"]) == (
+        800,
+        600,
+        "/farmhost-shots/overview",
+        3,
+    )
+    saved = data_dir / "groups" / "main" / result["path"]
+    assert png_header(saved) == (800, 600) and saved.stat().st_size == result["bytes"]
+    audit = [json.loads(line) for line in (data_dir / "farm-state" / "audit.ndjson").read_text().splitlines()]
+    assert sorted((a["group"], a["requestId"], a["action"], a["status"], a["errorCode"]) for a in audit) == [
+        ("field", "shot-field", ACTION, "error", "unauthorized"),
+        ("main", "shot-main", ACTION, "success", None),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("params", "error", "message"),
+    [
+        ({"dashboard": "nothing-here"}, NotFound, "no dashboard at /farmhost-nothing-here"),
+        (
+            {"dashboard": DASHBOARD, "view": "cellar"},
+            NotFound,
+            "no view 'cellar'; its views are ['overview', 'irrigation']",
+        ),
+    ],
+    ids=["unknown-dashboard", "unknown-view"],
+)
+async def test_unknown_dashboard_or_view_is_not_found(
+    farm: Farm, dashboard: str, params: dict[str, Any], error: type[FarmhostError], message: str
+) -> None:
+    with pytest.raises(error) as caught:
+        await farm.shoot("shot-missing", **params)
+    assert message in caught.value.message
+    assert not any((farm.workspace / "screenshots").iterdir())
+
+
+async def test_refused_token_shows_the_login_page_and_is_an_upstream_error(
+    make_farm: Callable[..., Farm], ha: HaInstance, dashboard: str
+) -> None:
+    ha.ensure_running()
+    farm = make_farm(ha.url, "not.a.token")
+    with pytest.raises(FarmhostError) as caught:
+        await farm.shoot("shot-badtoken", dashboard=dashboard)
+    assert caught.value.code is ErrorCode.UPSTREAM_ERROR
+    assert "login page" in caught.value.message
+    assert not any((farm.workspace / "screenshots").iterdir())
+
+
+async def test_home_assistant_down_is_upstream_unavailable(make_farm: Callable[..., Farm]) -> None:
+    with socket.socket() as s:  # a port nobody listens on: HA is down
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    farm = make_farm(f"http://127.0.0.1:{port}", "token")
+    with pytest.raises(Unavailable, match="did not answer") as caught:
+        await farm.shoot("shot-down", dashboard=DASHBOARD)
+    assert str(port) not in caught.value.message, "HA's address is not shown to the agent"
+
+
+# ------------------------------------------------------------------------------------------------ refusals (no browser)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"dashboard": "http://evil.example/lovelace"},
+        {"dashboard": "//evil.example"},
+        {"dashboard": "../config"},
+        {"dashboard": "farm?edit=1"},
+        {"dashboard": "farm#x"},
+        {"dashboard": "farm\\x"},
+        {"dashboard": "Farm"},
+        {"dashboard": ""},
+        {"dashboard": 7},
+        {"view": "../../developer-tools"},
+        {"view": "https://evil.example"},
+        {"view": "a/b"},
+        {"view": "x?y"},
+        {"selector": "a >> text=secret"},
+        {"selector": "xpath=//script"},
+        {"selector": "a\\62"},
+        {"selector": "a{color:red}"},
+        {"selector": "x" * 201},
+        {"selector": ""},
+        {"width": 319},
+        {"width": 3841},
+        {"width": "1280"},
+        {"width": True},
+        {"height": 239},
+        {"height": 2161},
+        {"zoom": 0.4},
+        {"zoom": 3.5},
+        {"zoom": float("nan")},
+        {"waitMs": -1},
+        {"waitMs": 15001},
+        {"url": "http://evil.example"},
+    ],
+)
+def test_bad_params_are_invalid_requests(params: dict[str, Any]) -> None:
+    with pytest.raises(InvalidRequest):
+        parse_params(params)
+
+
+async def test_an_absolute_url_is_refused_before_anything_is_written(make_farm: Callable[..., Farm]) -> None:
+    farm = make_farm("http://127.0.0.1:9", "token")
+    before = files_under(farm.layout.root)
+    with pytest.raises(InvalidRequest, match="never a path"):
+        await farm.shoot("shot-url", dashboard="http://evil.example/lovelace")
+    assert files_under(farm.layout.root) == before
+
+
+def test_a_valid_css_selector_and_the_limits_pass() -> None:
+    shot = parse_params(
+        {"width": 320, "height": 2160, "zoom": 3, "waitMs": 15000, "selector": "hui-card:nth-child(2) > .title[x='y']"}
+    )
+    assert (shot.width, shot.height, shot.zoom, shot.wait_ms) == (320, 2160, 3.0, 15000)
+    assert shot.url_path == "/farmhost-farm"
+
+
+async def test_symlinked_screenshots_dir_is_refused_and_nothing_is_written_outside(
+    make_farm: Callable[..., Farm], tmp_path: Path
+) -> None:
+    farm = make_farm("http://127.0.0.1:9", "token")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (farm.workspace / "screenshots").symlink_to(outside)
+    with pytest.raises(NotAllowed, match="symlink"):
+        await farm.shoot("shot-link", dashboard=DASHBOARD)
+    assert list(outside.iterdir()) == []
+
+
+def test_screenshots_dir_is_created_and_a_file_in_its_place_is_refused(tmp_path: Path) -> None:
+    fd = open_screenshots_dir(tmp_path)
+    os.close(fd)
+    assert (tmp_path / "screenshots").is_dir()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "screenshots").write_text("not a directory")
+    with pytest.raises(NotAllowed):
+        open_screenshots_dir(other)
+    with pytest.raises(NotFound):
+        open_screenshots_dir(tmp_path / "missing")
+
+
+def test_write_png_never_replaces_a_link_or_directory(tmp_path: Path) -> None:
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    (shots / "link.png").symlink_to(target)
+    (shots / "dir.png").mkdir()
+    (shots / "old.png").write_bytes(b"old")
+    fd = os.open(shots, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in ("link.png", "dir.png"):
+            with pytest.raises(NotAllowed, match="not a regular file"):
+                write_png(fd, name, b"\x89PNG new")
+        write_png(fd, "old.png", b"\x89PNG new")
+    finally:
+        os.close(fd)
+    assert target.read_text() == "keep me" and (shots / "link.png").is_symlink()
+    assert (shots / "dir.png").is_dir()
+    assert (shots / "old.png").read_bytes() == b"\x89PNG new"
+    assert sorted(p.name for p in shots.iterdir()) == ["dir.png", "link.png", "old.png"], "no temp file left"
+
+
+async def test_missing_chromium_says_how_to_install_it(tmp_path: Path) -> None:
+    with pytest.raises(Unavailable, match="apt-get install chromium") as caught:
+        await capture(
+            chromium=tmp_path / "no-chromium",
+            base_url="http://127.0.0.1:9",
+            token="t",
+            workspace=tmp_path,
+            name="x.png",
+            shot=parse_params({}),
+        )
+    assert caught.value.code is ErrorCode.UPSTREAM_UNAVAILABLE
+    assert Path("/usr/bin/chromium") == CHROMIUM_PATH
+
+
+async def test_home_assistant_not_configured_is_unavailable(make_farm: Callable[..., Farm]) -> None:
+    farm = make_farm(None, None)
+    with pytest.raises(Unavailable, match="not configured"):
+        await farm.shoot("shot-off")

@@ -1,0 +1,183 @@
+"""Tests of the suite's own Home Assistant: running, token over REST and WebSocket, the farm, restart and stop/start."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from datetime import UTC, datetime, timedelta
+from urllib.parse import quote
+
+import pytest
+from farmhost_testing import wait_for
+from ha_fixture import (
+    CALENDAR_ENTITY,
+    FARM_DEFAULTS,
+    FARM_ENTITIES,
+    HA_VERSION,
+    FarmEntity,
+    HaHttpError,
+    HaInstance,
+    WsSession,
+)
+from ha_harness import http_json
+
+
+def _state(ha: HaInstance, entity_id: str) -> str:
+    state: str = ha.get_state(entity_id)["state"]
+    return state
+
+
+def _follows(ha: HaInstance, entity_id: str, expected: str) -> bool:
+    return _state(ha, entity_id) == expected
+
+
+def test_instance_is_running_the_pinned_release(ha_reset: HaInstance) -> None:
+    config = ha_reset.api("GET", "/api/config")
+    assert config["state"] == "RUNNING"
+    assert config["version"] == HA_VERSION
+    assert config["time_zone"] == "Europe/Amsterdam"
+    assert config["unit_system"]["temperature"] == "°C"
+    # minimal configuration: none of default_config's integrations
+    assert not {"cloud", "zeroconf", "bluetooth", "mobile_app", "recorder"} & set(config["components"])
+    assert {"template", "input_number", "lovelace", "local_calendar", "fan"} <= set(config["components"])
+
+
+def test_the_token_works_over_rest_and_a_wrong_one_is_refused(ha_reset: HaInstance) -> None:
+    assert ha_reset.api("GET", "/api/") == {"message": "API running."}
+    with pytest.raises(HaHttpError) as refused:
+        http_json("GET", ha_reset.url + "/api/states", "not-" + ha_reset.token)
+    assert refused.value.status == 401
+    with pytest.raises(HaHttpError) as anonymous:
+        http_json("GET", ha_reset.url + "/api/states", None)
+    assert anonymous.value.status == 401
+
+
+def test_the_token_works_over_websocket(ha_reset: HaInstance) -> None:
+    with ha_reset.ws() as ws:
+        assert ws.auth["type"] == "auth_ok"
+        assert ws.auth["ha_version"] == HA_VERSION
+        states = ws.command("get_states")
+        assert states["success"] is True
+        assert {e.entity_id for e in FARM_ENTITIES} <= {s["entity_id"] for s in states["result"]}
+        dashboards = ws.command("lovelace/dashboards/list")
+        assert {"url_path": "farm-yaml", "mode": "yaml"}.items() <= next(
+            d for d in dashboards["result"] if d["url_path"] == "farm-yaml"
+        ).items()
+        yaml_dashboard = ws.command("lovelace/config", url_path="farm-yaml")
+        assert yaml_dashboard["result"]["views"][0]["path"] == "fields"
+        never_saved = ws.command("lovelace/config", url_path=None)  # the default dashboard: storage mode
+        assert never_saved["error"]["code"] == "config_not_found"
+        url_path = f"probe-{secrets.token_hex(3)}"  # a new storage dashboard; the default one stays untouched
+        created = ws.command("lovelace/dashboards/create", url_path=url_path, title="Probe", mode="storage")
+        assert created["success"] is True, created
+        saved = ws.command("lovelace/config/save", url_path=url_path, config={"views": [{"title": "Probe"}]})
+        assert saved["success"] is True, saved
+        assert ws.command("lovelace/config", url_path=url_path)["result"] == {"views": [{"title": "Probe"}]}
+        assert ws.command("lovelace/dashboards/delete", dashboard_id=created["result"]["id"])["success"] is True
+    with WsSession(ha_reset.ws_url, "not-" + ha_reset.token) as refused:
+        assert refused.auth["type"] == "auth_invalid"
+
+
+@pytest.mark.parametrize("entity", FARM_ENTITIES, ids=lambda e: e.entity_id)
+def test_every_farm_entity_exists_with_its_device_class_and_unit(ha_reset: HaInstance, entity: FarmEntity) -> None:
+    state = ha_reset.get_state(entity.entity_id)
+    assert state["attributes"].get("device_class") == entity.device_class
+    if entity.unit is not None:
+        assert state["attributes"]["unit_of_measurement"] == entity.unit
+    if entity.entity_id in FARM_DEFAULTS:
+        default = FARM_DEFAULTS[entity.entity_id]
+        assert (float(state["state"]) if isinstance(default, float) else state["state"]) == default
+
+
+def test_an_unknown_entity_is_a_404(ha_reset: HaInstance) -> None:
+    with pytest.raises(HaHttpError) as missing:
+        ha_reset.get_state("sensor.no_such_probe")
+    assert missing.value.status == 404
+
+
+def test_input_numbers_drive_the_sensors_and_alerts(ha_reset: HaInstance) -> None:
+    ha = ha_reset
+    ha.set_number("input_number.field_1_soil_moisture_raw", 12.5)
+    wait_for(lambda: _follows(ha, "sensor.field_1_soil_moisture", "12.5"), timeout=5, what="field 1 moisture")
+    ha.set_number("sensor.field_2_soil_moisture", 61)  # a driven sensor id sets its input_number
+    wait_for(lambda: _follows(ha, "sensor.field_2_soil_moisture", "61.0"), timeout=5, what="field 2 moisture")
+    assert _state(ha, "binary_sensor.frost_risk") == "off"
+    ha.set_number("sensor.air_temperature", 1.5)
+    wait_for(lambda: _follows(ha, "binary_sensor.frost_risk", "on"), timeout=5, what="frost alert")
+    assert _state(ha, "sensor.air_temperature") == "1.5"
+    assert ha.get_state("weather.farm_weather")["attributes"]["temperature"] == 1.5
+    ha.set_state("input_boolean.pump_fault_sim", True)
+    wait_for(lambda: _follows(ha, "binary_sensor.pump_fault", "on"), timeout=5, what="pump fault")
+
+    ha.reset()
+    wait_for(lambda: _follows(ha, "binary_sensor.frost_risk", "off"), timeout=5, what="frost cleared by reset")
+    for entity_id, expected in (("sensor.field_1_soil_moisture", "45.0"), ("binary_sensor.pump_fault", "off")):
+        wait_for(lambda e=entity_id, x=expected: _follows(ha, e, x), timeout=5, what=f"{entity_id} reset")
+
+
+@pytest.mark.parametrize(
+    ("entity_id", "value", "expected", "driver", "driver_expected"),
+    [
+        ("switch.irrigation_pump", "on", "on", "input_boolean.pump_relay", "on"),
+        ("switch.field_1_valve", True, "on", "input_boolean.field_1_valve_relay", "on"),
+        ("light.barn_light", "on", "on", "input_boolean.barn_light_relay", "on"),
+        ("fan.greenhouse_fan", True, "on", "input_boolean.greenhouse_fan_relay", "on"),
+        ("number.irrigation_duration", 45, "45.0", "input_number.irrigation_duration_raw", "45.0"),
+        ("select.fertigation_program", "bloom", "bloom", "input_select.fertigation_program_raw", "bloom"),
+        ("input_select.irrigation_mode", "manual", "manual", "input_select.irrigation_mode", "manual"),
+        ("input_select.weather_condition_raw", "snowy", "snowy", "input_select.weather_condition_raw", "snowy"),
+    ],
+)
+def test_every_controllable_domain_can_be_set(
+    ha_reset: HaInstance, entity_id: str, value: object, expected: str, driver: str, driver_expected: str
+) -> None:
+    assert isinstance(value, bool | int | str)
+    ha_reset.set_state(entity_id, value)
+    wait_for(lambda: _follows(ha_reset, entity_id, expected), timeout=5, what=f"{entity_id} = {expected}")
+    assert _state(ha_reset, driver) == driver_expected
+    if entity_id == "input_select.weather_condition_raw":
+        assert _state(ha_reset, "weather.farm_weather") == "snowy"
+
+
+def test_service_calls_return_the_changed_states(ha_reset: HaInstance) -> None:
+    changed = ha_reset.call_service("switch", "turn_on", {"entity_id": "switch.irrigation_pump"})
+    assert {s["entity_id"]: s["state"] for s in changed}.get("input_boolean.pump_relay") == "on"
+    wait_for(lambda: _follows(ha_reset, "switch.irrigation_pump", "on"), timeout=5, what="pump on")
+
+
+def test_the_farm_calendar_has_upcoming_events(ha_reset: HaInstance) -> None:
+    now = datetime.now(UTC)
+    start, end = quote(now.isoformat()), quote((now + timedelta(days=3)).isoformat())
+    events = ha_reset.api("GET", f"/api/calendars/{CALENDAR_ENTITY}?start={start}&end={end}")
+    assert [e["summary"] for e in events] == ["Irrigate field 1", "Fertigation (bloom)"]
+    assert "+" in events[0]["start"]["dateTime"] or events[0]["start"]["dateTime"].endswith("Z")
+
+
+def test_restart_through_the_api_brings_it_back_running_with_the_same_token(ha_reset: HaInstance) -> None:
+    ha = ha_reset
+    ha.set_state("switch.irrigation_pump", "on")
+    old_pid = ha.hass_pid()
+    took = ha.restart(timeout=45)
+    assert ha.hass_pid() != old_pid  # a new hass process: the supervisor restarted it after exit code 100
+    assert (ha.root / "hass.rc").read_text().strip() == "100"
+    assert ha.running()
+    assert ha.core_state() == "RUNNING"
+    assert took < 45
+    with ha.ws() as ws:
+        assert ws.auth["type"] == "auth_ok"
+    ha.check_entities()  # template, fan and the calendar's config entry are all back
+    assert _state(ha, "input_boolean.pump_relay") == "off"  # helpers have `initial:`, so a restart resets them
+
+
+def test_stop_and_start_again_on_the_same_url_and_token(ha_reset: HaInstance) -> None:
+    ha = ha_reset
+    url, token = ha.url, ha.token
+    assert ha.stop() == 0  # SIGTERM: a clean exit
+    assert not ha.running()
+    assert ha.core_state() is None  # nothing answers on the port
+    started = time.monotonic()
+    ha.start()
+    assert time.monotonic() - started < 30
+    assert (ha.url, ha.token) == (url, token)
+    assert ha.core_state() == "RUNNING"
+    ha.check_entities()
