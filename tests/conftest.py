@@ -6,26 +6,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from farmhost_testing import Daemon, farmhost
+from farmhost_testing import Daemon, init_data_dir
 
 pytest_plugins = ["ha_fixture"]  # the real Home Assistant: fixtures `ha`, `ha_env`, `ha_reset` (tests/ha/README.md)
-
-MAIN_JID = "telegram:100"
-FIELD_JID = "telegram:200"
 
 
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
     """An initialised data dir with groups `main` (main, telegram:100) and `field` (telegram:200)."""
-    root = tmp_path / "data"
-    for args in (
-        ("init",),
-        ("group", "add", "--jid", MAIN_JID, "--name", "Farm office", "--folder", "main", "--main"),
-        ("group", "add", "--jid", FIELD_JID, "--name", "Field crew", "--folder", "field"),
-    ):
-        done = farmhost(*args, data_dir=root)
-        assert done.returncode == 0, done.stderr
-    return root
+    return init_data_dir(tmp_path / "data")
 
 
 @pytest.fixture

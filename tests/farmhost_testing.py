@@ -9,11 +9,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+MAIN_JID, FIELD_JID = "telegram:100", "telegram:200"
 
 # Variables a developer's shell might carry that would change what the tests see.
 _SCRUB = (
@@ -160,3 +163,66 @@ class Daemon:
     def log(self) -> str:
         """Everything the daemon printed so far."""
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def init_data_dir(root: Path) -> Path:
+    """`farmhost init` on `root`, then groups `main` (main, telegram:100) and `field` (telegram:200)."""
+    for args in (
+        ("init",),
+        ("group", "add", "--jid", MAIN_JID, "--name", "Farm office", "--folder", "main", "--main"),
+        ("group", "add", "--jid", FIELD_JID, "--name", "Field crew", "--folder", "field"),
+    ):
+        done = farmhost(*args, data_dir=root)
+        assert done.returncode == 0, done.stderr
+    return root
+
+
+def init_data_dir_in_process(root: Path) -> Path:
+    """The same layout as `init_data_dir`, made in-process through the registry (no CLI start-up cost)."""
+    from farmhost.groups.registry import new_group, register
+    from farmhost.layout import DataLayout
+    from farmhost.store.db import Database, now_utc
+
+    layout = DataLayout(root)
+    layout.create()
+    db = Database.open(root)
+    try:
+        with db.tx() as conn:
+            for jid, name, folder, is_main in (
+                (MAIN_JID, "Farm office", "main", True),
+                (FIELD_JID, "Field crew", "field", False),
+            ):
+                group = new_group(
+                    conn, jid=jid, name=name, folder=folder, trigger=None, requires_trigger=True, is_main=is_main,
+                    at=now_utc(),
+                )  # fmt: skip
+                register(conn, layout, group)
+    finally:
+        db.close()
+    return root
+
+
+@contextmanager
+def running_daemon(data_dir: Path, *, env: dict[str, str] | None = None) -> Iterator[Daemon]:
+    """A daemon for the block; it must stop cleanly (exit 0) at the end."""
+    daemon = Daemon(data_dir, env=env).start()
+    try:
+        yield daemon
+    finally:
+        if daemon.proc is not None:
+            assert daemon.stop() == 0, daemon.log()
+
+
+def ok(result: dict[str, Any]) -> Any:
+    """The `result` of a successful answer (fails the test otherwise)."""
+    assert result["status"] == "success", result
+    return result["result"]
+
+
+def refused(result: dict[str, Any], code: str, *words: str) -> str:
+    """The error sentence of a refusal with `code` that mentions every one of `words`."""
+    assert result["status"] == "error" and result["errorCode"] == code, result
+    message: str = result["error"]
+    for word in words:
+        assert word in message, message
+    return message

@@ -78,7 +78,7 @@ ACTIONS: Final[dict[str, FarmActionSpec]] = {
     "ha_dashboard_validate": _row(ha_dashboard_validate, "ha_dashboard_validate"),
     "ha_dashboard_patch": _row(ha_dashboard_patch, "ha_dashboard_patch"),
     "ha_apply_dashboard": _row(ha_apply_dashboard, "ha_apply_dashboard"),
-    "ha_capture_screenshot": _row(ha_capture_screenshot, "ha_capture_screenshot", timeout=60.0),
+    "ha_capture_screenshot": _row(ha_capture_screenshot, "ha_capture_screenshot", timeout=35.0),
     "farm_state_refresh": _row(farm_state_refresh, "farm_state_refresh"),
 }
 assert set(ACTIONS) == set(ACTION_NAMES), "every FarmActionName needs a row"

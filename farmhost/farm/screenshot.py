@@ -18,15 +18,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
-from playwright.async_api import Error as PlaywrightError
-from playwright.async_api import Page, Route, WebSocketRoute, async_playwright
-from playwright.async_api import TimeoutError as PlaywrightTimeout
-
 from farmhost.errors import FarmhostError, InvalidRequest, NotAllowed, NotFound, Unavailable
 from farmhost.farm.dashboards import DEFAULT_DASHBOARD, VIEW_PATH_RE, check_name, url_path
 from farmhost.protocol.codes import ErrorCode
 
 if TYPE_CHECKING:
+    from playwright.async_api import Page, Route, WebSocketRoute
+
     from farmhost.farm.deps import FarmDeps
     from farmhost.ipc.handlers import RequestContext
 
@@ -205,6 +203,10 @@ async def _take_shot(
     async def refuse_socket(ws: WebSocketRoute) -> None:
         await ws.close()
 
+    # Imported here: Playwright costs ~0.5 s at import, which every daemon start and CLI command would pay.
+    from playwright.async_api import Error as PlaywrightError
+    from playwright.async_api import async_playwright
+
     async with async_playwright() as pw:
         try:
             browser = await pw.chromium.launch(
@@ -228,6 +230,9 @@ async def _take_shot(
 
 
 async def _load_and_shoot(page: Page, url: str, shot: ShotParams, left_ms: Callable[[], float]) -> tuple[bytes, int]:
+    from playwright.async_api import Error as PlaywrightError
+    from playwright.async_api import TimeoutError as PlaywrightTimeout
+
     path = urlsplit(url).path
     try:
         response = await page.goto(url, wait_until="domcontentloaded", timeout=left_ms())
@@ -267,6 +272,9 @@ async def _load_and_shoot(page: Page, url: str, shot: ShotParams, left_ms: Calla
 
 
 async def _wait(page: Page, selector: str, path: str, left_ms: Callable[[], float], what: str) -> None:
+    from playwright.async_api import Error as PlaywrightError
+    from playwright.async_api import TimeoutError as PlaywrightTimeout
+
     try:
         await page.wait_for_selector(selector, state="visible", timeout=min(APPEAR_MS, left_ms()))
     except PlaywrightError as err:

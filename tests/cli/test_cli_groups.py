@@ -8,8 +8,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from conftest import FIELD_JID, MAIN_JID
-from farmhost_testing import farmhost
+from farmhost_testing import FIELD_JID, MAIN_JID, farmhost
 
 QUEUES = ("messages", "tasks", "actions", "action_results")
 GROUP_KEYS = {"jid", "name", "folder", "trigger", "requiresTrigger", "isMain", "addedAt"}

@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conftest import FIELD_JID
-from farmhost_testing import Daemon, drop, farmhost, wait_result
+from farmhost_testing import FIELD_JID, Daemon, drop, farmhost, wait_result
 
 
 def _json(*args: str, data_dir: Path) -> list[dict[str, Any]]:

@@ -12,41 +12,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from farmhost_testing import drop, read_result
+from farmhost_testing import drop, init_data_dir_in_process, read_result
 
 from farmhost.app import build_handlers
 from farmhost.config import Settings, load_settings
 from farmhost.farm.deps import FarmDeps
 from farmhost.farm.homeassistant import HAClient
-from farmhost.groups.registry import new_group, register
 from farmhost.ipc.service import IpcService
 from farmhost.ipc.snapshots import HostIdentity
 from farmhost.layout import DataLayout
 from farmhost.store.db import Database, now_utc
 
-MAIN_JID = "telegram:100"
-FIELD_JID = "telegram:200"
-
-
-def make_data_dir(root: Path) -> Path:
-    """An initialised data dir with groups `main` (main) and `field`, made in-process through the registry."""
-    layout = DataLayout(root)
-    layout.create()
-    db = Database.open(root)
-    try:
-        with db.tx() as conn:
-            for jid, name, folder, is_main in (
-                (MAIN_JID, "Farm office", "main", True),
-                (FIELD_JID, "Field crew", "field", False),
-            ):
-                group = new_group(
-                    conn, jid=jid, name=name, folder=folder, trigger=None, requires_trigger=True, is_main=is_main,
-                    at=now_utc(),
-                )  # fmt: skip
-                register(conn, layout, group)
-    finally:
-        db.close()
-    return root
+make_data_dir = init_data_dir_in_process
 
 
 def uid(prefix: str = "r") -> str:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from farmhost_testing import ok, refused
 from ha_core_support import FarmHost, farm_host, make_data_dir
 from ha_fixture import HaInstance
 
@@ -16,19 +17,6 @@ async def host(tmp_path: Path, ha_reset: HaInstance) -> AsyncIterator[FarmHost]:
     """The IPC engine with the farm handlers, pointed at the session's HA (every helper at its default)."""
     async with farm_host(make_data_dir(tmp_path / "data"), ha_env=ha_reset.env()) as farm:
         yield farm
-
-
-def ok(result: dict[str, Any]) -> Any:
-    assert result["status"] == "success", result
-    return result["result"]
-
-
-def refused(result: dict[str, Any], code: str, *words: str) -> str:
-    assert result["status"] == "error" and result["errorCode"] == code, result
-    message: str = result["error"]
-    for word in words:
-        assert word in message, message
-    return message
 
 
 # ha_get_status -----------------------------------------------------------------------------------------

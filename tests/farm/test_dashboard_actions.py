@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from farmhost_testing import Daemon, clean_env, drop, wait_result
+from farmhost_testing import Daemon, clean_env, drop, ok, refused, wait_result
 from ha_core_support import FarmHost, farm_host, make_data_dir
 from ha_fixture import HaInstance
 
@@ -43,19 +43,6 @@ async def host(tmp_path: Path, ha_env: dict[str, str]) -> AsyncIterator[FarmHost
     """The IPC engine with the farm handlers, pointed at the session's HA; 3 backups kept per dashboard."""
     async with farm_host(make_data_dir(tmp_path / "data"), ha_env=ha_env, dashboard_backups=3) as farm:
         yield farm
-
-
-def ok(result: dict[str, Any]) -> Any:
-    assert result["status"] == "success", result
-    return result["result"]
-
-
-def refused(result: dict[str, Any], code: str, *words: str) -> str:
-    assert result["status"] == "error" and result["errorCode"] == code, result
-    message: str = result["error"]
-    for word in words:
-        assert word in message, message
-    return message
 
 
 def stage(host: FarmHost, text: str, name: str | None = None) -> str:

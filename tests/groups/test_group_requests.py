@@ -11,26 +11,27 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from farmhost_testing import Daemon, drop, farmhost, quarantined, wait_for, wait_result
+from farmhost_testing import (
+    FIELD_JID,
+    MAIN_JID,
+    drop,
+    farmhost,
+    init_data_dir,
+    quarantined,
+    running_daemon,
+    wait_for,
+    wait_result,
+)
 
-MAIN_JID, FIELD_JID = "telegram:100", "telegram:200"
 _ids = itertools.count()
 
 
 @pytest.fixture(scope="module")
 def farm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One daemon for the module; each test registers its own folders and chats."""
-    root = tmp_path_factory.mktemp("groups") / "data"
-    for args in (
-        ("init",),
-        ("group", "add", "--jid", MAIN_JID, "--name", "Farm office", "--folder", "main", "--main"),
-        ("group", "add", "--jid", FIELD_JID, "--name", "Field crew", "--folder", "field"),
-    ):
-        done = farmhost(*args, data_dir=root)
-        assert done.returncode == 0, done.stderr
-    daemon = Daemon(root).start()
-    yield root
-    assert daemon.stop() == 0, daemon.log()
+    root = init_data_dir(tmp_path_factory.mktemp("groups") / "data")
+    with running_daemon(root):
+        yield root
 
 
 def ask(data_dir: Path, folder: str, queue: str, payload: dict[str, Any]) -> dict[str, Any]:

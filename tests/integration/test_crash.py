@@ -16,10 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from farmhost_testing import Daemon, drop, quarantined, read_result, wait_for, wait_result
+from farmhost_testing import FIELD_JID, MAIN_JID, Daemon, drop, quarantined, read_result, wait_for, wait_result
 
-MAIN_JID = "telegram:100"
-FIELD_JID = "telegram:200"
 JIDS = {"main": MAIN_JID, "field": FIELD_JID}
 QUEUES = ("messages", "tasks", "actions")
 KILLS = 20

@@ -10,10 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from farmhost_testing import Daemon, drop, farmhost, wait_for, wait_result
+from farmhost_testing import Daemon, drop, farmhost, init_data_dir, wait_for, wait_result
 
-MAIN_JID = "telegram:100"
-FIELD_JID = "telegram:200"
 UNREGISTERED_JID = "telegram:999"
 STAMP = r"\d{8}T\d{6}\.\d{6}Z"
 
@@ -26,16 +24,7 @@ class Env:
     daemon: Daemon
 
 
-def make_data_dir(root: Path) -> Path:
-    """Initialise `root` with groups `main` (main, telegram:100) and `field` (telegram:200)."""
-    for args in (
-        ("init",),
-        ("group", "add", "--jid", MAIN_JID, "--name", "Farm office", "--folder", "main", "--main"),
-        ("group", "add", "--jid", FIELD_JID, "--name", "Field crew", "--folder", "field"),
-    ):
-        done = farmhost(*args, data_dir=root)
-        assert done.returncode == 0, done.stderr
-    return root
+make_data_dir = init_data_dir
 
 
 def uid(prefix: str = "r") -> str:
@@ -49,6 +38,10 @@ def ping_ok(data_dir: Path, folder: str) -> dict[str, Any]:
     drop(data_dir, folder, "actions", {"type": "ping", "requestId": rid})
     result = wait_result(data_dir, folder, rid)
     assert result["status"] == "success" and result["result"]["pong"] is True, result
+    # The result is written before the spooled request is released: wait for that too, so callers that
+    # compare directory listings afterwards see the finished state.
+    spooled = data_dir / "ipc" / ".spool" / folder / "actions" / f"{rid}.json"
+    wait_for(lambda: not spooled.exists(), timeout=10, what=f"{rid} released from the spool")
     return result
 
 

@@ -9,10 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from farmhost_testing import drop, wait_result
+from farmhost_testing import FIELD_JID, MAIN_JID, drop, wait_result
 from ipc_support import (
-    FIELD_JID,
-    MAIN_JID,
     UNREGISTERED_JID,
     Env,
     groups,

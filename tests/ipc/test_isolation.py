@@ -13,10 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from farmhost_testing import Daemon, clean_env, drop, farmhost, quarantined, read_result, wait_for, wait_result
+from farmhost_testing import (
+    Daemon,
+    clean_env,
+    drop,
+    farmhost,
+    init_data_dir_in_process,
+    quarantined,
+    read_result,
+    wait_for,
+    wait_result,
+)
 from ipc_support import (
-    FIELD_JID,
-    MAIN_JID,
     Env,
     logged,
     make_data_dir,
@@ -31,7 +39,6 @@ from ipc_support import (
 from farmhost.app import build_handlers
 from farmhost.config import load_settings
 from farmhost.farm.deps import FarmDeps
-from farmhost.groups.registry import new_group, register
 from farmhost.ipc.handlers import Effect, Handlers, HandlerSpec, RequestContext
 from farmhost.ipc.service import IpcService
 from farmhost.ipc.snapshots import HostIdentity
@@ -290,30 +297,7 @@ async def _service(data_dir: Path, handlers: Handlers, **settings: Any) -> Async
 @pytest.fixture
 def quick_data_dir(tmp_path: Path) -> Path:
     """The `data_dir` layout (main and field) made in-process through the registry, without three CLI runs."""
-    data_dir = tmp_path / "data"
-    layout = DataLayout(data_dir)
-    layout.create()
-    db = Database.open(data_dir)
-    try:
-        with db.tx() as conn:
-            for jid, name, folder, is_main in (
-                (MAIN_JID, "Farm office", "main", True),
-                (FIELD_JID, "Field crew", "field", False),
-            ):
-                group = new_group(
-                    conn,
-                    jid=jid,
-                    name=name,
-                    folder=folder,
-                    trigger=None,
-                    requires_trigger=True,
-                    is_main=is_main,
-                    at=now_utc(),
-                )
-                register(conn, layout, group)
-    finally:
-        db.close()
-    return data_dir
+    return init_data_dir_in_process(tmp_path / "data")
 
 
 def _table(data_dir: Path | None = None) -> Handlers:

@@ -13,7 +13,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-from farmhost_testing import Daemon, clean_env, drop, farmhost, wait_for, wait_result
+from farmhost_testing import clean_env, drop, init_data_dir, running_daemon, wait_for, wait_result
 
 FARM_TZ = ZoneInfo("Europe/Lisbon")
 _ids = itertools.count()
@@ -22,17 +22,9 @@ _ids = itertools.count()
 @pytest.fixture(scope="module")
 def farm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One daemon in the farm's zone (Europe/Lisbon) for the whole module; every test uses its own ids."""
-    root = tmp_path_factory.mktemp("scheduler") / "data"
-    for args in (
-        ("init",),
-        ("group", "add", "--jid", "telegram:100", "--name", "Farm office", "--folder", "main", "--main"),
-        ("group", "add", "--jid", "telegram:200", "--name", "Field crew", "--folder", "field"),
-    ):
-        done = farmhost(*args, data_dir=root)
-        assert done.returncode == 0, done.stderr
-    daemon = Daemon(root, env=clean_env(TZ="Europe/Lisbon")).start()
-    yield root
-    assert daemon.stop() == 0, daemon.log()
+    root = init_data_dir(tmp_path_factory.mktemp("scheduler") / "data")
+    with running_daemon(root, env=clean_env(TZ="Europe/Lisbon")):
+        yield root
 
 
 def ask(data_dir: Path, folder: str, payload: dict[str, Any]) -> dict[str, Any]:
