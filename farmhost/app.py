@@ -64,6 +64,8 @@ class App:
         """Take the data-dir lock, open the store, start the IPC engine."""
         self.layout.create()
         self._take_lock()
+        if seeded := self.layout.seed_global_memory():
+            logger.info("global memory: copied %d starting file(s) into %s", seeded, self.layout.workspace("global"))
         self.db = Database.open(self.settings.data_dir)
         farm = FarmDeps(settings=self.settings, layout=self.layout, ha=None, dashboards_dir=self.layout.dashboards)
         if self.settings.ha_url and self.settings.ha_token:

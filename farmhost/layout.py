@@ -8,6 +8,17 @@ from pathlib import Path
 
 from farmhost.protocol.codes import QUEUE_DIRS, RESULTS_DIR
 
+# The root of a source checkout: the directory holding pyproject.toml next to the `farmhost` package. It ships
+# the starting dashboards (`dashboards/`) and the global memory (`memory/`); a wheel install has neither.
+REPO_ROOT = Path(__file__).resolve().parents[1]
+GLOBAL_MEMORY_FOLDER = "global"
+
+
+def shipped_dir(name: str) -> Path | None:
+    """A directory that ships with farmhost (`dashboards`, `memory`), or None outside a source checkout."""
+    path = REPO_ROOT / name
+    return path if (REPO_ROOT / "pyproject.toml").is_file() and path.is_dir() else None
+
 
 @dataclass(frozen=True)
 class DataLayout:
@@ -87,6 +98,24 @@ class DataLayout:
         ):
             path.mkdir(parents=True, exist_ok=True)
         os.chmod(self.spool, 0o700)
+
+    def seed_global_memory(self) -> int:
+        """Copy the shipped global memory (`memory/`) into `groups/global/`, never overwriting; returns the count."""
+        source = shipped_dir("memory")
+        if source is None:
+            return 0
+        target = self.workspace(GLOBAL_MEMORY_FOLDER)
+        copied = 0
+        for path in sorted(source.rglob("*.md")):
+            if path.is_symlink() or not path.is_file():
+                continue
+            destination = target / path.relative_to(source)
+            if destination.exists() or destination.is_symlink():
+                continue
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            destination.write_bytes(path.read_bytes())
+            copied += 1
+        return copied
 
     def create_group(self, folder: str) -> None:
         """Create a group's workspace and IPC queues (idempotent; the folder was validated)."""

@@ -23,20 +23,15 @@ from typing import Any, Final
 
 from farmhost.errors import FarmhostError, InvalidRequest, NotAllowed, NotFound
 from farmhost.farm.dashboards import MAX_DASHBOARD_BYTES
+from farmhost.layout import shipped_dir
 
-# The dashboards that ship with farmhost: `dashboards/` at the root of a source checkout (the directory that
-# holds pyproject.toml next to the `farmhost` package). A wheel install has none: nothing is seeded then.
-REPO_ROOT: Final = Path(__file__).resolve().parents[2]
-SHIPPED_DIR: Final = REPO_ROOT / "dashboards"
 BACKUPS_DIR: Final = "backups"
 BACKUP_RE: Final = re.compile(r"^\d{8}T\d{6}\.\d{6}Z(-\d+)?\.json$")
 
 
 def shipped_dashboards() -> Path | None:
     """The repository's `dashboards/` directory, or None when farmhost does not run from a source checkout."""
-    if (REPO_ROOT / "pyproject.toml").is_file() and SHIPPED_DIR.is_dir():
-        return SHIPPED_DIR
-    return None
+    return shipped_dir("dashboards")
 
 
 class Staging:

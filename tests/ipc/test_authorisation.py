@@ -276,5 +276,6 @@ def _check_register(env: Env, case: Case, payload: dict[str, Any], result: dict[
             assert re.search(r"not valid|at most 64|at least 1", note["reason"]), note
         bad = folder.replace("\x00", "")
         if bad and "/" not in bad and bad != "..":
-            assert not (data_dir / "groups" / bad).exists(), "a refused folder must not be created"
+            # groups/global/ is the global memory the host seeds itself; the refusal must not register it.
+            assert bad == "global" or not (data_dir / "groups" / bad).exists(), "a refused folder must not be created"
             assert bad.lower() == "errors" or not (data_dir / "ipc" / bad).exists()

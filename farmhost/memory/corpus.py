@@ -1,0 +1,278 @@
+"""The cached markdown memory corpus of a set of workspaces: symlink-safe file walk, per-file chunk cache, search."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from farmhost.memory.bm25 import Bm25Index, query
+from farmhost.memory.chunker import DEFAULT_MAX_CHARS, Chunk, chunk_markdown
+from farmhost.memory.tokenize import tokenize
+
+MEMORY_FILE: Final = "MEMORY.md"
+MEMORY_DIR: Final = "memory"
+# Bounds on what an agent can make the host read: memory is notes, not a data lake.
+MAX_FILE_BYTES: Final = 1 << 20
+MAX_FILES_PER_ROOT: Final = 2000
+MAX_DEPTH: Final = 16
+SNIPPET_CHARS: Final = 300
+
+_OPEN_DIR: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_OPEN_FILE: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+Signature = tuple[int, int, int, int]  # (inode, size, mtime_ns, ctime_ns)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryHit:
+    """One search result: a chunk of a memory file.
+
+    Attributes:
+        root: The label of the root the file is in (a group folder, or the global memory's label).
+        path: The file's path relative to its root, with "/" separators ("MEMORY.md", "memory/x.md").
+        start_line: First line of the chunk, 1-based.
+        end_line: Last line of the chunk, 1-based inclusive.
+        snippet: At most about 300 characters of the chunk around its best-matching line.
+        score: The BM25 score (> 0); comparable between hits of one search only.
+    """
+
+    root: str
+    path: str
+    start_line: int
+    end_line: int
+    snippet: str
+    score: float
+
+    @property
+    def citation(self) -> str:
+        """`path#Lx-Ly`, the form an agent quotes."""
+        return f"{self.path}#L{self.start_line}-L{self.end_line}"
+
+
+@dataclass(slots=True)
+class CorpusStats:
+    """Counters that show how much work the cache saved (observable by tests and the benchmark)."""
+
+    files_chunked: int = 0
+    index_builds: int = 0
+    searches: int = 0
+
+
+@dataclass(slots=True)
+class _FileEntry:
+    signature: Signature
+    chunks: list[Chunk]
+    tokens: list[list[str]]
+
+
+@dataclass(slots=True)
+class _RootCache:
+    files: dict[str, _FileEntry] = field(default_factory=dict)
+
+
+def _signature(st: os.stat_result) -> Signature:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _walk_md(dir_fd: int, prefix: str, depth: int) -> Iterator[tuple[str, Signature]]:
+    """Regular `*.md` files under an open directory, never following a symlink; sorted by name."""
+    if depth > MAX_DEPTH:
+        return
+    with os.scandir(dir_fd) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for entry in entries:
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        rel = f"{prefix}/{entry.name}"
+        if stat.S_ISDIR(st.st_mode):
+            try:
+                sub_fd = os.open(entry.name, _OPEN_DIR, dir_fd=dir_fd)
+            except OSError:
+                continue  # a symlink swapped in since the stat, or gone: skip
+            try:
+                yield from _walk_md(sub_fd, rel, depth + 1)
+            finally:
+                os.close(sub_fd)
+        elif stat.S_ISREG(st.st_mode) and entry.name.endswith(".md"):
+            yield rel, _signature(st)
+
+
+def _list_root(root: Path) -> dict[str, Signature]:
+    """Memory files of one workspace root and their signatures; symlinks (files or dirs) are skipped."""
+    found: dict[str, Signature] = {}
+    try:
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return found
+    try:
+        try:
+            st = os.stat(MEMORY_FILE, dir_fd=root_fd, follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode):
+                found[MEMORY_FILE] = _signature(st)
+        except OSError:
+            pass
+        try:
+            mem_fd = os.open(MEMORY_DIR, _OPEN_DIR, dir_fd=root_fd)
+        except OSError:
+            return found
+        try:
+            for rel, sig in _walk_md(mem_fd, MEMORY_DIR, 1):
+                if len(found) >= MAX_FILES_PER_ROOT:
+                    break
+                found[rel] = sig
+        finally:
+            os.close(mem_fd)
+    finally:
+        os.close(root_fd)
+    return found
+
+
+def read_memory_file(root: Path, rel: str) -> str | None:
+    """Read a memory file relative to `root`, opening every path component with O_NOFOLLOW.
+
+    Args:
+        root: The workspace directory (trusted, may itself be reached through a link).
+        rel: A "/"-separated relative path such as "memory/fields/north.md".
+
+    Returns:
+        The text (invalid UTF-8 replaced, at most MAX_FILE_BYTES read), or None when the file is
+        missing, is not a regular file, or any component is a symlink.
+    """
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return None
+    fds: list[int] = []
+    try:
+        fds.append(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+        for part in parts[:-1]:
+            fds.append(os.open(part, _OPEN_DIR, dir_fd=fds[-1]))
+        fds.append(os.open(parts[-1], _OPEN_FILE, dir_fd=fds[-1]))
+        if not stat.S_ISREG(os.fstat(fds[-1]).st_mode):
+            return None
+        with os.fdopen(os.dup(fds[-1]), "rb") as handle:
+            data = handle.read(MAX_FILE_BYTES)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.ENXIO, errno.EISDIR):
+            return None
+        raise
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return data.decode("utf-8", errors="replace")
+
+
+def snippet(text: str, query_tokens: set[str], width: int = SNIPPET_CHARS) -> str:
+    """About `width` characters of `text` starting a little before its line sharing most query tokens."""
+    lines = text.split("\n")
+    best_hits, offset, best_offset = -1, 0, 0
+    for line in lines:
+        hits = len(query_tokens.intersection(tokenize(line)))
+        if hits > best_hits:
+            best_hits, best_offset = hits, offset
+        offset += len(line) + 1
+    if len(text) <= width:
+        return text.strip()
+    start = max(0, min(best_offset - width // 4, len(text) - width))
+    piece = text[start : start + width].strip()
+    return ("…" if start > 0 else "") + piece + ("…" if start + width < len(text) else "")
+
+
+class MemoryCorpus:
+    """BM25 search over the markdown memory (`MEMORY.md`, `memory/**/*.md`) of several workspace roots.
+
+    Each file is chunked and tokenised once and cached by its (inode, size, mtime_ns, ctime_ns);
+    every search re-stats the files, re-reads only new or changed ones, drops removed ones, and
+    rebuilds the BM25 index from the cached token lists only when something changed.
+    Not thread-safe: use one instance from one thread (the daemon's event loop via to_thread).
+    """
+
+    def __init__(self, roots: Mapping[str, Path], *, max_chunk_chars: int = DEFAULT_MAX_CHARS) -> None:
+        """Create an empty corpus; nothing is read until the first search.
+
+        Args:
+            roots: Label (e.g. a group folder, or "global") -> workspace directory, in search order.
+            max_chunk_chars: The chunker's size cap.
+        """
+        self._roots = dict(roots)
+        self._max_chunk_chars = max_chunk_chars
+        self._caches: dict[str, _RootCache] = {label: _RootCache() for label in self._roots}
+        self._index: Bm25Index | None = None
+        self._docs: list[tuple[str, Chunk]] = []
+        self.stats = CorpusStats()
+
+    def _refresh_root(self, label: str) -> bool:
+        cache = self._caches[label]
+        current = _list_root(self._roots[label])
+        changed = False
+        for rel in [r for r in cache.files if r not in current]:
+            del cache.files[rel]
+            changed = True
+        for rel, sig in current.items():
+            entry = cache.files.get(rel)
+            if entry is not None and entry.signature == sig:
+                continue
+            text = read_memory_file(self._roots[label], rel)
+            changed = True
+            if text is None:
+                cache.files.pop(rel, None)
+                continue
+            chunks = chunk_markdown(rel, text, self._max_chunk_chars)
+            self.stats.files_chunked += 1
+            cache.files[rel] = _FileEntry(sig, chunks, [tokenize(c.text) for c in chunks])
+        return changed
+
+    def refresh(self) -> None:
+        """Bring the cache and index up to date with the files (a search does this itself)."""
+        changed = False
+        for label in self._roots:
+            changed = self._refresh_root(label) or changed
+        if changed or self._index is None:
+            docs: list[tuple[str, Chunk]] = []
+            tokens: list[list[str]] = []
+            for label in self._roots:
+                files = self._caches[label].files
+                for rel in sorted(files):
+                    docs.extend((label, c) for c in files[rel].chunks)
+                    tokens.extend(files[rel].tokens)
+            self._docs = docs
+            self._index = Bm25Index(tokens)
+            self.stats.index_builds += 1
+
+    def search(self, query_text: str, top_k: int = 8, per_file_cap: int = 3) -> list[MemoryHit]:
+        """The best-matching chunks for a free-text query.
+
+        Args:
+            query_text: What to look for, in any script.
+            top_k: At most this many hits.
+            per_file_cap: At most this many hits from one file, so one long file cannot crowd out the rest.
+
+        Returns:
+            Hits by score descending, ties in root order, then path, then line (deterministic).
+        """
+        self.stats.searches += 1
+        self.refresh()
+        assert self._index is not None
+        tokens = tokenize(query_text)
+        if not tokens or top_k <= 0:
+            return []
+        token_set = set(tokens)
+        per_file: dict[tuple[str, str], int] = {}
+        hits: list[MemoryHit] = []
+        for doc_id, score in query(self._index, tokens, self._index.size):
+            label, chunk = self._docs[doc_id]
+            key = (label, chunk.path)
+            if per_file.get(key, 0) >= per_file_cap:
+                continue
+            per_file[key] = per_file.get(key, 0) + 1
+            text = snippet(chunk.text, token_set)
+            hits.append(MemoryHit(label, chunk.path, chunk.start_line, chunk.end_line, text, score))
+            if len(hits) >= top_k:
+                break
+        return hits

@@ -1,0 +1,105 @@
+"""memory_get through the real daemon: line windows, the global memory, and every refusal an agent can try."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from farmhost_testing import drop, init_data_dir, ok, refused, running_daemon, wait_result
+
+_ids = itertools.count()
+LINES = [f"line {n}: field {n % 3} needs {n} mm" for n in range(1, 451)]
+
+
+@pytest.fixture(scope="module")
+def farm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    root = init_data_dir(tmp_path_factory.mktemp("memory") / "data")
+    main, field = root / "groups" / "main", root / "groups" / "field"
+    (main / "MEMORY.md").write_text("# Main\n\nThe office keeps the pump schedule.\n")
+    (field / "memory" / "crops").mkdir(parents=True)
+    (field / "MEMORY.md").write_text("\n".join(LINES) + "\n")
+    (field / "memory" / "crops" / "tomatoes.md").write_text("# Tomatoes\n\nWater at 6.\n")
+    (field / "memory" / "notes.txt").write_text("not markdown")
+    (field / "memory" / "passwd.md").symlink_to("/etc/passwd")
+    (field / "memory" / "other.md").symlink_to(main / "MEMORY.md")
+    os.symlink(main, field / "memory" / "linked")
+    (field / "memory" / "empty.md").write_text("")
+    with running_daemon(root):
+        yield root
+
+
+def get(data_dir: Path, folder: str, params: dict[str, Any]) -> dict[str, Any]:
+    rid = f"mg-{next(_ids)}"
+    drop(
+        data_dir,
+        folder,
+        "actions",
+        {"type": "memory_action", "action": "memory_get", "params": params, "requestId": rid},
+    )
+    return wait_result(data_dir, folder, rid)
+
+
+def test_reads_a_window_with_truncation_and_next_from(farm: Path) -> None:
+    first = ok(get(farm, "field", {"path": "MEMORY.md", "lines": 100}))
+    assert first["text"].splitlines() == LINES[:100]
+    assert (first["from"], first["lines"], first["totalLines"]) == (1, 100, 450)
+    assert first["truncated"] is True and first["nextFrom"] == 101
+    last = ok(get(farm, "field", {"path": "MEMORY.md", "from": 401, "lines": 100}))
+    assert last["text"].splitlines() == LINES[400:] and last["truncated"] is False and last["nextFrom"] is None
+    default = ok(get(farm, "field", {"path": "MEMORY.md"}))
+    assert default["lines"] == 200 and default["nextFrom"] == 201
+
+
+def test_reads_nested_memory_files_and_the_global_memory(farm: Path) -> None:
+    nested = ok(get(farm, "field", {"path": "memory/crops/tomatoes.md"}))
+    assert nested["text"] == "# Tomatoes\n\nWater at 6." and nested["groupFolder"] == "field"
+    shipped = ok(get(farm, "field", {"path": "MEMORY.md", "groupFolder": "global"}))
+    assert "How this appliance works" in shipped["text"], "the repo's memory/ is seeded as the global memory"
+    assert ok(get(farm, "field", {"path": "memory/empty.md"}))["totalLines"] == 0
+
+
+def test_main_reads_any_registered_group_and_others_only_their_own(farm: Path) -> None:
+    assert "Water at 6." in ok(get(farm, "main", {"path": "memory/crops/tomatoes.md", "groupFolder": "field"}))["text"]
+    refused(get(farm, "field", {"path": "MEMORY.md", "groupFolder": "main"}), "unauthorized", "its own memory")
+    refused(get(farm, "main", {"path": "MEMORY.md", "groupFolder": "stranger"}), "not_found", "not a registered group")
+    refused(get(farm, "main", {"path": "MEMORY.md", "groupFolder": "../field"}), "invalid_request", "never a path")
+
+
+@pytest.mark.parametrize(
+    ("path", "code", "words"),
+    [
+        ("../main/MEMORY.md", "invalid_request", ("'..'",)),
+        ("/etc/passwd", "invalid_request", ("absolute",)),
+        ("memory/../../main/MEMORY.md", "invalid_request", ("'..'",)),
+        ("memory/%2e%2e/%2e%2e/main/MEMORY.md", "invalid_request", ("URL-encoded",)),
+        ("memory\\..\\..\\main\\MEMORY.md", "invalid_request", ("backslash",)),
+        ("MEMORY.md\u0000.txt", "invalid_request", ("control characters",)),
+        ("memory/passwd.md", "not_allowed", ("symlink",)),
+        ("memory/other.md", "not_allowed", ("symlink",)),
+        ("memory/linked/MEMORY.md", "not_allowed", ("symlink",)),
+        ("memory/notes.txt", "not_allowed", ("only MEMORY.md or memory/**/*.md",)),
+        ("farmhost.db", "not_allowed", ("only MEMORY.md",)),
+        ("memory/missing.md", "not_found", ("no file at 'memory/missing.md'",)),
+        ("", "invalid_request", ("non-empty",)),
+    ],
+)
+def test_refusals(farm: Path, path: str, code: str, words: tuple[str, ...]) -> None:
+    refused(get(farm, "field", {"path": path}), code, *words)
+
+
+@pytest.mark.parametrize(
+    ("params", "words"),
+    [
+        ({"path": "MEMORY.md", "from": 0}, ("from must be",)),
+        ({"path": "MEMORY.md", "lines": 5000}, ("lines must be",)),
+        ({"path": "MEMORY.md", "lines": "10"}, ("lines must be",)),
+        ({"path": 5}, ("path must be text",)),
+        ({"path": "MEMORY.md", "offset": 3}, ("unknown param",)),
+    ],
+)
+def test_bad_params(farm: Path, params: dict[str, Any], words: tuple[str, ...]) -> None:
+    refused(get(farm, "field", params), "invalid_request", *words)
