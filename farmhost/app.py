@@ -24,7 +24,7 @@ from farmhost.ipc.ping import ping_handlers
 from farmhost.ipc.service import IpcService
 from farmhost.ipc.snapshots import HostIdentity
 from farmhost.layout import DataLayout
-from farmhost.memory.requests import HANDLERS as MEMORY_HANDLERS
+from farmhost.memory.search import MemoryService, memory_handlers
 from farmhost.scheduler.requests import HANDLERS as TASK_HANDLERS
 from farmhost.store.db import Database, now_utc
 from farmhost.telegram.requests import HANDLERS as MESSAGE_HANDLERS
@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 STOP_TIMEOUT: Final = 8.0
 
 
-def build_handlers(identity: HostIdentity, farm: FarmDeps) -> Handlers:
+def build_handlers(identity: HostIdentity, farm: FarmDeps, memory: MemoryService | None = None) -> Handlers:
     """The full handler table, assembled from every capability's own table."""
     return {
         **ping_handlers(identity),
@@ -43,7 +43,7 @@ def build_handlers(identity: HostIdentity, farm: FarmDeps) -> Handlers:
         **TASK_HANDLERS,
         **GROUP_HANDLERS,
         **farm_handlers(farm),
-        **MEMORY_HANDLERS,
+        **memory_handlers(memory or MemoryService(farm.layout)),
     }
 
 

@@ -95,3 +95,14 @@ def test_empty_documents_next_to_real_ones_never_match() -> None:
     index = build([[], ["pump"], []])
     assert query(index, ["pump"], k=5)[0][0] == 1
     assert len(query(index, ["pump"], k=5)) == 1
+
+
+def test_classic_okapi_idf_fails_where_ours_does_not() -> None:
+    from rank_bm25 import BM25Okapi
+
+    docs = [["tomatoes", "field"], ["maize", "field"]]
+    assert BM25Okapi(docs).get_scores(["field"])[0] <= 0  # why the variant exists
+    ours = build(docs)
+    assert ours.scores(["field"])[0] > 0
+    best, score = query(ours, ["field", "tomatoes"], k=2)[0]
+    assert (best, score > ours.scores(["field", "tomatoes"])[1]) == (0, True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from farmhost.memory.chunker import Chunk, chunk_markdown, split_lines
@@ -61,7 +63,7 @@ def test_size_cap_and_one_line_overlap() -> None:
     assert len(chunks) > 5
     _assert_ranges_match(text, chunks)
     assert all(len(c.text) <= 300 for c in chunks)
-    for previous, current in zip(chunks, chunks[1:], strict=False):
+    for previous, current in itertools.pairwise(chunks):
         assert current.start_line == previous.end_line  # one line of overlap
         assert current.heading == "Log"
     assert chunks[0].start_line == 1

@@ -103,3 +103,35 @@ def test_refusals(farm: Path, path: str, code: str, words: tuple[str, ...]) -> N
 )
 def test_bad_params(farm: Path, params: dict[str, Any], words: tuple[str, ...]) -> None:
     refused(get(farm, "field", params), "invalid_request", *words)
+
+
+def search(data_dir: Path, folder: str, params: dict[str, Any]) -> dict[str, Any]:
+    rid = f"ms-{next(_ids)}"
+    payload = {"type": "memory_action", "action": "memory_search", "params": params, "requestId": rid}
+    drop(data_dir, folder, "actions", payload)
+    return wait_result(data_dir, folder, rid)
+
+
+def test_search_finds_own_and_global_memory_with_line_ranges(farm: Path) -> None:
+    hits = ok(search(farm, "field", {"query": "tomatoes water", "topK": 5}))["hits"]
+    assert hits, "the tomatoes note must be found"
+    first = hits[0]
+    assert (first["source"], first["groupFolder"], first["path"]) == ("memory", "field", "memory/crops/tomatoes.md")
+    lines = (farm / "groups" / "field" / first["path"]).read_text().splitlines()
+    assert "Water at 6." in "\n".join(lines[first["startLine"] - 1 : first["endLine"]])
+    assert first["score"] > 0 and len(hits) <= 5
+    shared = ok(search(farm, "field", {"query": "sandbox IPC directory"}))["hits"]
+    assert any(h["groupFolder"] == "global" for h in shared), "the global memory is searched too"
+    assert all(h["groupFolder"] in ("field", "global") for h in shared), "never another group's memory"
+
+
+def test_search_sees_an_edit_and_refuses_bad_requests(farm: Path) -> None:
+    note = farm / "groups" / "field" / "memory" / "irrigação.md"
+    note.write_text("# Rega\n\nA irrigação do campo 2 começa às 5h.\n")
+    hits = ok(search(farm, "field", {"query": "irrigacao campo"}))["hits"]
+    assert hits[0]["path"] == "memory/irrigação.md", "accents fold, and the new file is seen by the next search"
+    refused(search(farm, "field", {"query": "x", "groupFolder": "main"}), "unauthorized")
+    refused(search(farm, "field", {"query": "x", "topK": 65}), "invalid_request", "topK")
+    refused(search(farm, "field", {"query": "  "}), "invalid_request", "query")
+    refused(search(farm, "field", {"query": "x", "sources": "web"}), "invalid_request", "sources")
+    assert ok(search(farm, "field", {"query": "tomatoes", "sources": "sessions"}))["hits"] == []

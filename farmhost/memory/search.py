@@ -1,0 +1,87 @@
+"""memory_search: BM25 over a group's markdown memory and the global memory, one cached corpus per group."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Final
+
+from farmhost.errors import InvalidRequest
+from farmhost.ipc.handlers import Effect, Handlers, HandlerSpec, RequestContext
+from farmhost.layout import GLOBAL_MEMORY_FOLDER, DataLayout
+from farmhost.memory.access import target_folder
+from farmhost.memory.corpus import MemoryCorpus
+from farmhost.memory.get import memory_get
+from farmhost.protocol.envelope import Outcome
+from farmhost.protocol.requests import AnyRequest, MemoryActionRequest
+
+DEFAULT_TOP_K: Final = 8
+MAX_TOP_K: Final = 64
+# One long file must not crowd out the rest of the memory.
+PER_FILE_CAP: Final = 3
+MAX_QUERY_CHARS: Final = 1000
+SOURCES: Final = ("memory", "sessions", "all")
+_PARAMS: Final = frozenset({"query", "topK", "sources", "groupFolder"})
+
+
+class MemoryService:
+    """Keeps one MemoryCorpus per searched folder; each is rebuilt only for the files that changed."""
+
+    def __init__(self, layout: DataLayout) -> None:
+        self._layout = layout
+        self._corpora: dict[str, tuple[MemoryCorpus, asyncio.Lock]] = {}
+
+    async def search(self, folder: str, query: str, *, top_k: int) -> list[dict[str, Any]]:
+        """The best memory chunks of `folder` (and the global memory) for `query`."""
+        roots = {folder: self._layout.workspace(folder)}
+        if folder != GLOBAL_MEMORY_FOLDER:
+            roots[GLOBAL_MEMORY_FOLDER] = self._layout.workspace(GLOBAL_MEMORY_FOLDER)
+        corpus, lock = self._corpora.setdefault(folder, (MemoryCorpus(roots), asyncio.Lock()))
+        async with lock:  # a corpus is not thread-safe: one search at a time, in a thread (the first build is slow)
+            hits = await asyncio.to_thread(corpus.search, query, top_k, PER_FILE_CAP)
+        return [
+            {
+                "source": "memory",
+                "score": round(hit.score, 6),
+                "groupFolder": hit.root,
+                "path": hit.path,
+                "startLine": hit.start_line,
+                "endLine": hit.end_line,
+                "citation": hit.citation,
+                "snippet": hit.snippet,
+            }
+            for hit in hits
+        ]
+
+
+def _params(params: dict[str, Any]) -> tuple[str, int, str]:
+    unknown = sorted(set(params) - _PARAMS)
+    if unknown:
+        raise InvalidRequest(
+            f"unknown param(s) {', '.join(unknown)}; memory_search takes query, topK, sources, groupFolder"
+        )
+    query = params.get("query")
+    if not isinstance(query, str) or not query.strip() or len(query) > MAX_QUERY_CHARS:
+        raise InvalidRequest(f"query must be non-empty text of at most {MAX_QUERY_CHARS} characters")
+    top_k = params.get("topK", DEFAULT_TOP_K)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
+        raise InvalidRequest(f"topK must be a whole number from 1 to {MAX_TOP_K}, got {top_k!r}")
+    sources = params.get("sources", "all")
+    if sources not in SOURCES:
+        raise InvalidRequest(f"sources must be one of {', '.join(SOURCES)}, got {sources!r}")
+    return query, top_k, sources
+
+
+def memory_handlers(service: MemoryService) -> Handlers:
+    """The memory_action rows: search through `service`, and memory_get."""
+
+    async def memory_search(ctx: RequestContext, request: AnyRequest) -> Outcome:
+        assert isinstance(request, MemoryActionRequest)
+        query, top_k, sources = _params(request.params)
+        folder = target_folder(ctx, request.params, request.groupFolder)
+        hits = [] if sources == "sessions" else await service.search(folder, query, top_k=top_k)
+        return Outcome(result={"hits": hits[:top_k]})
+
+    return {
+        "memory_action:memory_search": HandlerSpec(effect=Effect.READ, run=memory_search),
+        "memory_action:memory_get": HandlerSpec(effect=Effect.READ, run=memory_get),
+    }
