@@ -54,6 +54,26 @@ class MemoryHit:
         return f"{self.path}#L{self.start_line}-L{self.end_line}"
 
 
+@dataclass(frozen=True, slots=True)
+class SessionDoc:
+    """A chat message searched beside the memory files, in the same BM25 index (so scores compare)."""
+
+    id: int
+    text: str
+    chat_jid: str
+    sender: str | None
+    timestamp: str
+
+
+@dataclass(frozen=True, slots=True)
+class SessionHit:
+    """One search result from the chat transcript."""
+
+    doc: SessionDoc
+    snippet: str
+    score: float
+
+
 @dataclass(slots=True)
 class CorpusStats:
     """Counters that show how much work the cache saved (observable by tests and the benchmark)."""
@@ -205,6 +225,9 @@ class MemoryCorpus:
         self._caches: dict[str, _RootCache] = {label: _RootCache() for label in self._roots}
         self._index: Bm25Index | None = None
         self._docs: list[tuple[str, Chunk]] = []
+        self._memory_tokens: list[list[str]] = []
+        self._sessions: tuple[SessionDoc, ...] = ()
+        self._session_tokens: dict[int, list[str]] = {}
         self.stats = CorpusStats()
 
     def _refresh_root(self, label: str) -> bool:
@@ -242,30 +265,48 @@ class MemoryCorpus:
                     docs.extend((label, c) for c in files[rel].chunks)
                     tokens.extend(files[rel].tokens)
             self._docs = docs
-            self._index = Bm25Index(tokens)
-            self.stats.index_builds += 1
+            self._memory_tokens = tokens
+            self._index = None
 
-    def search(self, query_text: str, top_k: int = 8, per_file_cap: int = 3) -> list[MemoryHit]:
+    def _build(self, sessions: tuple[SessionDoc, ...]) -> Bm25Index:
+        if self._index is None or sessions != self._sessions:
+            cached = self._session_tokens
+            self._session_tokens = {d.id: cached[d.id] if d.id in cached else tokenize(d.text) for d in sessions}
+            self._sessions = sessions
+            self._index = Bm25Index([*self._memory_tokens, *(self._session_tokens[d.id] for d in sessions)])
+            self.stats.index_builds += 1
+        return self._index
+
+    def search(
+        self, query_text: str, top_k: int = 8, per_file_cap: int = 3, sessions: tuple[SessionDoc, ...] = ()
+    ) -> list[MemoryHit | SessionHit]:
         """The best-matching chunks for a free-text query.
 
         Args:
             query_text: What to look for, in any script.
             top_k: At most this many hits.
             per_file_cap: At most this many hits from one file, so one long file cannot crowd out the rest.
+            sessions: Chat messages indexed beside the memory chunks, so memory and session scores compare.
 
         Returns:
             Hits by score descending, ties in root order, then path, then line (deterministic).
         """
         self.stats.searches += 1
         self.refresh()
-        assert self._index is not None
+        index = self._build(sessions)
         tokens = tokenize(query_text)
         if not tokens or top_k <= 0:
             return []
         token_set = set(tokens)
         per_file: dict[tuple[str, str], int] = {}
-        hits: list[MemoryHit] = []
-        for doc_id, score in query(self._index, tokens, self._index.size):
+        hits: list[MemoryHit | SessionHit] = []
+        for doc_id, score in query(index, tokens, index.size):
+            if doc_id >= len(self._docs):
+                doc = sessions[doc_id - len(self._docs)]
+                hits.append(SessionHit(doc, snippet(doc.text, token_set), score))
+                if len(hits) >= top_k:
+                    break
+                continue
             label, chunk = self._docs[doc_id]
             key = (label, chunk.path)
             if per_file.get(key, 0) >= per_file_cap:

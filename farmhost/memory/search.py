@@ -9,10 +9,11 @@ from farmhost.errors import InvalidRequest
 from farmhost.ipc.handlers import Effect, Handlers, HandlerSpec, RequestContext
 from farmhost.layout import GLOBAL_MEMORY_FOLDER, DataLayout
 from farmhost.memory.access import target_folder
-from farmhost.memory.corpus import MemoryCorpus
+from farmhost.memory.corpus import MemoryCorpus, MemoryHit, SessionDoc, SessionHit
 from farmhost.memory.get import memory_get
-from farmhost.protocol.envelope import Outcome
+from farmhost.protocol.envelope import Outcome, utc_stamp
 from farmhost.protocol.requests import AnyRequest, MemoryActionRequest
+from farmhost.store import groups, transcripts
 
 DEFAULT_TOP_K: Final = 8
 MAX_TOP_K: Final = 64
@@ -30,27 +31,54 @@ class MemoryService:
         self._layout = layout
         self._corpora: dict[str, tuple[MemoryCorpus, asyncio.Lock]] = {}
 
-    async def search(self, folder: str, query: str, *, top_k: int) -> list[dict[str, Any]]:
-        """The best memory chunks of `folder` (and the global memory) for `query`."""
+    async def search(
+        self, folder: str, query: str, *, top_k: int, sessions: tuple[SessionDoc, ...] = (), memory: bool = True
+    ) -> list[dict[str, Any]]:
+        """The best memory chunks of `folder` (and the global memory) and chat messages, on one BM25 score."""
         roots = {folder: self._layout.workspace(folder)}
         if folder != GLOBAL_MEMORY_FOLDER:
             roots[GLOBAL_MEMORY_FOLDER] = self._layout.workspace(GLOBAL_MEMORY_FOLDER)
         corpus, lock = self._corpora.setdefault(folder, (MemoryCorpus(roots), asyncio.Lock()))
         async with lock:  # a corpus is not thread-safe: one search at a time, in a thread (the first build is slow)
-            hits = await asyncio.to_thread(corpus.search, query, top_k, PER_FILE_CAP)
-        return [
-            {
-                "source": "memory",
-                "score": round(hit.score, 6),
-                "groupFolder": hit.root,
-                "path": hit.path,
-                "startLine": hit.start_line,
-                "endLine": hit.end_line,
-                "citation": hit.citation,
-                "snippet": hit.snippet,
-            }
-            for hit in hits
-        ]
+            # Memory-only hits are still scored against the sessions too, so both kinds share one scale.
+            wanted = top_k if memory else top_k + MAX_TOP_K
+            hits = await asyncio.to_thread(corpus.search, query, wanted, PER_FILE_CAP, sessions)
+        documents = [_document(folder, hit) for hit in hits]
+        if not memory:
+            documents = [d for d in documents if d["source"] == "session"]
+        return documents[:top_k]
+
+
+def _document(folder: str, hit: MemoryHit | SessionHit) -> dict[str, Any]:
+    if isinstance(hit, SessionHit):
+        return {
+            "source": "session",
+            "score": round(hit.score, 6),
+            "groupFolder": folder,
+            "chatJid": hit.doc.chat_jid,
+            "sender": hit.doc.sender,
+            "timestamp": hit.doc.timestamp,
+            "snippet": hit.snippet,
+        }
+    return {
+        "source": "memory",
+        "score": round(hit.score, 6),
+        "groupFolder": hit.root,
+        "path": hit.path,
+        "startLine": hit.start_line,
+        "endLine": hit.end_line,
+        "citation": hit.citation,
+        "snippet": hit.snippet,
+    }
+
+
+def session_docs(ctx: RequestContext, folder: str) -> tuple[SessionDoc, ...]:
+    """The recent messages of the chats bound to `folder` (transcripts are per chat; a group has one chat)."""
+    jids = [g.jid for g in groups.list_groups(ctx.db.conn) if g.folder == folder]
+    return tuple(
+        SessionDoc(id=m.id, text=m.text, chat_jid=m.chat_jid, sender=m.sender, timestamp=utc_stamp(m.sent_at))
+        for m in transcripts.recent(ctx.db.conn, jids)
+    )
 
 
 def _params(params: dict[str, Any]) -> tuple[str, int, str]:
@@ -78,8 +106,9 @@ def memory_handlers(service: MemoryService) -> Handlers:
         assert isinstance(request, MemoryActionRequest)
         query, top_k, sources = _params(request.params)
         folder = target_folder(ctx, request.params, request.groupFolder)
-        hits = [] if sources == "sessions" else await service.search(folder, query, top_k=top_k)
-        return Outcome(result={"hits": hits[:top_k]})
+        sessions = session_docs(ctx, folder) if sources != "memory" else ()
+        hits = await service.search(folder, query, top_k=top_k, sessions=sessions, memory=sources != "sessions")
+        return Outcome(result={"hits": hits})
 
     return {
         "memory_action:memory_search": HandlerSpec(effect=Effect.READ, run=memory_search),

@@ -80,7 +80,15 @@ class Database:
 
 
 def _statements(script: str) -> list[str]:
-    return [part.strip() for part in script.split(";") if part.strip()]
+    """Split a migration into statements; a trigger's body holds ';' too, so split where SQLite says one ends."""
+    statements, pending = [], ""
+    for part in script.split(";"):
+        pending += part + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \n;"):
+                statements.append(pending.strip())
+            pending = ""
+    return statements
 
 
 def now_utc() -> datetime:

@@ -81,4 +81,25 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     ) WITHOUT ROWID;
     CREATE INDEX request_ledger_age ON request_ledger(created_at);
     """,
+    # 2: chat transcripts (every inbound and outbound message), with a full-text index
+    """
+    CREATE TABLE transcript (
+        id INTEGER PRIMARY KEY,
+        chat_jid TEXT NOT NULL,
+        direction TEXT NOT NULL,
+        sender TEXT,
+        text TEXT NOT NULL,
+        sent_at TEXT NOT NULL,
+        message_key TEXT,
+        UNIQUE (chat_jid, message_key)
+    );
+    CREATE INDEX transcript_chat ON transcript(chat_jid, sent_at);
+    CREATE VIRTUAL TABLE transcript_fts USING fts5(text, content='transcript', content_rowid='id');
+    CREATE TRIGGER transcript_ai AFTER INSERT ON transcript BEGIN
+        INSERT INTO transcript_fts(rowid, text) VALUES (new.id, new.text);
+    END;
+    CREATE TRIGGER transcript_ad AFTER DELETE ON transcript BEGIN
+        INSERT INTO transcript_fts(transcript_fts, rowid, text) VALUES ('delete', old.id, old.text);
+    END
+    """,
 )

@@ -135,3 +135,39 @@ def test_search_sees_an_edit_and_refuses_bad_requests(farm: Path) -> None:
     refused(search(farm, "field", {"query": "  "}), "invalid_request", "query")
     refused(search(farm, "field", {"query": "x", "sources": "web"}), "invalid_request", "sources")
     assert ok(search(farm, "field", {"query": "tomatoes", "sources": "sessions"}))["hits"] == []
+
+
+def test_sessions_from_the_groups_own_chat_are_searched_on_the_same_scale(farm: Path) -> None:
+    from farmhost.store import transcripts
+    from farmhost.store.db import Database, now_utc
+
+    db = Database.open(farm)
+    try:
+        with db.tx() as conn:
+            transcripts.append(
+                conn,
+                chat_jid="telegram:200",
+                direction="in",
+                sender="ana",
+                text="a bomba do poço avariou",
+                at=now_utc(),
+            )
+            transcripts.append(
+                conn,
+                chat_jid="telegram:100",
+                direction="in",
+                sender="rui",
+                text="bomba nova no escritório",
+                at=now_utc(),
+            )
+    finally:
+        db.close()
+    both = ok(search(farm, "field", {"query": "bomba poco", "sources": "all"}))["hits"]
+    assert both[0]["source"] == "session" and both[0]["chatJid"] == "telegram:200" and both[0]["sender"] == "ana"
+    assert all(h.get("chatJid") != "telegram:100" for h in both), "only the group's own chat"
+    only = ok(search(farm, "field", {"query": "bomba", "sources": "sessions"}))["hits"]
+    assert [h["source"] for h in only] == ["session"]
+    assert ok(search(farm, "field", {"query": "bomba", "sources": "memory"}))["hits"] == []
+    mixed = ok(search(farm, "field", {"query": "tomatoes bomba", "sources": "all"}))["hits"]
+    assert {h["source"] for h in mixed} == {"memory", "session"}
+    assert [h["score"] for h in mixed] == sorted((h["score"] for h in mixed), reverse=True), "one ordering"
