@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from farmhost.errors import ConfigError
@@ -133,9 +133,6 @@ class Settings(BaseSettings):
         return self.agent_runtime or ("docker" if shutil.which("docker") else "bwrap")
 
 
-ALIASES = {name: str(field.validation_alias) for name, field in Settings.model_fields.items()}
-
-
 def load_settings(*, data_dir: Path | None = None, env_file: str | None = ".env") -> Settings:
     """Read the settings, with `data_dir` (from `--data-dir`) overriding FARMHOST_DATA_DIR.
 
@@ -155,6 +152,3 @@ def load_settings(*, data_dir: Path | None = None, env_file: str | None = ".env"
 
 def _plain(message: str) -> str:
     return message.removeprefix("Value error, ")
-
-
-__all__ = ["ALIASES", "AliasChoices", "Settings", "load_settings"]

@@ -257,10 +257,16 @@ def _check_view_path(path: Any, label: str, paths: dict[str, str], check: Valida
         check.warnings.append(f"{label} has no `path`; patch operations and screenshots cannot address it")
     elif not isinstance(path, str) or not VIEW_PATH_RE.fullmatch(path):
         check.errors.append(f"{label}: path {path!r} is not URL-safe: use 1-64 letters, digits, '_' or '-'")
-    elif path in paths:
-        check.errors.append(f"{label}: path {path!r} is already used by {paths[path]}")
     else:
-        paths[path] = label
+        _claim(path, label, paths, check, "path")
+
+
+def _claim(key: str, owner: str, seen: dict[str, str], check: Validation, what: str) -> None:
+    """Record that `owner` uses `key`, or report the clash with whoever used it first."""
+    if key in seen:
+        check.errors.append(f"{owner}: {what} {key!r} is already used by {seen[key]}")
+    else:
+        seen[key] = owner
 
 
 def _check_cards(cards: Any, where: str, ids: dict[str, str], check: Validation, *, depth: int) -> None:
@@ -285,10 +291,8 @@ def _check_card(card: Any, where: str, ids: dict[str, str], check: Validation, *
         card_id = card["id"]
         if not isinstance(card_id, str) or not CARD_ID_RE.fullmatch(card_id):
             check.errors.append(f"{where}: card id {card_id!r} is not valid: use letters, digits, '_', '-', '.', ':'")
-        elif card_id in ids:
-            check.errors.append(f"{where}: card id {card_id!r} is already used by {ids[card_id]}")
         else:
-            ids[card_id] = where
+            _claim(card_id, where, ids, check, "card id")
     entity = card.get("entity")
     if entity is not None and not (isinstance(entity, str) and ENTITY_ID_RE.fullmatch(entity)):
         check.errors.append(f"{where}: `entity` {entity!r} is not an entity id (domain.object_id)")

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from farmhost.protocol.envelope import Outcome
 
@@ -79,4 +79,3 @@ def handler_key(kind: str, action: str | None) -> str:
 
 
 Handlers = dict[str, HandlerSpec]
-Extra = dict[str, Any]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Literal
 
 from farmhost.store.db import iso
@@ -86,6 +86,3 @@ def prune(conn: sqlite3.Connection, *, older_than: datetime) -> int:
 def count_by_state(conn: sqlite3.Connection) -> dict[str, int]:
     """Ledger size per state (for doctor)."""
     return {row[0]: row[1] for row in conn.execute("SELECT state, count(*) FROM request_ledger GROUP BY state")}
-
-
-RETENTION_DEFAULT = timedelta(days=30)

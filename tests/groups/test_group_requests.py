@@ -7,6 +7,7 @@ import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,9 @@ from farmhost_testing import (
     wait_for,
     wait_result,
 )
+
+from farmhost.store.chats import upsert_chat
+from farmhost.store.db import Database
 
 _ids = itertools.count()
 
@@ -134,11 +138,12 @@ def test_is_main_in_register_group_is_quarantined_with_its_reason(farm: Path) ->
 
 def _seen_chat(data_dir: Path, jid: str, name: str) -> None:
     """A chat the bot has seen but nobody registered (what the Telegram side records)."""
-    with closing(sqlite3.connect(data_dir / "farmhost.db")) as conn, conn:
-        conn.execute(
-            "INSERT INTO chats (jid, name, channel, last_activity) VALUES (?, ?, 'telegram', ?)",
-            (jid, name, "2026-05-17T06:00:00.000+00:00"),
-        )
+    db = Database.open(data_dir)
+    try:
+        with db.tx() as conn:
+            upsert_chat(conn, jid=jid, name=name, channel="telegram", seen_at=datetime(2026, 5, 17, 6, tzinfo=UTC))
+    finally:
+        db.close()
 
 
 def test_refresh_groups_is_main_only_and_lists_unregistered_chats(farm: Path) -> None:
