@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -25,11 +26,29 @@ class Database:
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.conn.row_factory = sqlite3.Row
         self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        self.conn.execute("PRAGMA journal_mode = WAL")
+        self._enable_wal()
         self.conn.execute("PRAGMA foreign_keys = ON")
         self._durable = True
         self.conn.execute("PRAGMA synchronous = FULL")
         self._migrate()
+
+    def _enable_wal(self) -> None:
+        """Switch to WAL, waiting out another process that is creating the same database.
+
+        Changing the journal mode needs an exclusive lock and SQLite does not call the busy
+        handler for it, so two first opens at once (the CLI and the daemon) would fail one of them.
+        """
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        delay = 0.005
+        while True:
+            try:
+                self.conn.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as err:
+                if "locked" not in str(err) or time.monotonic() > deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
 
     @classmethod
     def open(cls, data_dir: Path) -> Database:
