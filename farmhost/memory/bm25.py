@@ -1,9 +1,17 @@
-"""BM25 index build and query over token lists (rank_bm25 Okapi with an IDF that never goes to zero)."""
+"""An incremental BM25 index: per-file segments with rank_bm25's term statistics, scored with a positive IDF.
+
+The scores are exactly those of `rank_bm25.BM25Okapi` (k1 = 1.5, b = 0.75) over all live documents,
+with Lucene's IDF in place of Okapi's. What differs is the bookkeeping: documents come in
+segments (one per memory file or chat message) that can be added, replaced and removed, and the
+corpus-wide numbers (document count, total length, document frequency per term) are kept as
+running counters. Replacing one file therefore costs in proportion to that file, not to the corpus.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
@@ -12,96 +20,224 @@ from rank_bm25 import BM25Okapi
 K1: Final = 1.5
 B: Final = 0.75
 
+SegmentKey = tuple[str, int, str]
+"""Orders segments for ties: (kind, number, path), e.g. ("memory", root index, "MEMORY.md")."""
 
-class _PositiveIdfOkapi(BM25Okapi):  # type: ignore[misc]  # rank_bm25 ships no type hints
-    """Okapi BM25 with Lucene's IDF, log(1 + (N - n + 0.5) / (n + 0.5)), which is > 0 for every N and n.
+
+def positive_idf(n_docs: int, doc_freq: int) -> float:
+    """Lucene's IDF, log(1 + (N - n + 0.5) / (n + 0.5)): > 0 for every N >= n >= 0.
 
     The classic Okapi IDF is zero or negative for a term in half or more of the documents, so
     on a two-chunk MEMORY.md the only matching chunk would score 0 and rank as noise. BM25Plus
     is not used because its delta gives every non-matching document a positive score.
     """
+    return math.log(1.0 + (n_docs - doc_freq + 0.5) / (doc_freq + 0.5))
+
+
+class PositiveIdfOkapi(BM25Okapi):  # type: ignore[misc]  # rank_bm25 ships no type hints
+    """rank_bm25's Okapi BM25 with `positive_idf`; keeps the per-term document counts it computed."""
 
     def _calc_idf(self, nd: dict[str, int]) -> None:
-        n_docs = self.corpus_size
+        self.doc_counts: dict[str, int] = nd
         for word, freq in nd.items():
-            self.idf[word] = math.log(1.0 + (n_docs - freq + 0.5) / (freq + 0.5))
+            self.idf[word] = positive_idf(self.corpus_size, freq)
+
+
+@dataclass(slots=True)
+class _Segment:
+    key: SegmentKey
+    base: int  # global id of the segment's first document
+    doc_len: list[int]
+    doc_counts: dict[str, int]  # term -> documents of this segment containing it
+    postings: dict[str, tuple[list[int], list[int]]]  # term -> (local ids, term frequencies)
+
+
+def _segment(key: SegmentKey, base: int, documents: Sequence[Sequence[str]]) -> _Segment:
+    if not any(documents):  # rank_bm25 divides by the corpus size and cannot take an empty one
+        return _Segment(key, base, [len(d) for d in documents], {}, {})
+    model = PositiveIdfOkapi([list(d) for d in documents], k1=K1, b=B)
+    ids: dict[str, list[int]] = {}
+    freqs: dict[str, list[int]] = {}
+    for local, doc_freqs in enumerate(model.doc_freqs):
+        for term, freq in doc_freqs.items():
+            ids.setdefault(term, []).append(local)
+            freqs.setdefault(term, []).append(freq)
+    postings = {t: (ids[t], freqs[t]) for t in ids}
+    return _Segment(key, base, list(model.doc_len), model.doc_counts, postings)
 
 
 class Bm25Index:
-    """An immutable BM25 index over a list of token lists (one per document).
+    """BM25 over segments of documents (token lists), updated one segment at a time.
 
-    Build once per corpus version; rank_bm25 has no incremental update, so a changed corpus
-    means a new index built from the cached token lists.
+    A document is addressed by (segment key, position in its segment). Ties in score are broken
+    by segment key, then position, so results are deterministic whatever the order of updates.
+    Not thread-safe.
     """
 
-    def __init__(self, documents: Sequence[Sequence[str]]) -> None:
-        """Index `documents`, each a token list (empty lists are allowed and never match).
+    def __init__(self) -> None:
+        """Create an empty index."""
+        self._segments: dict[SegmentKey, _Segment] = {}
+        self._doc_freq: dict[str, int] = {}
+        self._n_docs = 0
+        self._total_len = 0
+        self._next_id = 0
+        self._doc_len = np.zeros(0, dtype=np.float64)  # by global id; ids of removed segments are unused
+        # Global postings per term, built on first use and dropped when a segment with the term changes.
+        self._merged: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._term_segments: dict[str, set[SegmentKey]] = {}
+        self._order: tuple[np.ndarray, np.ndarray, list[_Segment]] | None = None
+
+    @property
+    def size(self) -> int:
+        """Number of documents in the index."""
+        return self._n_docs
+
+    def __contains__(self, key: SegmentKey) -> bool:
+        return key in self._segments
+
+    def keys(self) -> list[SegmentKey]:
+        """The keys of the segments in the index, in tie-break order."""
+        return sorted(self._segments)
+
+    def put(self, key: SegmentKey, documents: Sequence[Sequence[str]]) -> None:
+        """Add the segment `key`, replacing any segment already under that key.
 
         Args:
-            documents: One token list per document; a document's position is its id.
+            key: The segment's key (also its place in tie-breaks).
+            documents: The segment's documents as token lists; empty lists never match.
         """
-        self.size: int = len(documents)
-        self._model: _PositiveIdfOkapi | None = None
-        # Inverted postings (term -> document ids, term frequencies) so a query costs in
-        # proportion to the matching documents, not the corpus.
-        self._postings: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        if self.size == 0 or not any(documents):
-            return
-        self._model = _PositiveIdfOkapi([list(d) for d in documents], k1=K1, b=B)
-        ids: dict[str, list[int]] = {}
-        freqs: dict[str, list[int]] = {}
-        for doc_id, doc_freqs in enumerate(self._model.doc_freqs):
-            for term, freq in doc_freqs.items():
-                ids.setdefault(term, []).append(doc_id)
-                freqs.setdefault(term, []).append(freq)
-        self._postings = {t: (np.array(ids[t], dtype=np.int64), np.array(freqs[t], dtype=np.float64)) for t in ids}
-        self._norm = K1 * (1.0 - B + B * np.array(self._model.doc_len, dtype=np.float64) / self._model.avgdl)
+        self.remove(key)
+        if self._next_id + len(documents) > 2 * max(self._n_docs, 512):
+            self._compact()
+        segment = _segment(key, self._next_id, documents)
+        self._next_id += len(documents)
+        if self._doc_len.size < self._next_id:
+            grown = np.zeros(max(self._next_id, 2 * self._doc_len.size), dtype=np.float64)
+            grown[: self._doc_len.size] = self._doc_len
+            self._doc_len = grown
+        self._doc_len[segment.base : segment.base + len(documents)] = segment.doc_len
+        self._segments[key] = segment
+        self._account(segment, +1)
+
+    def remove(self, key: SegmentKey) -> None:
+        """Remove the segment `key` if present."""
+        segment = self._segments.pop(key, None)
+        if segment is not None:
+            self._account(segment, -1)
+
+    def _account(self, segment: _Segment, sign: int) -> None:
+        self._n_docs += sign * len(segment.doc_len)
+        self._total_len += sign * sum(segment.doc_len)
+        for term, count in segment.doc_counts.items():
+            left = self._doc_freq.get(term, 0) + sign * count
+            holders = self._term_segments.setdefault(term, set())
+            if sign > 0:
+                holders.add(segment.key)
+            else:
+                holders.discard(segment.key)
+            if left:
+                self._doc_freq[term] = left
+            else:
+                del self._doc_freq[term]
+                del self._term_segments[term]
+            self._merged.pop(term, None)
+        self._order = None
+
+    def _compact(self) -> None:
+        """Renumber the live documents from 0 so removed segments stop taking id space."""
+        next_id = 0
+        for key in sorted(self._segments):
+            seg = self._segments[key]
+            seg.base = next_id
+            next_id += len(seg.doc_len)
+        self._next_id = next_id
+        self._doc_len = np.zeros(next_id, dtype=np.float64)
+        for seg in self._segments.values():
+            self._doc_len[seg.base : seg.base + len(seg.doc_len)] = seg.doc_len
+        self._merged = {}
+        self._order = None
 
     def idf(self, term: str) -> float:
-        """The term's IDF (0.0 for a term in no document)."""
-        if self._model is None:
-            return 0.0
-        return float(self._model.idf.get(term, 0.0))
+        """The term's IDF over the current documents (0.0 for a term in no document)."""
+        freq = self._doc_freq.get(term)
+        return 0.0 if freq is None else positive_idf(self._n_docs, freq)
 
-    def scores(self, tokens: Sequence[str]) -> list[float]:
-        """BM25 score of every document for the query tokens (each distinct token counted once).
+    def _postings(self, term: str) -> tuple[np.ndarray, np.ndarray] | None:
+        merged = self._merged.get(term)
+        if merged is None:
+            holders = self._term_segments.get(term)
+            if not holders:
+                return None
+            ids: list[int] = []
+            tf: list[int] = []
+            for seg in (self._segments[k] for k in holders):
+                local_ids, freqs = seg.postings[term]
+                ids.extend(seg.base + i for i in local_ids)
+                tf.extend(freqs)
+            merged = self._merged[term] = (np.array(ids, dtype=np.int64), np.array(tf, dtype=np.float64))
+        return merged
+
+    def _scores(self, tokens: Sequence[str]) -> np.ndarray:
+        total = np.zeros(self._next_id, dtype=np.float64)
+        if self._n_docs == 0 or self._total_len == 0:
+            return total
+        avgdl = self._total_len / self._n_docs
+        for term in dict.fromkeys(tokens):
+            posting = self._postings(term)
+            if posting is None:
+                continue
+            ids, tf = posting
+            norm = K1 * (1.0 - B + B * self._doc_len[ids] / avgdl)
+            total[ids] += self.idf(term) * tf * (K1 + 1.0) / (tf + norm)
+        return total
+
+    def _tie_order(self) -> tuple[np.ndarray, np.ndarray, list[_Segment]]:
+        """Global id -> rank in (segment key, position) order; segment bases ascending and their segments."""
+        if self._order is None:
+            rank = np.zeros(self._next_id, dtype=np.int64)
+            position = 0
+            for key in sorted(self._segments):
+                seg = self._segments[key]
+                count = len(seg.doc_len)
+                rank[seg.base : seg.base + count] = np.arange(position, position + count)
+                position += count
+            by_base = sorted(self._segments.values(), key=lambda seg: seg.base)
+            self._order = (rank, np.array([seg.base for seg in by_base], dtype=np.int64), by_base)
+        return self._order
+
+    def scores(self, tokens: Sequence[str]) -> dict[tuple[SegmentKey, int], float]:
+        """The BM25 score of every document for the query (each distinct token counted once)."""
+        total = self._scores(tokens)
+        return {
+            (seg.key, i): float(total[seg.base + i]) for seg in self._segments.values() for i in range(len(seg.doc_len))
+        }
+
+    def ranked(self, tokens: Sequence[str], batch: int = 8) -> Iterator[tuple[SegmentKey, int, float]]:
+        """The matching documents for the query tokens, best first, sorted lazily.
 
         Args:
             tokens: The query's tokens.
+            batch: How many to sort before the first result; each further batch is 4 times larger,
+                so a caller that stops after a few results never sorts the whole match list.
 
-        Returns:
-            One score per document, 0.0 for a document sharing no token with the query.
+        Yields:
+            (segment key, position, score) with score > 0, by score descending, then segment key,
+            then position.
         """
-        total = np.zeros(self.size, dtype=np.float64)
-        if self._model is None:
-            return [0.0] * self.size
-        for term in dict.fromkeys(tokens):
-            posting = self._postings.get(term)
-            if posting is None:
-                continue
-            doc_ids, tf = posting
-            total[doc_ids] += self.idf(term) * tf * (K1 + 1.0) / (tf + self._norm[doc_ids])
-        return [float(s) for s in total]
-
-
-def build(documents: Sequence[Sequence[str]]) -> Bm25Index:
-    """Build a BM25 index over token lists (see `Bm25Index`)."""
-    return Bm25Index(documents)
-
-
-def query(index: Bm25Index, tokens: Sequence[str], k: int) -> list[tuple[int, float]]:
-    """The top `k` documents for the query tokens.
-
-    Args:
-        index: The index to search.
-        tokens: The query's tokens.
-        k: At most this many results (k <= 0 gives []).
-
-    Returns:
-        (document id, score) pairs with score > 0, by score descending then id ascending.
-    """
-    if k <= 0:
-        return []
-    scored = [(i, s) for i, s in enumerate(index.scores(tokens)) if s > 0.0]
-    scored.sort(key=lambda pair: (-pair[1], pair[0]))
-    return scored[:k]
+        total = self._scores(tokens)
+        remaining = np.flatnonzero(total > 0.0)
+        rank, bases, by_base = self._tie_order()
+        batch = max(batch, 1)
+        while remaining.size:
+            if remaining.size > batch:
+                # The `batch` best scores and everything tied with the last of them, so ties never split.
+                cut = remaining.size - batch
+                threshold = np.partition(total[remaining], cut)[cut]
+                take, remaining = remaining[total[remaining] >= threshold], remaining[total[remaining] < threshold]
+            else:
+                take, remaining = remaining, remaining[:0]
+            ordered = take[np.lexsort((rank[take], -total[take]))]
+            owners = np.searchsorted(bases, ordered, side="right") - 1
+            for doc, owner in zip(ordered.tolist(), owners.tolist(), strict=True):
+                yield by_base[owner].key, doc - by_base[owner].base, float(total[doc])
+            batch *= 4

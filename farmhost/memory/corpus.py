@@ -6,11 +6,11 @@ import errno
 import os
 import stat
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from farmhost.memory.bm25 import Bm25Index, query
+from farmhost.memory.bm25 import Bm25Index, SegmentKey
 from farmhost.memory.chunker import DEFAULT_MAX_CHARS, Chunk, chunk_markdown
 from farmhost.memory.tokenize import tokenize
 
@@ -21,6 +21,9 @@ MAX_FILE_BYTES: Final = 1 << 20
 MAX_FILES_PER_ROOT: Final = 2000
 MAX_DEPTH: Final = 16
 SNIPPET_CHARS: Final = 300
+# Segment kinds in the BM25 index; "memory" < "session" puts memory first among equal scores.
+_MEMORY: Final = "memory"
+_SESSION: Final = "session"
 
 _OPEN_DIR: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _OPEN_FILE: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -79,7 +82,7 @@ class CorpusStats:
     """Counters that show how much work the cache saved (observable by tests and the benchmark)."""
 
     files_chunked: int = 0
-    index_builds: int = 0
+    segments_indexed: int = 0
     searches: int = 0
 
 
@@ -87,12 +90,6 @@ class CorpusStats:
 class _FileEntry:
     signature: Signature
     chunks: list[Chunk]
-    tokens: list[list[str]]
-
-
-@dataclass(slots=True)
-class _RootCache:
-    files: dict[str, _FileEntry] = field(default_factory=dict)
 
 
 def _signature(st: os.stat_result) -> Signature:
@@ -207,9 +204,10 @@ def snippet(text: str, query_tokens: set[str], width: int = SNIPPET_CHARS) -> st
 class MemoryCorpus:
     """BM25 search over the markdown memory (`MEMORY.md`, `memory/**/*.md`) of several workspace roots.
 
-    Each file is chunked and tokenised once and cached by its (inode, size, mtime_ns, ctime_ns);
-    every search re-stats the files, re-reads only new or changed ones, drops removed ones, and
-    rebuilds the BM25 index from the cached token lists only when something changed.
+    Each file is one segment of an incremental BM25 index, cached by its (inode, size, mtime_ns,
+    ctime_ns): every search re-stats the files, then re-reads, re-chunks and re-indexes only the
+    new or changed ones and drops removed ones, so an edit costs in proportion to the edited file.
+    Chat messages are segments of the same index, so memory and session scores compare.
     Not thread-safe: use one instance from one thread (the daemon's event loop via to_thread).
     """
 
@@ -221,61 +219,50 @@ class MemoryCorpus:
             max_chunk_chars: The chunker's size cap.
         """
         self._roots = dict(roots)
+        self._labels = list(self._roots)
         self._max_chunk_chars = max_chunk_chars
-        self._caches: dict[str, _RootCache] = {label: _RootCache() for label in self._roots}
-        self._index: Bm25Index | None = None
-        self._docs: list[tuple[str, Chunk]] = []
-        self._memory_tokens: list[list[str]] = []
-        self._sessions: tuple[SessionDoc, ...] = ()
-        self._session_tokens: dict[int, list[str]] = {}
+        self._files: dict[str, dict[str, _FileEntry]] = {label: {} for label in self._roots}
+        self._index = Bm25Index()
+        self._sessions: dict[int, SessionDoc] = {}
         self.stats = CorpusStats()
 
-    def _refresh_root(self, label: str) -> bool:
-        cache = self._caches[label]
+    def _refresh_root(self, number: int, label: str) -> None:
+        files = self._files[label]
         current = _list_root(self._roots[label])
-        changed = False
-        for rel in [r for r in cache.files if r not in current]:
-            del cache.files[rel]
-            changed = True
+        for rel in [r for r in files if r not in current]:
+            del files[rel]
+            self._index.remove((_MEMORY, number, rel))
         for rel, sig in current.items():
-            entry = cache.files.get(rel)
+            entry = files.get(rel)
             if entry is not None and entry.signature == sig:
                 continue
             text = read_memory_file(self._roots[label], rel)
-            changed = True
             if text is None:
-                cache.files.pop(rel, None)
+                files.pop(rel, None)
+                self._index.remove((_MEMORY, number, rel))
                 continue
             chunks = chunk_markdown(rel, text, self._max_chunk_chars)
             self.stats.files_chunked += 1
-            cache.files[rel] = _FileEntry(sig, chunks, [tokenize(c.text) for c in chunks])
-        return changed
+            files[rel] = _FileEntry(sig, chunks)
+            self._index.put((_MEMORY, number, rel), [tokenize(c.text) for c in chunks])
+            self.stats.segments_indexed += 1
 
-    def refresh(self) -> None:
-        """Bring the cache and index up to date with the files (a search does this itself)."""
-        changed = False
-        for label in self._roots:
-            changed = self._refresh_root(label) or changed
-        if changed or self._index is None:
-            docs: list[tuple[str, Chunk]] = []
-            tokens: list[list[str]] = []
-            for label in self._roots:
-                files = self._caches[label].files
-                for rel in sorted(files):
-                    docs.extend((label, c) for c in files[rel].chunks)
-                    tokens.extend(files[rel].tokens)
-            self._docs = docs
-            self._memory_tokens = tokens
-            self._index = None
+    def _refresh_sessions(self, sessions: tuple[SessionDoc, ...]) -> None:
+        wanted = {doc.id: doc for doc in sessions}
+        for gone in [i for i in self._sessions if i not in wanted]:
+            del self._sessions[gone]
+            self._index.remove((_SESSION, gone, ""))
+        for doc_id, doc in wanted.items():
+            if self._sessions.get(doc_id) != doc:
+                self._sessions[doc_id] = doc
+                self._index.put((_SESSION, doc_id, ""), [tokenize(doc.text)])
+                self.stats.segments_indexed += 1
 
-    def _build(self, sessions: tuple[SessionDoc, ...]) -> Bm25Index:
-        if self._index is None or sessions != self._sessions:
-            cached = self._session_tokens
-            self._session_tokens = {d.id: cached[d.id] if d.id in cached else tokenize(d.text) for d in sessions}
-            self._sessions = sessions
-            self._index = Bm25Index([*self._memory_tokens, *(self._session_tokens[d.id] for d in sessions)])
-            self.stats.index_builds += 1
-        return self._index
+    def refresh(self, sessions: tuple[SessionDoc, ...] = ()) -> None:
+        """Bring the index up to date with the files and these chat messages (a search does this itself)."""
+        for number, label in enumerate(self._labels):
+            self._refresh_root(number, label)
+        self._refresh_sessions(sessions)
 
     def search(
         self, query_text: str, top_k: int = 8, per_file_cap: int = 3, sessions: tuple[SessionDoc, ...] = ()
@@ -289,31 +276,28 @@ class MemoryCorpus:
             sessions: Chat messages indexed beside the memory chunks, so memory and session scores compare.
 
         Returns:
-            Hits by score descending, ties in root order, then path, then line (deterministic).
+            Hits by score descending, ties in root order, then path, then line, then sessions by
+            message id (deterministic).
         """
         self.stats.searches += 1
-        self.refresh()
-        index = self._build(sessions)
+        self.refresh(sessions)
         tokens = tokenize(query_text)
         if not tokens or top_k <= 0:
             return []
         token_set = set(tokens)
-        per_file: dict[tuple[str, str], int] = {}
+        per_file: dict[SegmentKey, int] = {}
         hits: list[MemoryHit | SessionHit] = []
-        for doc_id, score in query(index, tokens, index.size):
-            if doc_id >= len(self._docs):
-                doc = sessions[doc_id - len(self._docs)]
+        for key, position, score in self._index.ranked(tokens, batch=top_k):
+            kind, number, rel = key
+            if kind == _SESSION:
+                doc = self._sessions[number]
                 hits.append(SessionHit(doc, snippet(doc.text, token_set), score))
-                if len(hits) >= top_k:
-                    break
-                continue
-            label, chunk = self._docs[doc_id]
-            key = (label, chunk.path)
-            if per_file.get(key, 0) >= per_file_cap:
-                continue
-            per_file[key] = per_file.get(key, 0) + 1
-            text = snippet(chunk.text, token_set)
-            hits.append(MemoryHit(label, chunk.path, chunk.start_line, chunk.end_line, text, score))
+            elif per_file.get(key, 0) < per_file_cap:
+                per_file[key] = per_file.get(key, 0) + 1
+                label = self._labels[number]
+                chunk = self._files[label][rel].chunks[position]
+                text = snippet(chunk.text, token_set)
+                hits.append(MemoryHit(label, chunk.path, chunk.start_line, chunk.end_line, text, score))
             if len(hits) >= top_k:
                 break
         return hits

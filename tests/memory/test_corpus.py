@@ -104,18 +104,18 @@ def test_edits_are_seen_and_unchanged_files_are_not_reread(roots: dict[str, Path
     corpus = MemoryCorpus(roots)
     assert corpus.search("cebola") == []
     assert corpus.stats.files_chunked == len(FILES)
-    builds = corpus.stats.index_builds
+    indexed = corpus.stats.segments_indexed
 
     corpus.search("tomatoes")
     assert corpus.stats.files_chunked == len(FILES)  # nothing changed: nothing re-read
-    assert corpus.stats.index_builds == builds
+    assert corpus.stats.segments_indexed == indexed
 
     campo = roots["field"] / "memory/pt/campo.md"
     campo.write_text(campo.read_text(encoding="utf-8") + "\n# Horta\nA cebola roxa foi plantada ontem.\n")
     hits = corpus.search("cebola")
     assert [(h.path, h.start_line, h.end_line) for h in hits] == [("memory/pt/campo.md", 6, 7)]
     assert corpus.stats.files_chunked == len(FILES) + 1  # only the edited file
-    assert corpus.stats.index_builds == builds + 1
+    assert corpus.stats.segments_indexed == indexed + 1
 
     new = roots["global"] / "memory" / "cebola.md"
     new.parent.mkdir()
