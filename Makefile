@@ -28,8 +28,8 @@ install: $(UV)
 	$(UV) sync --frozen --python $(PYTHON) -q
 
 lint:
-	.venv/bin/ruff check farmhost tests bench
-	.venv/bin/ruff format --check farmhost tests bench
+	.venv/bin/ruff check farmhost container tests bench
+	.venv/bin/ruff format --check farmhost container tests bench
 
 typecheck:
 	.venv/bin/mypy

@@ -44,6 +44,20 @@ class Settings(BaseSettings):
     ipc_mode: Literal["inotify", "poll"] = Field(default="inotify", validation_alias="FARMHOST_IPC_MODE")
 
     # farmhost's own knobs (not in the contract's table, documented in docs/configuration.md)
+    # Agent runs: defaults for every group; <data>/agent-limits.json may override them per group.
+    agent_timeout_seconds: float = Field(
+        default=600.0, gt=0, le=86400, validation_alias="FARMHOST_AGENT_TIMEOUT_SECONDS"
+    )
+    agent_memory_mb: int = Field(default=1024, ge=64, le=65536, validation_alias="FARMHOST_AGENT_MEMORY_MB")
+    agent_pids: int = Field(default=256, ge=8, le=65536, validation_alias="FARMHOST_AGENT_PIDS")
+    agent_output_bytes: int = Field(default=1 << 20, ge=4096, validation_alias="FARMHOST_AGENT_OUTPUT_BYTES")
+    agent_max_turns: int = Field(default=12, ge=1, le=100, validation_alias="FARMHOST_AGENT_MAX_TURNS")
+    agent_python: Path | None = Field(default=None, validation_alias="FARMHOST_AGENT_PYTHON")
+    agent_uid: int | None = Field(default=None, ge=0, validation_alias="FARMHOST_AGENT_UID")
+    memory_prompt_chars: int = Field(default=2000, ge=0, le=50000, validation_alias="FARMHOST_MEMORY_PROMPT_CHARS")
+    # Scheduler: a run missed while the host was down still runs at start if it is at most this late.
+    task_grace_seconds: float = Field(default=900.0, ge=0, validation_alias="FARMHOST_TASK_GRACE_SECONDS")
+    task_failure_alert_after: int = Field(default=3, ge=1, le=100, validation_alias="FARMHOST_TASK_FAILURE_ALERT_AFTER")
     ipc_max_request_bytes: int = Field(
         default=DEFAULT_MAX_REQUEST_BYTES, ge=1024, validation_alias="FARMHOST_IPC_MAX_REQUEST_BYTES"
     )
