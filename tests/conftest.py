@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from farmhost_testing import Daemon, init_data_dir
 
-pytest_plugins = ["ha_fixture"]  # the real Home Assistant: fixtures `ha`, `ha_env`, `ha_reset` (tests/ha/README.md)
+pytest_plugins = ["ha_fixture", "llm_stub"]  # real Home Assistant (`ha`, `ha_env`, `ha_reset`); scripted LLM `llm_stub`
 
 
 @pytest.fixture

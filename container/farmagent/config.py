@@ -1,0 +1,90 @@
+"""AgentSettings: every FARMAGENT_* environment variable, read and checked in this one place.
+
+Precedence: an explicit argument (constructor field) wins over the environment, which wins over the
+sandbox defaults below (the mount points of SPEC section 2). For the LLM, `FARMAGENT_LLM_BASE_URL` (a plain
+http(s) URL, for development) wins over `FARMAGENT_LLM_SOCKET` (the host's proxy socket).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Literal
+
+from farmagent.errors import ConfigError
+
+WaitMode = Literal["inotify", "poll"]
+WAIT_MODES: Final = ("inotify", "poll")
+
+IPC_DIR: Final = Path("/workspace/ipc")
+GROUP_DIR: Final = Path("/workspace/group")
+GLOBAL_DIR: Final = Path("/workspace/global")
+LLM_SOCKET: Final = Path("/workspace/run/llm.sock")
+# One chat completion of a small model on a busy host can take a minute; the run's own wall-time limit
+# (host side, default 600 s) bounds the whole loop.
+LLM_TIMEOUT: Final = 120.0
+LLM_MAX_RETRIES: Final = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentSettings:
+    """Where the agent's mounts are and how it reaches the host and the LLM."""
+
+    ipc_dir: Path = IPC_DIR
+    group_dir: Path = GROUP_DIR
+    global_dir: Path = GLOBAL_DIR
+    llm_socket: Path = LLM_SOCKET
+    llm_base_url: str | None = None
+    ipc_mode: WaitMode = "inotify"
+    llm_timeout: float = LLM_TIMEOUT
+    llm_max_retries: int = LLM_MAX_RETRIES
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> AgentSettings:
+        """Read the settings from `environ` (default `os.environ`).
+
+        Variables: FARMAGENT_IPC_DIR, FARMAGENT_GROUP_DIR, FARMAGENT_GLOBAL_DIR, FARMAGENT_LLM_SOCKET,
+        FARMAGENT_LLM_BASE_URL, FARMAGENT_IPC_MODE (inotify|poll), FARMAGENT_LLM_TIMEOUT (seconds),
+        FARMAGENT_LLM_MAX_RETRIES (retries of 429/5xx/connection errors by the openai client).
+
+        Raises:
+            ConfigError: a value cannot be used (names the variable).
+        """
+        env = os.environ if environ is None else environ
+
+        def get(name: str) -> str | None:
+            value = env.get(name, "").strip()
+            return value or None
+
+        base_url = get("FARMAGENT_LLM_BASE_URL")
+        if base_url is not None and not base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"FARMAGENT_LLM_BASE_URL must be an http:// or https:// URL, not {base_url!r}")
+        mode = (get("FARMAGENT_IPC_MODE") or "inotify").lower()
+        if mode not in ("inotify", "poll"):
+            raise ConfigError(f"FARMAGENT_IPC_MODE must be inotify or poll, not {mode!r}")
+        return cls(
+            ipc_dir=Path(get("FARMAGENT_IPC_DIR") or IPC_DIR),
+            group_dir=Path(get("FARMAGENT_GROUP_DIR") or GROUP_DIR),
+            global_dir=Path(get("FARMAGENT_GLOBAL_DIR") or GLOBAL_DIR),
+            llm_socket=Path(get("FARMAGENT_LLM_SOCKET") or LLM_SOCKET),
+            llm_base_url=base_url,
+            ipc_mode="poll" if mode == "poll" else "inotify",
+            llm_timeout=_number(get("FARMAGENT_LLM_TIMEOUT"), "FARMAGENT_LLM_TIMEOUT", LLM_TIMEOUT, 1, 3600),
+            llm_max_retries=int(
+                _number(get("FARMAGENT_LLM_MAX_RETRIES"), "FARMAGENT_LLM_MAX_RETRIES", LLM_MAX_RETRIES, 0, 10)
+            ),
+        )
+
+
+def _number(value: str | None, name: str, default: float, low: float, high: float) -> float:
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, not {value!r}") from None
+    if not low <= number <= high:
+        raise ConfigError(f"{name} must be between {low:g} and {high:g}, not {value}")
+    return number

@@ -1,0 +1,66 @@
+"""Sleeping until something lands in `action_results/`: inotify when it works, polling with backoff otherwise."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Final, Self
+
+from inotify_simple import INotify
+from inotify_simple import flags as f
+
+from farmagent.config import WaitMode
+
+# Polling backoff: a fast answer (ping, memory) is seen within 200 ms, a slow one (HA, screenshots) costs
+# one stat per second at most.
+POLL_STEPS: Final = (0.2, 0.5, 1.0)
+# With inotify the directory is still rescanned this often, in case an event was lost (queue overflow).
+INOTIFY_RESCAN: Final = 1.0
+
+
+class ResultWatch:
+    """A context manager that blocks in `sleep(limit)` until the results directory changes or `limit` passes.
+
+    Falls back to polling (and says so once on stderr) when inotify cannot watch the directory, for example on
+    a filesystem without inotify support or when the process ran out of inotify instances.
+    """
+
+    def __init__(self, directory: Path, *, mode: WaitMode = "inotify") -> None:
+        self.directory = directory
+        self.mode: WaitMode = mode
+        self._inotify: INotify | None = None
+        self._step = 0
+
+    def __enter__(self) -> Self:
+        if self.mode == "inotify":
+            try:
+                self._inotify = INotify()
+                self._inotify.add_watch(self.directory, f.MOVED_TO | f.CLOSE_WRITE | f.CREATE)
+            except OSError as err:
+                self._close()
+                self.mode = "poll"
+                print(f"farmagent: cannot watch {self.directory} ({err.strerror}); polling instead", file=sys.stderr)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._close()
+
+    def sleep(self, limit: float) -> None:
+        """Wait at most `limit` seconds: until an inotify event, or for the next polling step."""
+        if limit <= 0:
+            return
+        if self._inotify is not None:
+            self._inotify.read(timeout=max(1, int(min(limit, INOTIFY_RESCAN) * 1000)))
+            return
+        step = POLL_STEPS[min(self._step, len(POLL_STEPS) - 1)]
+        self._step += 1
+        time.sleep(min(limit, step))
+
+    def _close(self) -> None:
+        if self._inotify is not None:
+            self._inotify.close()
+            self._inotify = None

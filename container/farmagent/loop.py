@@ -1,0 +1,138 @@
+"""The tool-calling loop: ask the model, run the tools it calls, hand back their results, until it answers.
+
+One turn is one chat completion. A tool that fails (bad arguments, a refusal by the host, a stopped host)
+returns its error to the model as the tool result, so the model can recover; only the LLM itself failing
+ends the run with an error. The loop stops with an error after `max_turns` turns without a final answer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from farmagent.errors import LlmError
+from farmagent.llm import complete, tool_params
+from farmagent.tools import ToolOutcome, call_tool
+
+if TYPE_CHECKING:
+    import openai
+    from openai.types.chat import ChatCompletionMessage
+
+    from farmagent.ipc.client import IpcClient
+    from farmagent.tools import ToolSpec
+
+logger = logging.getLogger(__name__)
+
+# A tool result is cut here before it goes to the model: a 2000-line memory_get or every HA state would
+# otherwise fill a small model's whole context.
+MAX_TOOL_RESULT_CHARS: Final = 16_000
+
+
+@dataclass(kw_only=True)
+class LoopOutcome:
+    """How the loop ended, and the messages it added (the user prompt first)."""
+
+    status: Literal["ok", "error"]
+    answer: str | None = None
+    error: str | None = None
+    turns: int = 0
+    tool_calls: int = 0
+    added: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoopParams:
+    """What one run of the loop needs besides the clients."""
+
+    model: str
+    system: str
+    history: list[dict[str, Any]]
+    prompt: str
+    tools: tuple[ToolSpec, ...]
+    max_turns: int
+    endpoint: str
+
+
+def run_loop(llm: openai.OpenAI, ipc: IpcClient, params: LoopParams) -> LoopOutcome:
+    """Run the conversation to a final answer, an LLM error, or the turn limit."""
+    outcome = LoopOutcome(status="error", added=[{"role": "user", "content": params.prompt}])
+    offered = tool_params(params.tools)
+    names = {tool.name for tool in params.tools}
+    system = [{"role": "system", "content": params.system}]
+    while outcome.turns < params.max_turns:
+        outcome.turns += 1
+        try:
+            message = complete(
+                llm,
+                model=params.model,
+                messages=system + params.history + outcome.added,
+                tools=offered,
+                endpoint=params.endpoint,
+            )
+        except LlmError as err:
+            outcome.error = err.message
+            return outcome
+        calls = list(message.tool_calls or [])
+        outcome.added.append(_assistant(message))
+        if not calls:
+            outcome.status, outcome.answer = "ok", (message.content or "").strip() or None
+            logger.info("turn %d: final answer (%d characters)", outcome.turns, len(outcome.answer or ""))
+            return outcome
+        for call in calls:
+            outcome.tool_calls += 1
+            result = _run_call(ipc, call, names)
+            outcome.added.append({"role": "tool", "tool_call_id": call.id, "content": _cut(result.text)})
+    outcome.error = (
+        f"turn limit reached: {params.max_turns} turns without a final answer "
+        f"({outcome.tool_calls} tool calls made); raise maxTurns or simplify the request"
+    )
+    return outcome
+
+
+def _assistant(message: ChatCompletionMessage) -> dict[str, Any]:
+    entry: dict[str, Any] = {"role": "assistant", "content": message.content}
+    if message.tool_calls:
+        entry["tool_calls"] = [call.model_dump(mode="json", exclude_none=True) for call in message.tool_calls]
+    return entry
+
+
+def _run_call(ipc: IpcClient, call: Any, names: set[str]) -> ToolOutcome:
+    started = time.monotonic()
+    if getattr(call, "type", None) != "function":
+        outcome = _refusal(f"only function tools exist here, not {getattr(call, 'type', None)!r}")
+        name = "?"
+    else:
+        name = call.function.name
+        outcome = _call_function(ipc, name, call.function.arguments, names)
+    logger.info(
+        "tool %s: %s in %.0f ms",
+        name,
+        "error " + outcome.text[:200] if outcome.is_error else "ok",
+        (time.monotonic() - started) * 1000,
+    )
+    return outcome
+
+
+def _call_function(ipc: IpcClient, name: str, raw_arguments: str | None, names: set[str]) -> ToolOutcome:
+    if name not in names:
+        return _refusal(f"there is no tool {name!r} in this run; tools: {', '.join(sorted(names))}")
+    try:
+        arguments = json.loads(raw_arguments or "{}")
+    except json.JSONDecodeError as err:
+        return _refusal(f"the arguments are not valid JSON ({err}); send a JSON object")
+    if not isinstance(arguments, dict):
+        return _refusal("the arguments must be a JSON object")
+    return call_tool(ipc, name, arguments)
+
+
+def _refusal(error: str) -> ToolOutcome:
+    return ToolOutcome(is_error=True, text=json.dumps({"errorCode": "invalid_request", "error": error}))
+
+
+def _cut(text: str) -> str:
+    if len(text) <= MAX_TOOL_RESULT_CHARS:
+        return text
+    return f"{text[:MAX_TOOL_RESULT_CHARS]}\n[cut: {len(text) - MAX_TOOL_RESULT_CHARS} more characters]"

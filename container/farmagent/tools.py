@@ -1,0 +1,356 @@
+"""TOOLS: every farm operation an agent has, defined once (name, description, JSON Schema, function).
+
+The MCP server (`mcp_server.py`) and the LLM runner (`loop.py`) both serve exactly this table through
+`call_tool`, so a tool behaves the same for Claude Code over MCP and for the built-in runner. Adding an
+operation means adding a row.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from farmagent.argcheck import check, obj
+from farmagent.errors import FarmagentError, InvalidRequestError
+from farmagent.ipc.client import IpcClient
+
+_JID = {"type": "string", "minLength": 3, "maxLength": 256, "description": "chat id, e.g. telegram:-1001234"}
+_TASK_ID = {"type": "string", "minLength": 1, "maxLength": 128, "description": "the task's id (see list_tasks)"}
+_FOLDER = {"type": "string", "minLength": 1, "maxLength": 64}
+_DASHBOARD = {"type": "string", "minLength": 1, "maxLength": 64, "description": "dashboard name (default 'farm')"}
+_MAIN_DEFAULT = "Main group only, unless the farm profile opens it to other groups."
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolSpec:
+    """One tool: what the model sees (name, description, parameters) and what runs (run)."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    run: Callable[[IpcClient, dict[str, Any]], Any]
+    main_only: bool = False  # the SPEC refuses it outside main whatever the profile says
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolOutcome:
+    """What a tool call produced: JSON `text` for the model, `is_error` when it failed."""
+
+    is_error: bool
+    text: str
+
+
+TOOLS: Final[tuple[ToolSpec, ...]] = (
+    ToolSpec(
+        name="send_message",
+        description="Send a text message to a chat. Any group may message its own chat; the main group may "
+        "message any registered chat. Long text is split for Telegram, never cut. Returns {queued, chatJid, chunks}.",
+        parameters=obj(
+            {"chatJid": _JID, "text": {"type": "string", "minLength": 1, "maxLength": 65536}}, "chatJid", "text"
+        ),
+        run=lambda c, a: c.send_message(a["chatJid"], a["text"]),
+    ),
+    ToolSpec(
+        name="send_file",
+        description="Send a file from this group's workspace (a path relative to it, e.g. a screenshot's "
+        "'screenshots/x.png') to a chat, as a photo or document. Same chats as send_message.",
+        parameters=obj(
+            {
+                "chatJid": _JID,
+                "path": {"type": "string", "minLength": 1, "maxLength": 1024},
+                "caption": {"type": "string", "maxLength": 1024},
+            },
+            "chatJid",
+            "path",
+        ),
+        run=lambda c, a: c.send_file(a["chatJid"], a["path"], a.get("caption")),
+    ),
+    ToolSpec(
+        name="schedule_task",
+        description="Schedule a prompt to run as an agent later. schedule_type 'cron' (5 fields, farm's time zone, "
+        "e.g. '0 6 * * *'), 'interval' (milliseconds, at least 1000, as text or number) or 'once' (ISO-8601, farm's "
+        "local time unless an offset is given). context_mode 'group' continues the group's conversation, "
+        "'isolated' (default) starts fresh. Only main may set groupFolder to schedule for another group. "
+        "Returns {taskId, nextRun}.",
+        parameters=obj(
+            {
+                "prompt": {"type": "string", "minLength": 1, "maxLength": 16384},
+                "schedule_type": {"type": "string", "enum": ["cron", "interval", "once"]},
+                "schedule_value": {"type": ["string", "integer"]},
+                "context_mode": {"type": "string", "enum": ["isolated", "group"]},
+                "groupFolder": _FOLDER,
+                "taskId": {"type": "string", "minLength": 1, "maxLength": 128, "description": "choose the id"},
+            },
+            "prompt",
+            "schedule_type",
+            "schedule_value",
+        ),
+        run=lambda c, a: c.schedule_task(
+            a["prompt"],
+            a["schedule_type"],
+            a["schedule_value"],
+            context_mode=a.get("context_mode"),
+            group_folder=a.get("groupFolder"),
+            task_id=a.get("taskId"),
+        ),
+    ),
+    ToolSpec(
+        name="pause_task",
+        description="Pause a scheduled task (this group's own tasks; main: any task).",
+        parameters=obj({"taskId": _TASK_ID}, "taskId"),
+        run=lambda c, a: c.pause_task(a["taskId"]),
+    ),
+    ToolSpec(
+        name="resume_task",
+        description="Resume a paused task; a next run that passed while it was paused is recomputed.",
+        parameters=obj({"taskId": _TASK_ID}, "taskId"),
+        run=lambda c, a: c.resume_task(a["taskId"]),
+    ),
+    ToolSpec(
+        name="cancel_task",
+        description="Cancel a scheduled task for good (this group's own tasks; main: any task).",
+        parameters=obj({"taskId": _TASK_ID}, "taskId"),
+        run=lambda c, a: c.cancel_task(a["taskId"]),
+    ),
+    ToolSpec(
+        name="list_tasks",
+        description="List the scheduled tasks this group can see (main sees all): id, groupFolder, prompt, "
+        "schedule, context_mode, status, next_run, last_run. Reads the host's snapshot; no request.",
+        parameters=obj({}),
+        run=lambda c, a: {"tasks": c.current_tasks()},
+    ),
+    ToolSpec(
+        name="list_groups",
+        description="List the chats the host knows, registered or not (main group only; other groups get an "
+        "empty list). Reads the host's snapshot; no request.",
+        parameters=obj({}),
+        run=lambda c, a: c.available_groups(),
+        main_only=True,
+    ),
+    ToolSpec(
+        name="refresh_groups",
+        description="Re-read the known chats and rewrite the group list (main group only).",
+        parameters=obj({}),
+        run=lambda c, a: c.refresh_groups(),
+        main_only=True,
+    ),
+    ToolSpec(
+        name="register_group",
+        description="Register a chat as a new group with its own workspace (main group only). folder: 1-64 "
+        "letters, digits, '_' or '-'; not 'global' or 'errors'. A new group is never the main group.",
+        parameters=obj(
+            {
+                "jid": _JID,
+                "name": {"type": "string", "minLength": 1, "maxLength": 200},
+                "folder": _FOLDER,
+                "trigger": {"type": "string", "minLength": 1, "maxLength": 100, "description": "e.g. @farm"},
+                "requiresTrigger": {"type": "boolean"},
+            },
+            "jid",
+            "name",
+            "folder",
+        ),
+        run=lambda c, a: c.register_group(a["jid"], a["name"], a["folder"], a.get("trigger"), a.get("requiresTrigger")),
+        main_only=True,
+    ),
+    ToolSpec(
+        name="ping",
+        description="Check that the farm host answers. Returns {pong, version, startedAt}.",
+        parameters=obj({}),
+        run=lambda c, a: c.ping(),
+    ),
+    ToolSpec(
+        name="memory_search",
+        description="Search the farm's memory: this group's MEMORY.md and memory/*.md, the global farm memory, and "
+        "(sources 'sessions' or 'all') this group's chat history. Returns {hits: [{citation, groupFolder, snippet, "
+        "score, ...}]}; open a hit with memory_get. Other groups' memory: main only.",
+        parameters=obj(
+            {
+                "query": {"type": "string", "minLength": 1, "maxLength": 2000},
+                "topK": {"type": "integer", "minimum": 1, "maximum": 64},
+                "sources": {"type": "string", "enum": ["memory", "sessions", "all"]},
+                "groupFolder": _FOLDER,
+            },
+            "query",
+        ),
+        run=lambda c, a: c.memory_search(
+            a["query"], top_k=a.get("topK"), sources=a.get("sources"), group_folder=a.get("groupFolder")
+        ),
+    ),
+    ToolSpec(
+        name="memory_get",
+        description="Read lines of a memory file: 'MEMORY.md' or 'memory/<name>.md' of this group, or of the "
+        "global memory with groupFolder 'global'. from: first line (1-based), lines: how many (default 200). "
+        "Returns {text, totalLines, truncated, nextFrom}.",
+        parameters=obj(
+            {
+                "path": {"type": "string", "minLength": 1, "maxLength": 1024},
+                "groupFolder": _FOLDER,
+                "from": {"type": "integer", "minimum": 1},
+                "lines": {"type": "integer", "minimum": 1, "maximum": 2000},
+            },
+            "path",
+        ),
+        run=lambda c, a: c.memory_get(
+            a["path"], group_folder=a.get("groupFolder"), from_line=a.get("from"), lines=a.get("lines")
+        ),
+    ),
+    ToolSpec(
+        name="ha_get_status",
+        description="Current Home Assistant states, filtered: an entity is returned when it is in entityIds or its "
+        f"domain is in domains (none given: all). Unknown ids are listed in 'missing'. {_MAIN_DEFAULT}",
+        parameters=obj(
+            {
+                "entityIds": {"type": "array", "items": {"type": "string"}, "maxItems": 500},
+                "domains": {"type": "array", "items": {"type": "string"}, "maxItems": 100},
+            }
+        ),
+        run=lambda c, a: c.ha_get_status(a.get("entityIds"), a.get("domains")),
+    ),
+    ToolSpec(
+        name="ha_call_service",
+        description="Call a Home Assistant service, e.g. domain 'switch', service 'turn_on', target "
+        "{'entity_id': 'switch.irrigation_pump'}. Returns the states it changed. Host-level domains (homeassistant, "
+        f"hassio, shell_command, ...) are never allowed; the farm profile may narrow further. {_MAIN_DEFAULT}",
+        parameters=obj(
+            {
+                "domain": {"type": "string", "minLength": 1, "maxLength": 64},
+                "service": {"type": "string", "minLength": 1, "maxLength": 64},
+                "data": {"type": "object"},
+                "target": {"type": "object"},
+            },
+            "domain",
+            "service",
+        ),
+        run=lambda c, a: c.ha_call_service(a["domain"], a["service"], a.get("data"), a.get("target")),
+    ),
+    ToolSpec(
+        name="ha_set_entity",
+        description="Set one entity: input_number/number to a number in its range; input_boolean/switch/light/fan "
+        "on or off (true/false, 'on'/'off'); input_select/select to one of its options. Returns the state read back "
+        f"and whether it is confirmed. {_MAIN_DEFAULT}",
+        parameters=obj(
+            {
+                "entityId": {"type": "string", "minLength": 3, "maxLength": 255},
+                "value": {"type": ["number", "string", "boolean"]},
+            },
+            "entityId",
+            "value",
+        ),
+        run=lambda c, a: c.ha_set_entity(a["entityId"], a["value"]),
+    ),
+    ToolSpec(
+        name="ha_restart",
+        description="Restart Home Assistant and wait until it runs again (up to a few minutes on a Raspberry Pi). "
+        f"Use only when asked to. {_MAIN_DEFAULT}",
+        parameters=obj({}),
+        run=lambda c, a: c.ha_restart(),
+    ),
+    ToolSpec(
+        name="ha_dashboard_get",
+        description="Read the staged Lovelace dashboard (its views, config and YAML), or one view by viewPath. "
+        f"{_MAIN_DEFAULT}",
+        parameters=obj({"dashboard": _DASHBOARD, "viewPath": {"type": "string", "minLength": 1, "maxLength": 64}}),
+        run=lambda c, a: c.ha_dashboard_get(a.get("dashboard"), a.get("viewPath")),
+    ),
+    ToolSpec(
+        name="ha_dashboard_validate",
+        description="Check the staged dashboard, or YAML given in content (not both): syntax, structure and, with "
+        f"checkEntities, entity ids Home Assistant does not know. Returns {{valid, errors, warnings}}. {_MAIN_DEFAULT}",
+        parameters=obj(
+            {
+                "dashboard": _DASHBOARD,
+                "content": {"type": "string", "minLength": 1, "maxLength": 262144},
+                "checkEntities": {"type": "boolean"},
+            }
+        ),
+        run=lambda c, a: c.ha_dashboard_validate(a.get("dashboard"), a.get("content"), a.get("checkEntities")),
+    ),
+    ToolSpec(
+        name="ha_dashboard_patch",
+        description="Change the staged dashboard with operations (all or nothing, comments kept): add_view, "
+        "update_view, remove_view, move_view, add_card, update_card, remove_card, move_card, set_theme; each an "
+        "object with 'op' and its fields (docs/dashboards.md). dryRun shows the diff without writing. "
+        f"{_MAIN_DEFAULT}",
+        parameters=obj(
+            {
+                "operations": {"type": "array", "items": {"type": "object"}, "minItems": 1, "maxItems": 100},
+                "dashboard": _DASHBOARD,
+                "dryRun": {"type": "boolean"},
+            },
+            "operations",
+        ),
+        run=lambda c, a: c.ha_dashboard_patch(a["operations"], a.get("dashboard"), a.get("dryRun")),
+    ),
+    ToolSpec(
+        name="ha_apply_dashboard",
+        description="Validate the staged dashboard and push it to Home Assistant, backing up what HA had. "
+        f"{_MAIN_DEFAULT}",
+        parameters=obj({"dashboard": _DASHBOARD, "backup": {"type": "boolean"}}),
+        run=lambda c, a: c.ha_apply_dashboard(a.get("dashboard"), a.get("backup")),
+    ),
+    ToolSpec(
+        name="ha_capture_screenshot",
+        description="Take a PNG screenshot of a dashboard view into this group's workspace; returns its path "
+        "(send it with send_file). width 320-3840, height 240-2160, zoom 0.5-3, waitMs 0-15000 extra wait. "
+        f"{_MAIN_DEFAULT}",
+        parameters=obj(
+            {
+                "dashboard": _DASHBOARD,
+                "view": {"type": "string", "minLength": 1, "maxLength": 64},
+                "width": {"type": "integer", "minimum": 320, "maximum": 3840},
+                "height": {"type": "integer", "minimum": 240, "maximum": 2160},
+                "zoom": {"type": "number", "minimum": 0.5, "maximum": 3},
+                "waitMs": {"type": "integer", "minimum": 0, "maximum": 15000},
+                "selector": {"type": "string", "minLength": 1, "maxLength": 200},
+            }
+        ),
+        run=lambda c, a: c.ha_capture_screenshot(
+            a.get("dashboard"),
+            a.get("view"),
+            a.get("width"),
+            a.get("height"),
+            a.get("zoom"),
+            a.get("waitMs"),
+            a.get("selector"),
+        ),
+    ),
+    ToolSpec(
+        name="farm_state_refresh",
+        description=f"Poll Home Assistant now and rewrite the farm-state files. {_MAIN_DEFAULT}",
+        parameters=obj({}),
+        run=lambda c, a: c.farm_state_refresh(),
+    ),
+)
+
+TOOLS_BY_NAME: Final = {tool.name: tool for tool in TOOLS}
+
+
+def tools_for(*, is_main: bool) -> tuple[ToolSpec, ...]:
+    """The tools worth offering to a group: tools the SPEC reserves for main are left out elsewhere."""
+    return tuple(tool for tool in TOOLS if is_main or not tool.main_only)
+
+
+def call_tool(client: IpcClient, name: str, arguments: Mapping[str, Any] | None) -> ToolOutcome:
+    """Check the arguments, run the tool and turn its result or its error into JSON text.
+
+    Errors the model can act on (bad arguments, a refusal by the host with its `errorCode`, a stopped host, no
+    result in time) come back as `is_error` outcomes: `{"errorCode": ..., "error": ...}`. Anything else is a
+    bug and propagates.
+    """
+    tool = TOOLS_BY_NAME.get(name)
+    try:
+        if tool is None:
+            raise InvalidRequestError(f"there is no tool {name!r}; tools: {', '.join(TOOLS_BY_NAME)}")
+        args = dict(arguments or {})
+        check(tool.parameters, args)
+        result = tool.run(client, args)
+    except FarmagentError as err:
+        return ToolOutcome(is_error=True, text=_dump({"errorCode": err.code, "error": err.message}))
+    return ToolOutcome(is_error=False, text=_dump(result))
+
+
+def _dump(document: Any) -> str:
+    return json.dumps(document, ensure_ascii=False)
