@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -143,8 +144,21 @@ class Settings(BaseSettings):
 
     @property
     def runtime(self) -> str:
-        """The agent runtime: the configured one, else docker when its CLI exists, else bwrap."""
-        return self.agent_runtime or ("docker" if shutil.which("docker") else "bwrap")
+        """The agent runtime: the configured one, else docker when its CLI and engine are there, else bwrap."""
+        return self.agent_runtime or ("docker" if shutil.which("docker") and _docker_engine_present() else "bwrap")
+
+
+def _docker_engine_present() -> bool:
+    """Whether a Docker engine is configured: DOCKER_HOST set, or the default socket exists.
+
+    A docker CLI without an engine (common on CI machines) must not make every agent run fail.
+    """
+    if os.environ.get("DOCKER_HOST"):
+        return True
+    try:
+        return stat.S_ISSOCK(os.stat("/var/run/docker.sock").st_mode)
+    except OSError:
+        return False
 
 
 def load_settings(*, data_dir: Path | None = None, env_file: str | None = ".env") -> Settings:

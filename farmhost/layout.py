@@ -72,6 +72,16 @@ class DataLayout:
         return self.root / "outbox-files"
 
     @property
+    def run(self) -> Path:
+        """Host-made runtime files shared with sandboxes: one directory per group (its LLM proxy socket)."""
+        return self.root / "run"
+
+    @property
+    def agent_limits(self) -> Path:
+        """Per-group overrides of the agent run limits (optional)."""
+        return self.root / "agent-limits.json"
+
+    @property
     def lock_path(self) -> Path:
         """Held by the running daemon so that a second one refuses to start."""
         return self.root / "farmhost.lock"
@@ -83,6 +93,23 @@ class DataLayout:
     def workspace(self, folder: str) -> Path:
         """A group's workspace."""
         return self.groups / folder
+
+    def group_run(self, folder: str) -> Path:
+        """A group's runtime directory, mounted read-only at `/workspace/run` in its sandbox."""
+        return self.run / folder
+
+    def run_logs(self, folder: str) -> Path:
+        """Where a group's agent run logs go (`run-<runId>.log`, inside its workspace)."""
+        return self.workspace(folder) / "logs"
+
+    def create_group_run(self, folder: str) -> Path:
+        """Create `run/` (host-private, 0700) and the group's directory in it (0755: any sandbox uid may enter)."""
+        self.run.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(self.run, 0o700)
+        path = self.group_run(folder)
+        path.mkdir(mode=0o755, exist_ok=True)
+        os.chmod(path, 0o755)
+        return path
 
     def create(self) -> None:
         """Create the top-level layout (idempotent)."""

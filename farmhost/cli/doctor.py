@@ -7,11 +7,15 @@ import json
 import os
 import shutil
 import sqlite3
+import subprocess
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
 from typing import Final, Literal, cast
 
+from farmhost.agents.backends.base import SandboxError
+from farmhost.agents.backends.host import find_python_install_sync
+from farmhost.agents.limits import LimitsFile, default_limits, explain
 from farmhost.config import Settings
 from farmhost.farm.policy import load_profile, profile_report
 from farmhost.layout import DataLayout
@@ -44,6 +48,7 @@ def doctor(args: argparse.Namespace, settings: Settings) -> int:
         _home_assistant(settings),
         _telegram(settings),
         _runtime(settings),
+        _agent_limits(settings),
         _llm(settings),
         _farm_profile(settings),
         _disk(settings),
@@ -175,7 +180,60 @@ def _runtime(settings: Settings) -> Check:
     if binary is None:
         fix = "apt-get install bubblewrap" if runtime == "bwrap" else f"install {runtime} or set FARMHOST_AGENT_RUNTIME"
         return Check("sandbox", "broken", f"{runtime} not found on PATH", fix)
-    return Check("sandbox", "ok", f"{runtime} ({binary})")
+    if runtime == "bwrap":
+        return _bwrap(binary, settings)
+    return _engine(runtime, binary)
+
+
+def _engine(runtime: str, binary: str) -> Check:
+    """Check that the docker/podman CLI reaches its engine."""
+    try:
+        done = subprocess.run([binary, "info"], capture_output=True, text=True, timeout=PROBE_TIMEOUT, check=False)
+        reason = None if done.returncode == 0 else (done.stderr.strip().splitlines() or ["no answer"])[-1]
+    except (OSError, subprocess.TimeoutExpired) as err:
+        reason = str(err)
+    if reason is not None:
+        fix = f"start the {runtime} engine, or set FARMHOST_AGENT_RUNTIME=bwrap"
+        return Check("sandbox", "broken", f"{runtime} ({binary}) cannot reach its engine: {reason}", fix)
+    return Check("sandbox", "ok", f"{runtime} ({binary}), engine running")
+
+
+def _bwrap(binary: str, settings: Settings) -> Check:
+    """Check that bwrap can make its namespaces here and that the agent interpreter can import farmagent."""
+    try:
+        python = find_python_install_sync(settings.agent_python)
+    except SandboxError as err:
+        return Check("sandbox", "broken", err.message, "set FARMHOST_AGENT_PYTHON to a Python 3.11+ with farmagent")
+    if python.farmagent is None:
+        detail = f"the agent interpreter {python.executable} cannot import farmagent"
+        return Check("sandbox", "broken", detail, "install farmagent into it (uv sync) or set FARMHOST_AGENT_PYTHON")
+    trial = [binary, "--unshare-all", "--unshare-user", "--die-with-parent", "--ro-bind", "/", "/", "true"]
+    try:
+        done = subprocess.run(trial, capture_output=True, text=True, timeout=PROBE_TIMEOUT, check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return Check("sandbox", "broken", f"bwrap does not run: {err}", "apt-get install --reinstall bubblewrap")
+    if done.returncode != 0:
+        return Check(
+            "sandbox",
+            "broken",
+            f"bwrap cannot create its namespaces: {done.stderr.strip()}",
+            "allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1) or use docker",
+        )
+    return Check("sandbox", "ok", f"bwrap ({binary}), agent interpreter {python.executable}")
+
+
+def _agent_limits(settings: Settings) -> Check:
+    path = DataLayout(settings.data_dir).agent_limits
+    limits = default_limits(settings)
+    defaults = f"{limits.timeout_seconds:g} s, {limits.memory_mb} MB, {limits.pids} processes, {limits.max_turns} turns"
+    try:
+        parsed = LimitsFile.model_validate(json.loads(path.read_bytes()))
+    except FileNotFoundError:
+        return Check("agent limits", "ok", f"every group: {defaults} (no {path.name})")
+    except (OSError, ValueError) as err:
+        fix = f"correct {path} (docs/agent-runtime.md); until then every group runs with the defaults"
+        return Check("agent limits", "broken", f"{path}: {explain(err)}", fix)
+    return Check("agent limits", "ok", f"defaults {defaults}; {len(parsed.groups)} group override(s) in {path.name}")
 
 
 def _llm(settings: Settings) -> Check:

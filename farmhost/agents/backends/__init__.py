@@ -1,0 +1,120 @@
+"""Sandbox backends, one module each, and the factory that picks one from the settings."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Final
+
+from farmhost.agents.backends.base import (
+    LaunchPlan,
+    Mount,
+    RunLimits,
+    SandboxBackend,
+    SandboxError,
+    SandboxSpec,
+    ensure_no_secrets,
+)
+from farmhost.agents.backends.bwrap import BwrapBackend
+from farmhost.agents.backends.docker import DockerBackend, cli_env
+from farmhost.agents.backends.host import find_python_install_sync, system_entries
+from farmhost.agents.backends.podman import PodmanBackend
+from farmhost.agents.backends.process import ProcessBackend
+from farmhost.config import Settings
+
+__all__ = [
+    "BwrapBackend",
+    "DockerBackend",
+    "LaunchPlan",
+    "Mount",
+    "PodmanBackend",
+    "ProcessBackend",
+    "RunLimits",
+    "SandboxBackend",
+    "SandboxError",
+    "SandboxSpec",
+    "cleanup_orphans",
+    "create_backend",
+    "ensure_no_secrets",
+]
+
+logger = logging.getLogger(__name__)
+
+# Listing and removing containers is quick when the engine is up; a wedged engine must not block the start.
+ENGINE_TIMEOUT: Final = 30.0
+
+
+def container_user(settings: Settings) -> tuple[int, int]:
+    """The uid:gid of docker/podman runs: FARMHOST_AGENT_UID, else the owner of the data directory."""
+    info = os.stat(settings.data_dir)
+    if settings.agent_uid is not None:
+        return settings.agent_uid, settings.agent_uid
+    return info.st_uid, info.st_gid
+
+
+async def create_backend(settings: Settings) -> SandboxBackend:
+    """The backend of `settings.runtime`, with what it needs of the host looked up once.
+
+    Raises:
+        SandboxError: the runtime's program is missing, or the agent interpreter cannot be inspected.
+    """
+    runtime = settings.runtime
+    if runtime == "process":
+        logger.warning("agent runtime 'process': agents run WITHOUT isolation (development only)")
+        return ProcessBackend(python=settings.agent_python or Path(sys.executable))
+    binary = shutil.which(runtime)
+    if binary is None:
+        raise SandboxError(f"agent runtime {runtime!r}: {runtime} is not installed (or set FARMHOST_AGENT_RUNTIME)")
+    if runtime == "bwrap":
+        python = await asyncio.to_thread(find_python_install_sync, settings.agent_python)
+        if python.farmagent is None:
+            logger.error("the agent interpreter %s cannot import farmagent; agent runs will fail", python.executable)
+        return BwrapBackend(bwrap=binary, python=python, system=system_entries())
+    user = container_user(settings)
+    if user[0] == 0:
+        logger.warning("agent containers run as uid 0 (the data dir is owned by root); set FARMHOST_AGENT_UID")
+    image, root, environ = settings.agent_image, str(settings.data_dir), cli_env(os.environ)
+    if runtime == "podman":
+        return PodmanBackend(image=image, user=user, data_root=root, environ=environ, rootless=os.geteuid() != 0)
+    return DockerBackend(image=image, user=user, data_root=root, environ=environ)
+
+
+async def cleanup_orphans(backend: SandboxBackend) -> int:
+    """Remove containers left by an earlier daemon of this data dir (docker/podman); returns how many."""
+    if not isinstance(backend, DockerBackend):
+        return 0  # bwrap and process runs die with the daemon (--die-with-parent, or the session)
+    listing, remove = backend.orphan_commands()
+    out = await _engine(listing)
+    if out is None:
+        return 0
+    ids = out.split()
+    if ids and await _engine((*remove, *ids)) is not None:
+        logger.warning("removed %d agent container(s) left by an earlier run of farmhost", len(ids))
+        return len(ids)
+    return 0
+
+
+async def _engine(argv: tuple[str, ...]) -> str | None:
+    """Run an engine command; None (logged) when the engine is absent or refuses."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+    except OSError as error:
+        logger.warning("%s: cannot clean up old agent containers: %s", argv[0], error)
+        return None
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), ENGINE_TIMEOUT)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        logger.warning("%s: cannot clean up old agent containers: no answer within %g s", argv[0], ENGINE_TIMEOUT)
+        return None
+    if proc.returncode != 0:
+        logger.warning("%s: cannot clean up old agent containers: %s", argv[0], err.decode(errors="replace").strip())
+        return None
+    return out.decode()

@@ -1,0 +1,123 @@
+"""The sandbox seam: what a run needs (SandboxSpec) and what a backend turns it into (LaunchPlan)."""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from farmhost.errors import FarmhostError
+
+
+class SandboxError(FarmhostError):
+    """A run cannot be launched safely (a secret would leak, a path cannot be mounted, ...)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mount:
+    """A host path made visible inside the sandbox."""
+
+    source: Path
+    target: str
+    read_only: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunLimits:
+    """What one run may use: wall time, memory, processes and LLM turns."""
+
+    timeout_seconds: float
+    memory_mb: int
+    pids: int
+    max_turns: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxSpec:
+    """Everything a backend needs to start one agent run; paths in `env`, `argv` and `workdir` are sandbox paths."""
+
+    folder: str
+    run_id: str
+    mounts: tuple[Mount, ...]
+    env: Mapping[str, str]
+    argv: tuple[str, ...] | None  # None: the agent runner (`python -m farmagent.run`)
+    workdir: str
+    limits: RunLimits
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def host_path(self, sandbox_path: str) -> str | None:
+        """The host path behind a sandbox path, through the most specific mount (None when unmounted)."""
+        for mount in sorted(self.mounts, key=lambda m: len(m.target), reverse=True):
+            if sandbox_path == mount.target or sandbox_path.startswith(mount.target + "/"):
+                return str(mount.source) + sandbox_path[len(mount.target) :]
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchPlan:
+    """The exact host process to start for a run, and how to stop it."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]  # the environment of the launched host process (never the daemon's own)
+    cwd: Path | None = None
+    # (resource, limit) pairs set in the child before exec; inherited by everything it starts.
+    rlimits: tuple[tuple[int, int], ...] = ()
+    # SIGTERM goes to every descendant of the launched process; also to its process group when this is set
+    # (the process itself is the agent, or a CLI that forwards signals). bwrap dies on SIGTERM and would take
+    # the agent down with SIGKILL (--die-with-parent) before it could clean up, so it is left out there.
+    signal_leader: bool = True
+    kill_argv: tuple[str, ...] | None = None  # run after SIGKILL when the sandbox lives outside the process tree
+
+
+class SandboxBackend(Protocol):
+    """Turns a SandboxSpec into a LaunchPlan; one implementation per runtime (docker, podman, bwrap, process)."""
+
+    @property
+    def name(self) -> str:
+        """The runtime's name (`docker`, `podman`, `bwrap`, `process`)."""
+        ...
+
+    @property
+    def isolated(self) -> bool:
+        """Whether runs are sandboxed at all (`process` is not)."""
+        ...
+
+    def plan(self, spec: SandboxSpec) -> LaunchPlan:
+        """The process to start for `spec` (pure: no I/O)."""
+        ...
+
+
+def rlimits_for(limits: RunLimits) -> tuple[tuple[int, int], ...]:
+    """The rlimits of a run started directly on the host (bwrap, process).
+
+    RLIMIT_AS caps the address space of each process, a close stand-in for memory. RLIMIT_NPROC counts every
+    process of the *real uid*, and the kernel does not apply it to uid 0 at all: under a root daemon it binds
+    nothing, under a dedicated user it is a ceiling for all that user's processes. The exact per-run limits
+    come from the cgroup controllers: docker/podman `--memory`/`--pids-limit`, and for bwrap the systemd unit's
+    `MemoryMax=`/`TasksMax=` around the whole daemon (docs/agent-runtime.md).
+    """
+    memory = limits.memory_mb * 1024 * 1024
+    return (
+        (resource.RLIMIT_AS, memory),
+        (resource.RLIMIT_NPROC, limits.pids),
+        (resource.RLIMIT_CORE, 0),  # no core files of an agent in its workspace
+    )
+
+
+def ensure_no_secrets(plan: LaunchPlan, secrets: Iterable[str | None]) -> None:
+    """Refuse a plan whose arguments or environment contain a secret (defence in depth; the spec never has one).
+
+    Raises:
+        SandboxError: naming where the secret was found, never the secret.
+    """
+    for secret in secrets:
+        if not secret or len(secret) < 4:
+            continue
+        for index, arg in enumerate(plan.argv):
+            if secret in arg:
+                raise SandboxError(f"refusing to start the agent: argument {index} holds a secret")
+        for key, value in plan.env.items():
+            if secret in value or secret in key:
+                raise SandboxError(f"refusing to start the agent: environment variable {key} holds a secret")

@@ -1,0 +1,97 @@
+"""docker: `docker run --rm` of the agent image with the run's mounts, no network, a non-root uid and limits."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from farmhost.agents.backends.base import LaunchPlan, SandboxError, SandboxSpec
+
+RUNNER: Final = ("python", "-m", "farmagent.run")
+RUN_LABEL: Final = "farmhost.run"
+GROUP_LABEL: Final = "farmhost.group"
+DATA_LABEL: Final = "farmhost.data"
+# What the engine's CLI needs from the daemon's environment to find the engine; nothing else reaches it.
+CLI_ENV: Final = ("PATH", "HOME", "XDG_RUNTIME_DIR", "DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT",
+                  "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY", "CONTAINER_HOST", "CONTAINERS_CONF")  # fmt: skip
+
+
+def cli_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The engine CLI's environment: only the variables that locate the engine."""
+    env = {key: environ[key] for key in CLI_ENV if key in environ}
+    env.setdefault("PATH", os.defpath)
+    return env
+
+
+@dataclass(frozen=True, kw_only=True)
+class DockerBackend:
+    """Runs the agent in a fresh container of `image`; the container is removed when the run ends."""
+
+    image: str
+    user: tuple[int, int]  # uid, gid inside the container (the data dir's owner, or FARMHOST_AGENT_UID)
+    data_root: str  # labels the containers of this data directory, so clean-up never touches another's
+    environ: Mapping[str, str] = field(default_factory=dict)  # the daemon's environment, filtered by cli_env
+    engine: str = "docker"
+    name: str = "docker"
+    isolated: bool = True
+
+    def plan(self, spec: SandboxSpec) -> LaunchPlan:
+        """The `docker run` command line."""
+        argv = [self.engine, *self._run_args(spec), self.image]
+        argv += spec.argv if spec.argv is not None else RUNNER
+        container = self.container_name(spec)
+        return LaunchPlan(
+            argv=tuple(argv),
+            env=cli_env(self.environ),
+            kill_argv=(self.engine, "rm", "-f", container),
+        )
+
+    def container_name(self, spec: SandboxSpec) -> str:
+        """A name per run, so that a run can be removed even when its CLI process is gone."""
+        return f"farmhost-{spec.folder}-{spec.run_id}"
+
+    def _run_args(self, spec: SandboxSpec) -> list[str]:
+        uid, gid = self.user
+        limits = spec.limits
+        args = [
+            "run", "--rm", "-i", "--init",
+            "--name", self.container_name(spec),
+            "--network", "none",
+            "--user", f"{uid}:{gid}",
+            "--memory", f"{limits.memory_mb}m",
+            "--memory-swap", f"{limits.memory_mb}m",  # the same value: no swap on top of the memory limit
+            "--pids-limit", str(limits.pids),
+            "--cap-drop", "ALL",
+            "--security-opt", "no-new-privileges",
+            "--read-only",
+            "--tmpfs", "/tmp",
+            "--workdir", spec.workdir,
+            "--label", f"{GROUP_LABEL}={spec.folder}",
+            "--label", f"{RUN_LABEL}={spec.run_id}",
+            "--label", f"{DATA_LABEL}={self.data_root}",
+        ]  # fmt: skip
+        args += self._engine_args()
+        for key, value in sorted(spec.labels.items()):
+            args += ["--label", f"{key}={value}"]
+        for mount in spec.mounts:
+            source = str(mount.source)
+            if ":" in source or "," in source:
+                raise SandboxError(f"{source} cannot be mounted by {self.engine}: its path contains ':' or ','")
+            args += ["-v", f"{source}:{mount.target}" + (":ro" if mount.read_only else "")]
+        for key, value in sorted(spec.env.items()):
+            args += ["-e", f"{key}={value}"]
+        return args
+
+    def _engine_args(self) -> list[str]:
+        return []
+
+    def orphan_commands(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The command listing this data dir's leftover agent containers, and the prefix that removes them."""
+        listing = (
+            self.engine, "ps", "-aq",
+            "--filter", f"label={RUN_LABEL}",
+            "--filter", f"label={DATA_LABEL}={self.data_root}",
+        )  # fmt: skip
+        return listing, (self.engine, "rm", "-f")

@@ -1,0 +1,100 @@
+"""Run limits per group: the settings' defaults, overridden by `<data>/agent-limits.json` when it is valid."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from farmhost.agents.backends.base import RunLimits
+from farmhost.config import Settings
+
+logger = logging.getLogger(__name__)
+
+
+class LimitsOverride(BaseModel):
+    """Some of a run's limits; the ones left out keep the value from the level below."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    timeoutSeconds: float | None = Field(default=None, gt=0, le=86400)  # the file's camelCase keys
+    memoryMb: int | None = Field(default=None, ge=64, le=65536)
+    pids: int | None = Field(default=None, ge=8, le=65536)
+    maxTurns: int | None = Field(default=None, ge=1, le=100)
+
+    def apply(self, limits: RunLimits) -> RunLimits:
+        """`limits` with the values this override sets."""
+        return RunLimits(
+            timeout_seconds=self.timeoutSeconds if self.timeoutSeconds is not None else limits.timeout_seconds,
+            memory_mb=self.memoryMb if self.memoryMb is not None else limits.memory_mb,
+            pids=self.pids if self.pids is not None else limits.pids,
+            max_turns=self.maxTurns if self.maxTurns is not None else limits.max_turns,
+        )
+
+
+class LimitsFile(BaseModel):
+    """`agent-limits.json`: `{"default": {...}, "groups": {"<folder>": {...}}}`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    default: LimitsOverride = LimitsOverride()
+    groups: dict[str, LimitsOverride] = {}
+
+
+def default_limits(settings: Settings) -> RunLimits:
+    """The limits of every run when no file overrides them (FARMHOST_AGENT_* settings)."""
+    return RunLimits(
+        timeout_seconds=settings.agent_timeout_seconds,
+        memory_mb=settings.agent_memory_mb,
+        pids=settings.agent_pids,
+        max_turns=settings.agent_max_turns,
+    )
+
+
+class LimitsReader:
+    """Reads the limits file when it changes; a broken file is reported once and the defaults apply."""
+
+    def __init__(self, path: Path, defaults: RunLimits) -> None:
+        self._path = path
+        self._defaults = defaults
+        self._seen: tuple[int, int] | None = None
+        self._file = LimitsFile()
+
+    def limits(self, folder: str) -> RunLimits:
+        """The limits of `folder`'s next run."""
+        parsed = self._load()
+        limits = parsed.default.apply(self._defaults)
+        override = parsed.groups.get(folder)
+        return override.apply(limits) if override is not None else limits
+
+    def _load(self) -> LimitsFile:
+        try:
+            info = self._path.stat()
+        except FileNotFoundError:
+            self._seen, self._file = None, LimitsFile()
+            return self._file
+        stamp = (info.st_mtime_ns, info.st_size)
+        if stamp != self._seen:
+            self._seen = stamp
+            self._file = self._parse()
+        return self._file
+
+    def _parse(self) -> LimitsFile:
+        try:
+            return LimitsFile.model_validate(json.loads(self._path.read_bytes()))
+        except (OSError, ValueError) as err:
+            logger.error("%s: %s; every group runs with the default limits until it is fixed", self._path, explain(err))
+            return LimitsFile()
+
+
+def explain(err: Exception) -> str:
+    """One line saying what is wrong with the limits file, naming the field."""
+    if isinstance(err, ValidationError):
+        first = err.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the top level"
+        return f"{where}: {first['msg']}" + (f" (got {first['input']!r})" if first["type"] != "missing" else "")
+    if isinstance(err, json.JSONDecodeError):
+        return f"not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"
+    return str(err)

@@ -1,0 +1,157 @@
+"""Per-run log files in a group's `logs/`: what they say, written without following anything the agent planted."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shlex
+import stat
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Final
+
+from farmhost.agents.backends.base import RunLimits
+from farmhost.agents.inputs import AgentResult
+from farmhost.agents.jobs import AgentJob, AgentOutcome
+from farmhost.agents.launch import Exit
+from farmhost.agents.proxy import ProxyUsage
+from farmhost.store.db import iso, now_utc
+from farmhost.store.groups import Group
+
+LOGS_DIR: Final = "logs"
+# The log keeps the prompt for reference; a pasted document need not be kept whole.
+PROMPT_LOG_CHARS: Final = 2000
+# Enough history to look back over a few weeks of hourly tasks; each log is at most ~2x the output cap.
+RUN_LOGS_KEPT: Final = 200
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def log_name(run_id: str) -> str:
+    """The file name of a run's log."""
+    return f"run-{run_id}.log"
+
+
+def write_run_log_sync(workspace: Path, run_id: str, text: str) -> Path:
+    """Write `logs/run-<runId>.log` in `workspace` and prune the oldest logs (blocking; run it in a thread).
+
+    `logs/` lives in the agent's workspace, so the agent may have replaced it (or the file) with a symlink: every
+    step is taken relative to a held descriptor with O_NOFOLLOW, a planted link is moved aside, never followed.
+
+    Returns:
+        The log file's path.
+    """
+    root = os.open(workspace, _DIR_FLAGS)
+    try:
+        logs = _logs_dir(root)
+        try:
+            _write_new(logs, log_name(run_id), text.encode(errors="replace"))
+            _prune(logs)
+        finally:
+            os.close(logs)
+    finally:
+        os.close(root)
+    return workspace / LOGS_DIR / log_name(run_id)
+
+
+def _logs_dir(root: int) -> int:
+    for _ in range(3):
+        try:
+            return os.open(LOGS_DIR, _DIR_FLAGS, dir_fd=root)
+        except FileNotFoundError:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(LOGS_DIR, 0o755, dir_fd=root)
+        except OSError as err:
+            if err.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
+            os.rename(LOGS_DIR, f"{LOGS_DIR}.not-a-directory-{stamp}", src_dir_fd=root, dst_dir_fd=root)
+    raise OSError(errno.EAGAIN, "logs/ keeps changing under the host")
+
+
+def _write_new(directory: int, name: str, data: bytes) -> None:
+    try:
+        fd = os.open(name, _NEW_FILE, 0o644, dir_fd=directory)
+    except FileExistsError:  # planted by the agent (it knows its run id): move it aside, never write through it
+        os.rename(
+            name, f"{name}.replaced-{datetime.now(UTC):%Y%m%dT%H%M%S%f}", src_dir_fd=directory, dst_dir_fd=directory
+        )
+        fd = os.open(name, _NEW_FILE, 0o644, dir_fd=directory)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+def _prune(directory: int) -> None:
+    logs = []
+    for name in os.listdir(directory):
+        if name.startswith("run-") and name.endswith(".log"):
+            try:
+                info = os.stat(name, dir_fd=directory, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(info.st_mode):
+                logs.append((info.st_mtime_ns, name))
+    for _, name in sorted(logs)[:-RUN_LOGS_KEPT]:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=directory)
+
+
+class RunRecord:
+    """What the run log says about one run."""
+
+    def __init__(self, *, job: AgentJob, group: Group, limits: RunLimits, backend: str, memory: int) -> None:
+        self.job = job
+        self.group = group
+        self.limits = limits
+        self.backend = backend
+        self.memory = memory
+        self.started_at = now_utc()
+        self.command: tuple[str, ...] = ()
+        self.usage: ProxyUsage | None = None
+        self.exit: Exit | None = None
+        self.result: AgentResult | None = None
+
+    @property
+    def kind(self) -> str:
+        """Scheduled (with its task) or chat."""
+        job = self.job
+        if job.scheduled:
+            return f"scheduled task {job.task_id}" if job.task_id else "scheduled"
+        return f"chat {job.chat_jid}" if job.chat_jid else "chat"
+
+    def render(self, outcome: AgentOutcome) -> str:
+        """The log file's text: the input summary, the command, how it ended and the captured output."""
+        job, limits = self.job, self.limits
+        prompt = job.prompt if len(job.prompt) <= PROMPT_LOG_CHARS else job.prompt[:PROMPT_LOG_CHARS] + " [...]"
+        lines = [
+            f"run {job.run_id} of group {job.folder}{' (main)' if self.group.is_main else ''}",
+            f"started {iso(self.started_at)}, {outcome.duration_seconds:.2f} s",
+            f"job: {self.kind}, context {job.context_mode}",
+            (
+                f"limits: {limits.timeout_seconds:g} s, {limits.memory_mb} MB, {limits.pids} processes, "
+                f"{limits.max_turns} turns"
+            ),
+            f"memory snippets: {self.memory}",
+            f"runtime: {self.backend}",
+            f"command: {shlex.join(self.command) if self.command else '(not started)'}",
+            f"status: {outcome.status}, exit code {outcome.exit_code}",
+        ]
+        if outcome.error:
+            lines.append(f"error: {outcome.error}")
+        if self.result is not None:
+            lines.append(f"agent: {self.result.turns} turn(s), {self.result.toolCalls} tool call(s)")
+        if self.usage is not None:
+            usage = self.usage
+            lines.append(
+                f"llm: {usage.requests} request(s), {usage.refused} refused, "
+                f"{usage.prompt_tokens} prompt + {usage.completion_tokens} completion tokens"
+            )
+        lines += ["", "--- prompt ---", prompt]
+        if self.exit is not None:
+            lines += ["", "--- stdout ---", self.exit.stdout.text(), "", "--- stderr ---", self.exit.stderr.text()]
+        return "\n".join(lines) + "\n"

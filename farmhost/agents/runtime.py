@@ -1,0 +1,306 @@
+"""AgentRuntime: queues agent runs per group and runs each one in its sandbox, with limits, logs and the LLM proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final
+
+from farmhost.agents.backends import SandboxBackend, SandboxError, cleanup_orphans, create_backend, ensure_no_secrets
+from farmhost.agents.backends.base import LaunchPlan
+from farmhost.agents.inputs import AgentResult, agent_input, parse_result, trim_memory
+from farmhost.agents.jobs import AgentJob, AgentOutcome, Status
+from farmhost.agents.launch import Exit, Launch
+from farmhost.agents.limits import LimitsReader, default_limits
+from farmhost.agents.proxy import REQUESTS_PER_TURN, LlmProxy
+from farmhost.agents.queue import CHAT, SCHEDULED, QueueClosed, RunQueue
+from farmhost.agents.runlog import RunRecord, log_name, write_run_log_sync
+from farmhost.agents.sandbox import create_mount_sources, sandbox_spec
+from farmhost.config import Settings
+from farmhost.layout import DataLayout
+from farmhost.store.db import now_utc
+from farmhost.store.groups import Group
+
+logger = logging.getLogger(__name__)
+
+# SIGTERM first so an agent can save its conversation; this long later, SIGKILL.
+TERM_GRACE: Final = 5.0
+# On daemon stop the whole stop must fit in the contract's 10 s: a shorter grace for running agents.
+STOP_GRACE: Final = 2.0
+# The memory search takes the prompt as its query; past this the extra words only dilute the BM25 scores.
+MEMORY_QUERY_CHARS: Final = 1000
+
+BeforeRun = Callable[[str], Awaitable[None]]
+MemorySnippets = Callable[[str, str], Awaitable[list[dict[str, Any]]]]
+GroupLookup = Callable[[str], Group | None]
+
+
+class AgentRuntime:
+    """Runs agents: one run per group at a time, `max_agents` at once, scheduled jobs before chat jobs."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        layout: DataLayout,
+        group: GroupLookup,
+        before_run: BeforeRun,
+        memory_snippets: MemorySnippets,
+        command: Sequence[str] | None = None,
+        backend: SandboxBackend | None = None,
+        proxy: LlmProxy | None = None,
+        term_grace: float = TERM_GRACE,
+    ) -> None:
+        """Build the runtime; nothing starts before `start()`.
+
+        Args:
+            settings: the daemon's settings (runtime, limits, LLM, time zone).
+            layout: the data directory.
+            group: the registry lookup: the Group of a folder, None when it is not registered.
+            before_run: awaited with the folder before each run (the app rewrites that group's snapshots).
+            memory_snippets: `(folder, prompt) -> hits` (MemoryService.search); trimmed to memory_prompt_chars.
+            command: argv inside the sandbox instead of `python -m farmagent.run` (tests run probe scripts).
+            backend: a ready backend instead of the one `settings.runtime` names.
+            proxy: the LLM proxy to serve during runs (default: one built from the settings).
+            term_grace: seconds between SIGTERM and SIGKILL when a run times out.
+        """
+        self._settings = settings
+        self._layout = layout
+        self._group = group
+        self._before_run = before_run
+        self._memory_snippets = memory_snippets
+        self._command = tuple(command) if command is not None else None
+        self._backend = backend
+        self._backend_error: str | None = None
+        self._proxy = proxy or LlmProxy(settings=settings, layout=layout)
+        self._term_grace = term_grace
+        self._limits = LimitsReader(layout.agent_limits, default_limits(settings))
+        self._queue = RunQueue(settings.max_agents)
+        self._active: dict[str, Launch] = {}
+        self._finished: set[asyncio.Future[None]] = set()
+        self._started = False
+        self._stopping = False
+
+    @property
+    def backend(self) -> SandboxBackend | None:
+        """The sandbox backend in use (None before `start()` or when it could not be set up)."""
+        return self._backend
+
+    async def start(self) -> None:
+        """Set up the backend (an unusable one makes every run fail with the reason), clean up, open the proxy."""
+        if self._backend is None:
+            try:
+                self._backend = await create_backend(self._settings)
+            except SandboxError as err:
+                self._backend_error = err.message
+                logger.error("agent runs are off: %s", err.message)
+        if self._backend is not None:
+            await cleanup_orphans(self._backend)
+        await self._proxy.start()
+        self._started = True
+        logger.info(
+            "agent runtime %s: up to %d run(s) at once, LLM %s",
+            self._backend.name if self._backend is not None else "unavailable",
+            self._settings.max_agents,
+            "on" if self._settings.llm_enabled else "off (FARMHOST_LLM_BASE_URL/FARMHOST_LLM_MODEL not set)",
+        )
+
+    async def stop(self) -> None:
+        """Cancel queued jobs, end running ones (SIGTERM, SIGKILL after STOP_GRACE) and wait for them."""
+        self._stopping = True
+        self._queue.close()
+        for launch in self._active.values():
+            launch.cancel(grace=STOP_GRACE)
+        if self._finished:
+            await asyncio.wait(self._finished)
+        await self._proxy.stop()
+        self._started = False
+
+    async def submit(self, job: AgentJob) -> AgentOutcome:
+        """Queue `job` and wait until its run has ended; never raises for a failed run, the outcome says why."""
+        if not self._started or self._stopping:
+            return self._outcome(job, "cancelled", error="the agent runtime is not running", started=time.monotonic())
+        try:
+            async with self._queue.turn(job.folder, SCHEDULED if job.scheduled else CHAT):
+                return await self._tracked(job)
+        except QueueClosed:
+            error = "the agent runtime stopped before the run started"
+            return self._outcome(job, "cancelled", error=error, started=time.monotonic())
+
+    @property
+    def running(self) -> list[str]:
+        """The run ids of the runs going on now."""
+        return list(self._active)
+
+    def queued(self, folder: str) -> int:
+        """How many jobs of `folder` wait behind its current run."""
+        return self._queue.queued(folder)
+
+    async def _tracked(self, job: AgentJob) -> AgentOutcome:
+        finished = asyncio.get_running_loop().create_future()
+        self._finished.add(finished)
+        try:
+            return await self._run(job)
+        finally:
+            finished.set_result(None)
+            self._finished.discard(finished)
+
+    async def _run(self, job: AgentJob) -> AgentOutcome:
+        started = time.monotonic()
+        try:
+            group = self._group(job.folder)
+        except Exception as err:
+            logger.exception("agent run %s: cannot look up group %s", job.run_id, job.folder)
+            return self._outcome(job, "error", error=f"cannot look up group {job.folder!r}: {err}", started=started)
+        if group is None:
+            logger.warning("agent run %s refused: group %s is not registered", job.run_id, job.folder)
+            return self._outcome(job, "error", error=f"group {job.folder!r} is not registered", started=started)
+        if self._backend is None:
+            logger.warning("agent run %s for %s refused: agent runs are off", job.run_id, job.folder)
+            return self._outcome(job, "error", error=f"agent runs are off: {self._backend_error}", started=started)
+        limits = self._limits.limits(job.folder)
+        await self._prepare(job.folder)
+        memory = await self._memory(job)
+        if self._stopping:
+            error = "the agent runtime stopped before the run started"
+            return self._outcome(job, "cancelled", error=error, started=started)
+        spec = sandbox_spec(
+            self._layout,
+            folder=job.folder,
+            run_id=job.run_id,
+            is_main=group.is_main,
+            limits=limits,
+            timezone=self._settings.zone.key,
+            argv=self._command,
+        )
+        document = agent_input(
+            job,
+            is_main=group.is_main,
+            timezone=self._settings.zone.key,
+            now=now_utc(),
+            memory=memory,
+            max_turns=limits.max_turns,
+            model=self._settings.llm_model or "",
+        )
+        record = RunRecord(job=job, group=group, limits=limits, backend=self._backend.name, memory=len(memory))
+        try:
+            plan = self._backend.plan(spec)
+            ensure_no_secrets(plan, self._secrets())
+            await asyncio.to_thread(create_mount_sources, spec)
+        except (SandboxError, OSError) as err:
+            return await self._failed(record, started, f"cannot prepare the sandbox: {err}")
+        record.command = plan.argv
+        logger.info("agent run %s for %s started (%s, %s)", job.run_id, job.folder, record.kind, self._backend.name)
+        try:
+            budget = REQUESTS_PER_TURN * limits.max_turns
+            async with self._proxy.serve(job.folder, job.run_id, max_requests=budget) as usage:
+                record.usage = usage
+                run = await self._launch(job.run_id, plan, json.dumps(document).encode(), limits.timeout_seconds)
+        except OSError as err:
+            return await self._failed(record, started, f"cannot start the agent: {err}")
+        return await self._finish(record, run, started)
+
+    async def _prepare(self, folder: str) -> None:
+        try:
+            await self._before_run(folder)
+        except Exception:
+            logger.exception("group %s: the pre-run hook failed; the agent may see stale snapshots", folder)
+
+    async def _memory(self, job: AgentJob) -> list[dict[str, str]]:
+        budget = self._settings.memory_prompt_chars
+        if budget <= 0 or not job.prompt.strip():
+            return []
+        try:
+            hits = await self._memory_snippets(job.folder, job.prompt[:MEMORY_QUERY_CHARS])
+        except Exception:
+            logger.exception("group %s: memory search for the run's prompt failed; running without memory", job.folder)
+            return []
+        return trim_memory(hits, budget)
+
+    async def _launch(self, run_id: str, plan: LaunchPlan, stdin: bytes, timeout: float) -> Exit:
+        launch = Launch(plan, output_bytes=self._settings.agent_output_bytes, term_grace=self._term_grace)
+        self._active[run_id] = launch
+        try:
+            if self._stopping:
+                launch.cancel(grace=STOP_GRACE)
+            return await launch.run(stdin, timeout=timeout)
+        finally:
+            del self._active[run_id]
+
+    async def _finish(self, record: RunRecord, run: Exit, started: float) -> AgentOutcome:
+        job, log = record.job, log_name(record.job.run_id)
+        answer: str | None = None
+        error: str | None
+        status: Status
+        if run.cancelled:
+            status, error = "cancelled", "the agent runtime stopped while the run was going on"
+        elif run.timed_out:
+            status, error = "timeout", f"the run took longer than {record.limits.timeout_seconds:g} s and was stopped"
+        else:
+            result = parse_result(run.stdout.last_line())
+            if isinstance(result, AgentResult):
+                status, answer, error = result.status, result.answer, result.error
+                if status == "error" and not error:
+                    error = f"the agent reported an error without saying why (exit code {run.exit_code})"
+                record.result = result
+            else:
+                status = "error"
+                error = f"{result} (exit code {run.exit_code}); see logs/{log} in the group's workspace"
+        record.exit = run
+        outcome = self._outcome(job, status, answer=answer, error=error, started=started, exit_code=run.exit_code)
+        await self._write_log(record, outcome)
+        usage = record.usage
+        logger.info(
+            "agent run %s for %s ended: %s%s, exit code %s, %.1f s, %d LLM request(s), %d+%d tokens",
+            job.run_id,
+            job.folder,
+            status,
+            f" ({error})" if error and status != "ok" else "",
+            run.exit_code,
+            outcome.duration_seconds,
+            usage.requests if usage else 0,
+            usage.prompt_tokens if usage else 0,
+            usage.completion_tokens if usage else 0,
+        )
+        return outcome
+
+    async def _failed(self, record: RunRecord, started: float, error: str) -> AgentOutcome:
+        logger.error("agent run %s for %s: %s", record.job.run_id, record.job.folder, error)
+        outcome = self._outcome(record.job, "error", error=error, started=started)
+        await self._write_log(record, outcome)
+        return outcome
+
+    async def _write_log(self, record: RunRecord, outcome: AgentOutcome) -> None:
+        try:
+            await asyncio.to_thread(
+                write_run_log_sync, self._layout.workspace(record.job.folder), record.job.run_id, record.render(outcome)
+            )
+        except OSError as err:
+            logger.error("agent run %s for %s: cannot write its log: %s", record.job.run_id, record.job.folder, err)
+
+    def _outcome(
+        self,
+        job: AgentJob,
+        status: Status,
+        *,
+        started: float,
+        answer: str | None = None,
+        error: str | None = None,
+        exit_code: int | None = None,
+    ) -> AgentOutcome:
+        return AgentOutcome(
+            run_id=job.run_id,
+            status=status,
+            answer=answer,
+            error=error,
+            duration_seconds=time.monotonic() - started,
+            exit_code=exit_code,
+            log_path=self._layout.run_logs(job.folder) / log_name(job.run_id),
+        )
+
+    def _secrets(self) -> list[str | None]:
+        settings = self._settings
+        return [settings.ha_token, settings.telegram_bot_token, settings.llm_api_key]

@@ -1,0 +1,78 @@
+"""The sandbox of a run (SPEC 2 and 8): which host directories it sees where, and its environment."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from farmhost.agents.backends.base import Mount, RunLimits, SandboxSpec
+from farmhost.agents.proxy import SOCKET_NAME
+from farmhost.layout import GLOBAL_MEMORY_FOLDER, DataLayout
+
+GROUP_DIR: Final = "/workspace/group"
+IPC_DIR: Final = "/workspace/ipc"
+GLOBAL_DIR: Final = "/workspace/global"
+FARM_STATE_DIR: Final = "/workspace/farm-state"
+DASHBOARD_DIR: Final = "/workspace/dashboard"
+RUN_DIR: Final = "/workspace/run"
+
+
+def sandbox_mounts(layout: DataLayout, folder: str, *, is_main: bool) -> tuple[Mount, ...]:
+    """The run's mounts: its workspace and IPC dir (rw), global memory, farm state and its run dir (ro), dashboards."""
+    mounts = [
+        Mount(source=layout.workspace(folder), target=GROUP_DIR, read_only=False),
+        Mount(source=layout.group_ipc(folder), target=IPC_DIR, read_only=False),
+        Mount(source=layout.workspace(GLOBAL_MEMORY_FOLDER), target=GLOBAL_DIR, read_only=True),
+        Mount(source=layout.farm_state, target=FARM_STATE_DIR, read_only=True),
+        # connect() to a Unix socket needs no write access to its directory
+        Mount(source=layout.group_run(folder), target=RUN_DIR, read_only=True),
+    ]
+    if is_main:
+        mounts.append(Mount(source=layout.dashboards, target=DASHBOARD_DIR, read_only=False))
+    return tuple(mounts)
+
+
+def sandbox_env(*, timezone: str, is_main: bool) -> dict[str, str]:
+    """The agent's whole environment: where things are, the time zone; never a secret."""
+    env = {
+        "FARMAGENT_IPC_DIR": IPC_DIR,
+        "FARMAGENT_GROUP_DIR": GROUP_DIR,
+        "FARMAGENT_GLOBAL_DIR": GLOBAL_DIR,
+        "FARMAGENT_FARM_STATE_DIR": FARM_STATE_DIR,
+        "FARMAGENT_LLM_SOCKET": f"{RUN_DIR}/{SOCKET_NAME}",
+        "TZ": timezone,
+        "HOME": GROUP_DIR,
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    if is_main:
+        env["FARMAGENT_DASHBOARD_DIR"] = DASHBOARD_DIR
+    return env
+
+
+def sandbox_spec(
+    layout: DataLayout,
+    *,
+    folder: str,
+    run_id: str,
+    is_main: bool,
+    limits: RunLimits,
+    timezone: str,
+    argv: Sequence[str] | None = None,
+) -> SandboxSpec:
+    """The SandboxSpec of one run; `argv` replaces the agent runner (tests run probes this way)."""
+    return SandboxSpec(
+        folder=folder,
+        run_id=run_id,
+        mounts=sandbox_mounts(layout, folder, is_main=is_main),
+        env=sandbox_env(timezone=timezone, is_main=is_main),
+        argv=tuple(argv) if argv is not None else None,
+        workdir=GROUP_DIR,
+        limits=limits,
+    )
+
+
+def create_mount_sources(spec: SandboxSpec) -> None:
+    """Create the host directories behind the mounts (an engine would otherwise create them as root, or fail)."""
+    for mount in spec.mounts:
+        mount.source.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,238 @@
+"""Helpers of the agent runtime tests: a probe agent, a runtime factory and a registry for more groups."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from farmhost.agents import AgentJob, AgentOutcome, AgentRuntime
+from farmhost.agents.backends import SandboxBackend
+from farmhost.config import Settings
+from farmhost.groups.registry import new_group, register
+from farmhost.layout import DataLayout
+from farmhost.store.db import Database, now_utc
+from farmhost.store.groups import Group, get_group
+
+# The probe agent: reads the AgentInput, does what its prompt (a JSON object) asks, and prints an AgentResult
+# whose `answer` is a JSON report. Every step catches its own failure and reports it by errno name.
+PROBE = r"""
+import errno, json, os, resource, signal, socket, sys, time
+
+started = time.time()
+agent_input = json.load(sys.stdin)
+todo = json.loads(agent_input["prompt"] or "{}")
+report = {"started": started, "input": agent_input, "env": dict(os.environ), "cwd": os.getcwd(), "uid": os.getuid()}
+
+def why(err):
+    return "error:" + (errno.errorcode.get(err.errno, type(err).__name__) if isinstance(err, OSError) else type(err).__name__)
+
+if todo.get("ignore_term"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if todo.get("note_term"):
+    def on_term(*_):
+        print("probe got SIGTERM", file=sys.stderr, flush=True)
+        sys.exit(7)
+    signal.signal(signal.SIGTERM, on_term)
+
+reads = {}
+for path in todo.get("read", []):
+    try:
+        with open(path, "rb") as f:
+            reads[path] = "ok:" + f.read(200).decode(errors="replace")
+    except Exception as err:
+        reads[path] = why(err)
+report["read"] = reads
+
+listings = {}
+for path in todo.get("list", []):
+    try:
+        listings[path] = sorted(os.listdir(path))
+    except Exception as err:
+        listings[path] = why(err)
+report["list"] = listings
+
+writes = {}
+for path in todo.get("write", []):
+    try:
+        with open(path, "w") as f:
+            f.write("written by the probe")
+        writes[path] = "ok"
+    except Exception as err:
+        writes[path] = why(err)
+report["write"] = writes
+
+if "tcp" in todo:
+    try:
+        socket.create_connection(tuple(todo["tcp"]), timeout=2).close()
+        report["tcp"] = "connected"
+    except Exception as err:
+        report["tcp"] = why(err)
+
+if "unix_get" in todo:
+    path, target = todo["unix_get"]
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(5)
+        s.connect(path)
+        s.sendall(f"GET {target} HTTP/1.1\r\nHost: farmhost\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+        report["unix_get"] = data.decode(errors="replace")
+    except Exception as err:
+        report["unix_get"] = why(err)
+
+if todo.get("proc_scan"):
+    seen = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            for name in ("environ", "cmdline"):
+                try:
+                    with open(f"/proc/{pid}/{name}", "rb") as f:
+                        seen.append(f.read().decode(errors="replace"))
+                except OSError:
+                    pass
+    report["proc_text"] = "\n".join(seen)
+    with open("/proc/self/status") as f:
+        report["caps"] = [line.split()[1] for line in f if line.startswith("CapEff")]
+
+if "ipc_ping" in todo:
+    rid = todo["ipc_ping"]
+    ipc = os.environ["FARMAGENT_IPC_DIR"]
+    tmp = f"{ipc}/actions/.{rid}.tmp"
+    with open(tmp, "x") as f:
+        json.dump({"type": "ping", "requestId": rid}, f)
+    os.rename(tmp, f"{ipc}/actions/{rid}.json")
+    result_path = f"{ipc}/action_results/{rid}.json"
+    deadline = time.time() + 10
+    while not os.path.exists(result_path) and time.time() < deadline:
+        time.sleep(0.02)
+    try:
+        with open(result_path) as f:
+            report["ipc_result"] = json.load(f)
+    except Exception as err:
+        report["ipc_result"] = why(err)
+
+if "openai" in todo:
+    try:
+        import httpx2, openai
+        transport = httpx2.HTTPTransport(uds=os.environ["FARMAGENT_LLM_SOCKET"])
+        client = openai.OpenAI(base_url="http://farmhost/v1", api_key="sandbox-has-no-key",
+                               http_client=httpx2.Client(transport=transport), max_retries=0)
+        answer = client.chat.completions.create(model="whatever-the-agent-asks",
+                                                messages=[{"role": "user", "content": todo["openai"]}])
+        report["openai"] = {"content": answer.choices[0].message.content, "model": answer.model}
+    except Exception as err:
+        report["openai"] = why(err) + ": " + str(err)
+
+limits = {}
+for name in ("RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_CORE"):
+    limits[name] = resource.getrlimit(getattr(resource, name))[0]
+report["rlimits"] = limits
+
+if "alloc_mb" in todo:
+    try:
+        block = bytearray(todo["alloc_mb"] * 1024 * 1024)
+        report["alloc"] = "ok"
+        del block
+    except MemoryError:
+        report["alloc"] = "MemoryError"
+
+if "spam_bytes" in todo:
+    line = b"x" * 1023 + b"\n"
+    for _ in range(todo["spam_bytes"] // 1024):
+        sys.stdout.buffer.write(line)
+        sys.stderr.buffer.write(line)
+    sys.stdout.flush()
+
+time.sleep(todo.get("sleep", 0))
+for line in todo.get("stderr", []):
+    print(line, file=sys.stderr)
+report["ended"] = time.time()
+if "print" in todo:
+    print(todo["print"], flush=True)
+else:
+    print(json.dumps({"status": "ok", "answer": json.dumps(report), "error": None, "turns": 1, "toolCalls": 0}))
+sys.exit(todo.get("exit", 0))
+"""
+
+PROBE_COMMAND = (sys.executable, "-c", PROBE)
+
+
+def report(outcome: AgentOutcome) -> dict[str, Any]:
+    """The probe's report (the run must have ended `ok`)."""
+    assert outcome.status == "ok", outcome
+    assert outcome.answer is not None
+    return json.loads(outcome.answer)  # type: ignore[no-any-return]
+
+
+def probe_job(folder: str, *, scheduled: bool = False, **todo: Any) -> AgentJob:
+    """A job whose prompt tells the probe what to do."""
+    return AgentJob(folder=folder, prompt=json.dumps(todo), scheduled=scheduled)
+
+
+def add_group(root: Path, folder: str, jid: str) -> None:
+    """Register one more (non-main) group in the data dir."""
+    layout = DataLayout(root)
+    db = Database.open(root)
+    try:
+        with db.tx() as conn:
+            group = new_group(
+                conn, jid=jid, name=folder, folder=folder, trigger=None, requires_trigger=False, is_main=False,
+                at=now_utc(),
+            )  # fmt: skip
+            register(conn, layout, group)
+    finally:
+        db.close()
+
+
+def group_lookup(root: Path) -> Callable[[str], Group | None]:
+    """The registry lookup the app gives the runtime, read from the data dir's database."""
+
+    def lookup(folder: str) -> Group | None:
+        db = Database.open(root)
+        try:
+            return get_group(db.conn, folder)
+        finally:
+            db.close()
+
+    return lookup
+
+
+async def no_hook(folder: str) -> None:
+    """A before_run hook that does nothing."""
+
+
+async def no_memory(folder: str, prompt: str) -> list[dict[str, Any]]:
+    """A memory search that finds nothing."""
+    return []
+
+
+def make_runtime(
+    settings: Settings,
+    *,
+    before_run: Callable[[str], Awaitable[None]] = no_hook,
+    memory_snippets: Callable[[str, str], Awaitable[list[dict[str, Any]]]] = no_memory,
+    backend: SandboxBackend | None = None,
+    term_grace: float = 1.0,
+    command: Sequence[str] | None = PROBE_COMMAND,
+) -> AgentRuntime:
+    """An AgentRuntime on the settings' data dir that runs the probe."""
+    return AgentRuntime(
+        settings=settings,
+        layout=DataLayout(settings.data_dir),
+        group=group_lookup(settings.data_dir),
+        before_run=before_run,
+        memory_snippets=memory_snippets,
+        command=command,
+        backend=backend,
+        term_grace=term_grace,
+    )
+
+
+def settings_for(data_dir: Path, **values: Any) -> Settings:
+    """Settings on `data_dir`, read from nothing but `values` (no .env, no farmhost variables of the shell)."""
+    return Settings(_env_file=None, FARMHOST_DATA_DIR=data_dir, TZ="Europe/Lisbon", **values)  # type: ignore[call-arg]

@@ -1,0 +1,291 @@
+"""The command each backend builds: exact docker/podman argv, bwrap's mounts, process's environment; no secrets."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from farmhost_testing import init_data_dir_in_process
+from runtime_support import PROBE, make_runtime, probe_job, report, settings_for
+
+from farmhost.agents.backends import (
+    BwrapBackend,
+    DockerBackend,
+    LaunchPlan,
+    PodmanBackend,
+    ProcessBackend,
+    RunLimits,
+    SandboxError,
+    SandboxSpec,
+    cleanup_orphans,
+    create_backend,
+    ensure_no_secrets,
+)
+from farmhost.agents.backends.docker import cli_env
+from farmhost.agents.backends.host import find_python_install_sync, minimal_paths
+from farmhost.agents.sandbox import sandbox_spec
+from farmhost.layout import REPO_ROOT, DataLayout
+
+LIMITS = RunLimits(timeout_seconds=30, memory_mb=512, pids=64, max_turns=4)
+SECRETS = {
+    "HA_TOKEN": "ha-secret-0123456789",
+    "TELEGRAM_BOT_TOKEN": "123456:telegram-secret-abcdef",
+    "FARMHOST_LLM_API_KEY": "sk-llm-secret-9876543210",
+}
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return init_data_dir_in_process(tmp_path / "data")
+
+
+def spec(root: Path, folder: str, *, is_main: bool, argv: tuple[str, ...] | None = None) -> SandboxSpec:
+    return sandbox_spec(
+        DataLayout(root), folder=folder, run_id="r-1", is_main=is_main, limits=LIMITS, timezone="Europe/Lisbon",
+        argv=argv,
+    )  # fmt: skip
+
+
+def expected_docker(engine: str, root: Path, folder: str, *, is_main: bool, extra: list[str]) -> list[str]:
+    argv = [
+        engine, "run", "--rm", "-i", "--init",
+        "--name", f"farmhost-{folder}-r-1",
+        "--network", "none",
+        "--user", "1000:1001",
+        "--memory", "512m", "--memory-swap", "512m",
+        "--pids-limit", "64",
+        "--cap-drop", "ALL",
+        "--security-opt", "no-new-privileges",
+        "--read-only",
+        "--tmpfs", "/tmp",
+        "--workdir", "/workspace/group",
+        "--label", f"farmhost.group={folder}",
+        "--label", "farmhost.run=r-1",
+        "--label", f"farmhost.data={root}",
+        *extra,
+        "-v", f"{root}/groups/{folder}:/workspace/group",
+        "-v", f"{root}/ipc/{folder}:/workspace/ipc",
+        "-v", f"{root}/groups/global:/workspace/global:ro",
+        "-v", f"{root}/farm-state:/workspace/farm-state:ro",
+        "-v", f"{root}/run/{folder}:/workspace/run:ro",
+    ]  # fmt: skip
+    if is_main:
+        argv += ["-v", f"{root}/dashboards:/workspace/dashboard"]
+    env = [
+        *(["FARMAGENT_DASHBOARD_DIR=/workspace/dashboard"] if is_main else []),
+        "FARMAGENT_FARM_STATE_DIR=/workspace/farm-state",
+        "FARMAGENT_GLOBAL_DIR=/workspace/global",
+        "FARMAGENT_GROUP_DIR=/workspace/group",
+        "FARMAGENT_IPC_DIR=/workspace/ipc",
+        "FARMAGENT_LLM_SOCKET=/workspace/run/llm.sock",
+        "HOME=/workspace/group",
+        "LANG=C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE=1",
+        "TZ=Europe/Lisbon",
+    ]
+    for item in env:
+        argv += ["-e", item]
+    return [*argv, "farmhost-agent:test", "python", "-m", "farmagent.run"]
+
+
+def assert_no_secret(plan: LaunchPlan) -> None:
+    everything = "\n".join([*plan.argv, *plan.env.keys(), *plan.env.values(), *(plan.kill_argv or ())])
+    for value in SECRETS.values():
+        assert value not in everything
+
+
+@pytest.mark.parametrize(("folder", "is_main"), [("main", True), ("field", False)])
+def test_docker_command(root: Path, folder: str, is_main: bool) -> None:
+    environ = {"PATH": "/usr/bin:/bin", "DOCKER_HOST": "unix:///run/docker.sock", "HOME": "/home/farm", **SECRETS}
+    backend = DockerBackend(
+        image="farmhost-agent:test", user=(1000, 1001), data_root=str(root), environ=cli_env(environ)
+    )
+    plan = backend.plan(spec(root, folder, is_main=is_main))
+    assert list(plan.argv) == expected_docker("docker", root, folder, is_main=is_main, extra=[])
+    assert plan.env == {"PATH": "/usr/bin:/bin", "DOCKER_HOST": "unix:///run/docker.sock", "HOME": "/home/farm"}
+    assert plan.kill_argv == ("docker", "rm", "-f", f"farmhost-{folder}-r-1")
+    assert plan.rlimits == ()  # the engine's cgroup limits apply instead
+    assert_no_secret(plan)
+
+
+@pytest.mark.parametrize("rootless", [True, False])
+def test_podman_command(root: Path, rootless: bool) -> None:
+    backend = PodmanBackend(image="farmhost-agent:test", user=(1000, 1001), data_root=str(root), rootless=rootless)
+    plan = backend.plan(spec(root, "field", is_main=False))
+    extra = ["--userns", "keep-id"] if rootless else []
+    assert list(plan.argv) == expected_docker("podman", root, "field", is_main=False, extra=extra)
+    assert plan.kill_argv == ("podman", "rm", "-f", "farmhost-field-r-1")
+
+
+def test_docker_refuses_a_path_it_cannot_mount(tmp_path: Path) -> None:
+    root = init_data_dir_in_process(tmp_path / "odd:name")
+    backend = DockerBackend(image="i", user=(1000, 1000), data_root=str(root))
+    with pytest.raises(SandboxError, match="contains ':' or ','"):
+        backend.plan(spec(root, "field", is_main=False))
+
+
+def test_a_command_override_replaces_the_runner(root: Path) -> None:
+    backend = DockerBackend(image="i", user=(1000, 1000), data_root=str(root))
+    plan = backend.plan(spec(root, "field", is_main=False, argv=("python", "-c", "print(1)")))
+    assert plan.argv[-4:] == ("i", "python", "-c", "print(1)")
+
+
+def test_the_engine_cli_gets_only_what_locates_the_engine() -> None:
+    assert cli_env({**SECRETS, "XDG_RUNTIME_DIR": "/run/user/1000", "LD_PRELOAD": "x"}) == {
+        "XDG_RUNTIME_DIR": "/run/user/1000",
+        "PATH": os.defpath,
+    }
+
+
+async def test_no_backend_carries_a_secret(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in SECRETS.items():
+        monkeypatch.setenv(key, value)  # the daemon's own environment holds them (systemd EnvironmentFile=)
+    settings = settings_for(root, **SECRETS)
+    for runtime in ("bwrap", "process"):
+        backend = await create_backend(settings.model_copy(update={"agent_runtime": runtime}))
+        for folder, is_main in (("main", True), ("field", False)):
+            plan = backend.plan(spec(root, folder, is_main=is_main))
+            ensure_no_secrets(plan, SECRETS.values())
+            assert_no_secret(plan)
+
+
+def test_a_plan_with_a_secret_is_refused(root: Path) -> None:
+    plan = ProcessBackend(python=Path(sys.executable)).plan(spec(root, "field", is_main=False))
+    leaky = LaunchPlan(argv=plan.argv, env={**plan.env, "SOMETHING": f"x{SECRETS['HA_TOKEN']}x"})
+    with pytest.raises(SandboxError, match="environment variable SOMETHING holds a secret") as caught:
+        ensure_no_secrets(leaky, SECRETS.values())
+    assert SECRETS["HA_TOKEN"] not in str(caught.value)
+    leaky = LaunchPlan(argv=(*plan.argv, SECRETS["FARMHOST_LLM_API_KEY"]), env=plan.env)
+    with pytest.raises(SandboxError, match=f"argument {len(plan.argv)} holds a secret"):
+        ensure_no_secrets(leaky, SECRETS.values())
+
+
+async def test_the_process_agent_sees_no_secret(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in SECRETS.items():
+        monkeypatch.setenv(key, value)
+    runtime = make_runtime(settings_for(root, FARMHOST_AGENT_RUNTIME="process", **SECRETS))
+    await runtime.start()
+    try:
+        seen = report(await runtime.submit(probe_job("field")))
+    finally:
+        await runtime.stop()
+    assert set(seen["env"]) == {
+        "FARMAGENT_IPC_DIR", "FARMAGENT_GROUP_DIR", "FARMAGENT_GLOBAL_DIR", "FARMAGENT_FARM_STATE_DIR",
+        "FARMAGENT_LLM_SOCKET", "TZ", "HOME", "LANG", "PYTHONDONTWRITEBYTECODE", "PATH",
+    }  # fmt: skip
+    assert not any(secret in str(seen["env"]) for secret in SECRETS.values())
+
+
+def test_bwrap_mounts_only_the_run_and_the_interpreter(root: Path) -> None:
+    python = find_python_install_sync(None)
+    backend = BwrapBackend(bwrap="/usr/bin/bwrap", python=python, system=())
+    plan = backend.plan(spec(root, "main", is_main=True))
+    argv = list(plan.argv)
+    assert argv[:11] == [
+        "/usr/bin/bwrap", "--unshare-all", "--unshare-user", "--cap-drop", "ALL", "--die-with-parent",
+        "--new-session", "--clearenv", "--hostname", "farmagent", "--setenv",
+    ]  # fmt: skip
+    binds = [(arg, argv[i + 1], argv[i + 2]) for i, arg in enumerate(argv) if arg in ("--bind", "--ro-bind")]
+    layout = DataLayout(root)
+    assert binds == [
+        *(("--ro-bind", str(p), str(p)) for p in python.ro_paths),
+        ("--bind", str(layout.workspace("main")), "/workspace/group"),
+        ("--bind", str(layout.group_ipc("main")), "/workspace/ipc"),
+        ("--ro-bind", str(layout.workspace("global")), "/workspace/global"),
+        ("--ro-bind", str(layout.farm_state), "/workspace/farm-state"),
+        ("--ro-bind", str(layout.group_run("main")), "/workspace/run"),
+        ("--bind", str(layout.dashboards), "/workspace/dashboard"),
+    ]
+    assert argv[-8:] == [
+        "--remount-ro", "/", "--chdir", "/workspace/group", "--", str(python.executable), "-m", "farmagent.run",
+    ]  # fmt: skip
+    assert plan.env == {"PATH": os.defpath}  # bwrap's helper keeps its environment, readable in /proc/1/environ
+    assert plan.signal_leader is False
+
+
+def test_the_interpreter_paths_are_its_prefixes_and_farmagent_only() -> None:
+    python = find_python_install_sync(None)
+    assert python.farmagent is not None and python.farmagent.name == "farmagent"
+    assert Path(sys.base_prefix) in python.ro_paths or any(p in Path(sys.base_prefix).parents for p in python.ro_paths)
+    for path in python.ro_paths:
+        assert path not in (Path("/"), Path("/etc"), Path("/root"), REPO_ROOT), path
+        assert not (REPO_ROOT.is_relative_to(path)), f"{path} would expose the whole repository"
+
+
+def test_minimal_paths_drops_nested_and_repeated_paths() -> None:
+    paths = [Path("/opt/py"), Path("/opt/py/lib"), Path("/srv/venv"), Path("/opt/py"), Path("/opt/python")]
+    assert minimal_paths(paths) == (Path("/opt/py"), Path("/opt/python"), Path("/srv/venv"))
+
+
+def test_a_missing_interpreter_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(SandboxError, match="cannot run the agent interpreter .* \\(FARMHOST_AGENT_PYTHON\\)"):
+        find_python_install_sync(tmp_path / "python")
+
+
+def test_process_points_the_agent_at_host_paths(tmp_path: Path) -> None:
+    root = init_data_dir_in_process(tmp_path / ("long-" * 20) / "data")
+    plan = ProcessBackend(python=Path(sys.executable)).plan(spec(root, "field", is_main=False))
+    layout = DataLayout(root)
+    assert plan.cwd == layout.workspace("field")
+    assert plan.env["FARMAGENT_IPC_DIR"] == str(layout.group_ipc("field"))
+    assert plan.env["FARMAGENT_GROUP_DIR"] == plan.env["HOME"] == str(layout.workspace("field"))
+    assert plan.env["FARMAGENT_GLOBAL_DIR"] == str(layout.workspace("global"))
+    socket_path = plan.env["FARMAGENT_LLM_SOCKET"]
+    assert len(str(layout.group_run("field") / "llm.sock")) > 107
+    assert not socket_path.startswith("/") and len(socket_path) < 107  # relative: the absolute one is too long
+    assert os.path.normpath(layout.workspace("field") / socket_path) == str(layout.group_run("field") / "llm.sock")
+    assert plan.argv == (sys.executable, "-m", "farmagent.run")
+    assert plan.signal_leader is True
+
+
+def write_engine(path: Path, log: Path, listing: str) -> str:
+    """A stand-in container CLI (no engine runs here): prints `listing` for `ps`, records every call."""
+    path.write_text(f'#!/bin/sh\necho "$@" >> {log}\nif [ "$1" = ps ]; then printf \'{listing}\'; fi\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+async def test_orphans_of_this_data_dir_are_removed_at_start(root: Path, tmp_path: Path) -> None:
+    log = tmp_path / "engine.log"
+    engine = write_engine(tmp_path / "docker", log, "abc123\\ndef456\\n")
+    backend = DockerBackend(image="i", user=(1000, 1000), data_root=str(root), engine=engine)
+    assert await cleanup_orphans(backend) == 2
+    assert log.read_text().splitlines() == [
+        f"ps -aq --filter label=farmhost.run --filter label=farmhost.data={root}",
+        "rm -f abc123 def456",
+    ]
+
+
+async def test_no_orphans_and_no_engine_are_quiet(root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    log = tmp_path / "engine.log"
+    engine = write_engine(tmp_path / "docker", log, "")
+    assert await cleanup_orphans(DockerBackend(image="i", user=(1, 1), data_root=str(root), engine=engine)) == 0
+    assert log.read_text().splitlines() == [f"ps -aq --filter label=farmhost.run --filter label=farmhost.data={root}"]
+    missing = DockerBackend(image="i", user=(1, 1), data_root=str(root), engine=str(tmp_path / "none"))
+    assert await cleanup_orphans(missing) == 0
+    assert "cannot clean up old agent containers" in caplog.text
+
+
+def docker_engine_runs() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    return subprocess.run(["docker", "info"], capture_output=True, timeout=30, check=False).returncode == 0
+
+
+@pytest.mark.skipif(not docker_engine_runs(), reason="no Docker engine runs on this machine")
+async def test_docker_live_run(root: Path) -> None:
+    """The probe in the agent image: its mounts, no network, the non-root user."""
+    settings = settings_for(root, FARMHOST_AGENT_RUNTIME="docker", **SECRETS)
+    runtime = make_runtime(settings, command=("python", "-c", PROBE))  # the image's interpreter
+    await runtime.start()
+    try:
+        seen = report(await runtime.submit(probe_job("field", write=["/workspace/global/x", "/workspace/group/x"])))
+    finally:
+        await runtime.stop()
+    assert seen["write"] == {"/workspace/global/x": "error:EROFS", "/workspace/group/x": "ok"}
+    assert seen["uid"] == os.stat(root).st_uid
+    assert not any(secret in str(seen["env"]) for secret in SECRETS.values())
