@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Final
 
 from farmhost import __version__
+from farmhost.agents import AgentJob, AgentRuntime
 from farmhost.config import Settings
 from farmhost.errors import ConfigError
 from farmhost.farm.actions import farm_handlers
@@ -19,20 +20,25 @@ from farmhost.farm.deps import FarmDeps
 from farmhost.farm.homeassistant import HAClient
 from farmhost.farm.state import StateCollector, collector_options
 from farmhost.groups.requests import HANDLERS as GROUP_HANDLERS
-from farmhost.ipc.handlers import Handlers
+from farmhost.ipc.handlers import Change, Handlers
 from farmhost.ipc.ping import ping_handlers
 from farmhost.ipc.service import IpcService
 from farmhost.ipc.snapshots import HostIdentity
 from farmhost.layout import DataLayout
 from farmhost.memory.search import MemoryService, memory_handlers
 from farmhost.scheduler.requests import HANDLERS as TASK_HANDLERS
+from farmhost.scheduler.runs import RunReport, TaskRun
+from farmhost.scheduler.service import SchedulerService
 from farmhost.store.db import Database, now_utc
+from farmhost.store.groups import Group
 from farmhost.telegram.requests import HANDLERS as MESSAGE_HANDLERS
 
 logger = logging.getLogger(__name__)
 
 # The contract allows 10 s for a clean stop; leave headroom for closing the database.
 STOP_TIMEOUT: Final = 8.0
+# Memory hits offered to each agent run with its prompt (then trimmed to FARMHOST_MEMORY_PROMPT_CHARS).
+MEMORY_HITS_PER_RUN: Final = 8
 
 
 def build_handlers(identity: HostIdentity, farm: FarmDeps, memory: MemoryService | None = None) -> Handlers:
@@ -59,6 +65,8 @@ class App:
         self.ipc: IpcService | None = None
         self.ha: HAClient | None = None
         self.collector: StateCollector | None = None
+        self.scheduler: SchedulerService | None = None
+        self.runtime: AgentRuntime | None = None
 
     async def start(self) -> None:
         """Take the data-dir lock, open the store, start the IPC engine."""
@@ -75,14 +83,28 @@ class App:
             self.collector = StateCollector.from_deps(farm, **collector_options(self.settings))
             farm = replace(farm, state=self.collector)
             await self.collector.start()  # returns at once; the first poll runs in the background
+        memory = MemoryService(self.layout)
         self.ipc = IpcService(
             settings=self.settings,
             layout=self.layout,
             db=self.db,
-            handlers=build_handlers(self.identity, farm),
+            handlers=build_handlers(self.identity, farm, memory),
             identity=self.identity,
         )
         await self.ipc.start()
+        self.runtime = AgentRuntime(
+            settings=self.settings,
+            layout=self.layout,
+            group=self._group,
+            before_run=self._before_run,
+            memory_snippets=lambda folder, prompt: memory.search(folder, prompt, top_k=MEMORY_HITS_PER_RUN),
+        )
+        await self.runtime.start()
+        self.scheduler = SchedulerService(
+            db=self.db, settings=self.settings, dispatch=self._dispatch_task, on_tasks_changed=self._tasks_changed
+        )
+        self.ipc.add_change_listener(self.scheduler.ipc_changed)
+        await self.scheduler.start()
         logger.info(
             "farmhost %s started: data dir %s, ipc mode %s, %d group(s); Home Assistant %s, Telegram %s",
             __version__,
@@ -95,6 +117,12 @@ class App:
 
     async def stop(self) -> None:
         """Stop in reverse order; `host_status.json` says `stopped` afterwards."""
+        if self.scheduler is not None:
+            await self.scheduler.stop()
+            self.scheduler = None
+        if self.runtime is not None:
+            await self.runtime.stop()
+            self.runtime = None
         if self.ipc is not None:
             await self.ipc.stop()
             self.ipc = None
@@ -125,6 +153,37 @@ class App:
             logger.info("stop requested")
         finally:
             await asyncio.wait_for(self.stop(), STOP_TIMEOUT)
+
+    async def _dispatch_task(self, run: TaskRun) -> RunReport:
+        """Run a claimed scheduled task as an agent run of its group and report how it ended."""
+        if self.runtime is None:
+            return RunReport(status="interrupted", summary="farmhost is stopping")
+        task = run.task
+        job = AgentJob(
+            folder=task.group_folder,
+            prompt=task.prompt,
+            scheduled=True,
+            task_id=task.id,
+            context_mode=task.context_mode,
+        )
+        outcome = await self.runtime.submit(job)
+        status = "interrupted" if outcome.status == "cancelled" else outcome.status
+        return RunReport(status=status, summary=outcome.answer if outcome.status == "ok" else outcome.error)
+
+    def _group(self, folder: str) -> Group | None:
+        """The registered group of `folder` (None when it is not registered)."""
+        groups = self.ipc.groups if self.ipc is not None else []
+        return next((g for g in groups if g.folder == folder), None)
+
+    async def _before_run(self, folder: str) -> None:
+        """Rewrite the snapshots so the agent starts from the current tasks and groups (SPEC section 6)."""
+        if self.ipc is not None:
+            self.ipc.write_snapshots({Change.TASKS, Change.GROUPS})
+
+    def _tasks_changed(self) -> None:
+        """The scheduler moved a task on (next_run, last_run, status): agents see it in current_tasks.json."""
+        if self.ipc is not None:
+            self.ipc.write_snapshots({Change.TASKS})
 
     def _take_lock(self) -> None:
         fd = os.open(self.layout.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)

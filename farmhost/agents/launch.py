@@ -128,8 +128,9 @@ async def _feed(writer: asyncio.StreamWriter, data: bytes) -> None:
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
         writer.write(data)
         await writer.drain()
+        # Not `await writer.wait_closed()`: cancelling this task there would cancel asyncio's own
+        # stdin-closed future, and the pipe's later close then fails with InvalidStateError (CPython 3.11).
         writer.close()
-        await writer.wait_closed()
 
 
 def _rlimit_setter(limits: tuple[tuple[int, int], ...]) -> Callable[[], None]:

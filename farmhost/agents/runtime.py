@@ -38,6 +38,12 @@ MemorySnippets = Callable[[str, str], Awaitable[list[dict[str, Any]]]]
 GroupLookup = Callable[[str], Group | None]
 
 
+NO_LLM: Final = (
+    "no LLM is configured: set FARMHOST_LLM_BASE_URL and FARMHOST_LLM_MODEL (and FARMHOST_LLM_API_KEY) "
+    "in .env, see docs/configuration.md"
+)
+
+
 class AgentRuntime:
     """Runs agents: one run per group at a time, `max_agents` at once, scheduled jobs before chat jobs."""
 
@@ -161,6 +167,10 @@ class AgentRuntime:
         if self._backend is None:
             logger.warning("agent run %s for %s refused: agent runs are off", job.run_id, job.folder)
             return self._outcome(job, "error", error=f"agent runs are off: {self._backend_error}", started=started)
+        if self._command is None and not self._settings.llm_enabled:
+            # The built-in runner needs a model; starting a sandbox only to hear that would waste a second.
+            logger.warning("agent run %s for %s refused: no LLM is configured", job.run_id, job.folder)
+            return self._outcome(job, "error", error=NO_LLM, started=started)
         limits = self._limits.limits(job.folder)
         await self._prepare(job.folder)
         memory = await self._memory(job)

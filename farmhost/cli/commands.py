@@ -1,4 +1,4 @@
-"""Small commands: init, run, schema, task list, outbox list."""
+"""Small commands: init, run, schema, task list, task runs, outbox list."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import sys
 from typing import Any
 
 from farmhost.config import Settings
-from farmhost.errors import ConfigError
+from farmhost.errors import ConfigError, NotFound
 from farmhost.layout import DataLayout
 from farmhost.logs import configure
 from farmhost.protocol.schema import contract_schema
-from farmhost.store import outbox, tasks
+from farmhost.store import outbox, task_runs, tasks
 from farmhost.store.db import Database, iso
 
 
@@ -59,7 +59,7 @@ def schema(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def add_list_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
-    """`task list` and `outbox list`."""
+    """`task list`, `task runs` and `outbox list`."""
     task = sub.add_parser(
         "task", help="scheduled tasks", description="Inspect the scheduled tasks agents created."
     ).add_subparsers(dest="task_command", required=True)
@@ -72,6 +72,18 @@ def add_list_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--all", action="store_true", help="include cancelled tasks")
     p.set_defaults(func=task_list)
+    p = task.add_parser(
+        "runs",
+        parents=[common],
+        help="show the runs of one task",
+        description="Show the latest runs of a task, oldest first: due time, status (running, ok, error, timeout, "
+        "interrupted, skipped), duration (from the claim to the end, queue wait included) and summary "
+        "(the agent's answer or the error, or why a due time was skipped).",
+    )
+    p.add_argument("task_id", metavar="TASK_ID", help="the task's id (see `farmhost task list`)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--limit", type=int, default=50, help="at most this many runs, the latest (default 50)")
+    p.set_defaults(func=task_runs_list)
     box = sub.add_parser(
         "outbox", help="the durable outbox", description="Inspect the durable outbox of Telegram messages."
     ).add_subparsers(dest="outbox_command", required=True)
@@ -92,21 +104,52 @@ def task_list(args: argparse.Namespace, settings: Settings) -> int:
     db = open_existing(settings)
     try:
         rows = tasks.list_tasks(db.conn, include_cancelled=args.all)
+        last = task_runs.last_statuses(db.conn)
     finally:
         db.close()
     if args.json:
-        print(json.dumps([t.to_snapshot() for t in rows], indent=2))
+        print(json.dumps([{**t.to_snapshot(), "lastRunStatus": last.get(t.id)} for t in rows], indent=2))
         return 0
     if not rows:
         print("no tasks")
         return 0
-    print(f"{'ID':<34} {'GROUP':<16} {'STATUS':<10} {'SCHEDULE':<28} {'NEXT RUN':<29} PROMPT")
+    print(f"{'ID':<34} {'GROUP':<16} {'STATUS':<10} {'SCHEDULE':<28} {'NEXT RUN':<29} {'LAST RUN':<11} PROMPT")
     for t in rows:
         schedule = f"{t.schedule_type} {t.schedule_value}"
         print(
             f"{t.id:<34} {t.group_folder:<16} {t.status:<10} {schedule:<28} {iso(t.next_run) or '-':<29} "
-            f"{_short(t.prompt)}"
+            f"{last.get(t.id, '-'):<11} {_short(t.prompt)}"
         )
+    return 0
+
+
+def task_runs_list(args: argparse.Namespace, settings: Settings) -> int:
+    """Print the latest runs of one task."""
+    if args.limit < 1:
+        raise ConfigError(f"--limit must be at least 1, got {args.limit}")
+    db = open_existing(settings)
+    try:
+        task = tasks.get_task(db.conn, args.task_id)
+        if task is None:
+            raise NotFound(f"no task with id {args.task_id!r}; `farmhost task list --all` shows every task")
+        runs = task_runs.list_runs(db.conn, task.id, limit=args.limit)
+    finally:
+        db.close()
+    if args.json:
+        print(json.dumps([r.to_dict() for r in runs], indent=2, ensure_ascii=False))
+        return 0
+    schedule = f"{task.schedule_type} {task.schedule_value}"
+    print(
+        f"task {task.id} (group {task.group_folder}, {schedule}, {task.status}; next run {iso(task.next_run) or '-'})"
+    )
+    if not runs:
+        print("no runs yet")
+        return 0
+    print(f"{'DUE':<29} {'STATUS':<11} {'DURATION':>9}  SUMMARY")
+    for r in runs:
+        duration = r.duration_seconds
+        took = "-" if r.status == "skipped" else "running" if duration is None else f"{duration:.1f} s"
+        print(f"{iso(r.due_at) or '-':<29} {r.status:<11} {took:>9}  {_short(r.detail or '', 80)}")
     return 0
 
 

@@ -83,6 +83,7 @@ class IpcService:
         self._ipc_fd = self._errors_fd = self._spool_fd = -1
         self._watcher: InotifyWatcher | None = None
         self._processor: RequestProcessor | None = None
+        self._change_listeners: list[Callable[[set[Change]], None]] = []
 
     # lifecycle ---------------------------------------------------------------------------------
 
@@ -148,6 +149,10 @@ class IpcService:
             for worker in attached.workers.values():
                 worker.wake()
 
+    def add_change_listener(self, listener: Callable[[set[Change]], None]) -> None:
+        """Call `listener(changes)` after each request that changed state, once the snapshots are rewritten."""
+        self._change_listeners.append(listener)
+
     # registry ----------------------------------------------------------------------------------
 
     def reload_groups(self) -> None:
@@ -162,7 +167,7 @@ class IpcService:
         for folder, group in current.items():
             if folder not in self._groups:
                 self._attach(group)
-        self._write_snapshots({Change.TASKS, Change.GROUPS})
+        self.write_snapshots({Change.TASKS, Change.GROUPS})
 
     def _attach(self, group: Group) -> None:
         assert self._processor is not None
@@ -319,9 +324,15 @@ class IpcService:
         if Change.GROUPS in changes:
             self.reload_groups()
         else:
-            self._write_snapshots(changes)
+            self.write_snapshots(changes)
+        for listener in self._change_listeners:
+            try:
+                listener(set(changes))
+            except Exception:
+                logger.exception("change listener %r failed", listener)
 
-    def _write_snapshots(self, changes: set[Change]) -> None:
+    def write_snapshots(self, changes: set[Change]) -> None:
+        """Rewrite the snapshots `changes` affect (and the heartbeat) in every group's IPC directory."""
         registered = self.groups
         now = self._clock()
         for attached in self._groups.values():

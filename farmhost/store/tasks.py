@@ -96,6 +96,16 @@ def update_status(conn: sqlite3.Connection, task_id: str, status: TaskStatus, *,
     conn.execute("UPDATE tasks SET status = ?, next_run = ? WHERE id = ?", (status, iso(next_run), task_id))
 
 
+def advance(
+    conn: sqlite3.Connection, task_id: str, *, status: TaskStatus, next_run: datetime | None, last_run: datetime | None
+) -> None:
+    """Move a task past a due time the scheduler claimed or skipped (`last_run` None keeps the old one)."""
+    conn.execute(
+        "UPDATE tasks SET status = ?, next_run = ?, last_run = COALESCE(?, last_run) WHERE id = ?",
+        (status, iso(next_run), iso(last_run), task_id),
+    )
+
+
 def list_tasks(conn: sqlite3.Connection, *, folder: str | None = None, include_cancelled: bool = False) -> list[Task]:
     """Tasks of one group (or all), by next run."""
     sql = "SELECT * FROM tasks WHERE (? IS NULL OR group_folder = ?)"

@@ -349,3 +349,16 @@ async def test_an_unknown_group_or_a_missing_runtime_is_a_clear_error(root: Path
     assert missing.status == "error" and missing.error is not None
     assert missing.error.startswith(f"agent runs are off: cannot run the agent interpreter {missing_python}")
     assert "FARMHOST_AGENT_PYTHON" in missing.error
+
+
+async def test_the_built_in_runner_without_an_llm_is_refused_before_any_sandbox_starts(root: Path) -> None:
+    runtime = await started(make_runtime(settings_for(root, FARMHOST_AGENT_RUNTIME="bwrap"), command=None))
+    try:
+        outcome = await runtime.submit(AgentJob(folder="field", prompt="how dry is field 2?", scheduled=True))
+    finally:
+        await runtime.stop()
+    assert outcome.status == "error" and outcome.exit_code is None
+    assert (
+        outcome.error is not None and "FARMHOST_LLM_BASE_URL" in outcome.error and "FARMHOST_LLM_MODEL" in outcome.error
+    )
+    assert not outcome.log_path.exists()  # nothing was launched, so there is no run to log
