@@ -7,8 +7,7 @@ import json
 import sys
 
 from farmagent.errors import ConfigError
-from farmagent.ipc.client import IpcClient
-from farmagent.tools import TOOLS, call_tool
+from farmagent.tools import TOOLS, ToolContext, call_tool
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,7 +15,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="farmagent",
         description="Call the farm tools (the same ones the MCP server and the runner offer) through "
-        "FARMAGENT_IPC_DIR (default /workspace/ipc). Results and errors are printed as JSON.",
+        "FARMAGENT_IPC_DIR (default /workspace/ipc), and on the workspace (FARMAGENT_GROUP_DIR) and farm-state "
+        "(FARMAGENT_FARM_STATE_DIR) for memory_write and farm_state_read. Results and errors are printed as JSON.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("tools", help="list the tools with their descriptions and JSON Schemas")
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         arguments = json.loads(args.arguments)
-        client = IpcClient.from_env()
+        context = ToolContext.from_env()
     except json.JSONDecodeError as err:
         print(f"farmagent: the arguments are not valid JSON: {err}", file=sys.stderr)
         return 2
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     if not isinstance(arguments, dict):
         print("farmagent: the arguments must be a JSON object", file=sys.stderr)
         return 2
-    outcome = call_tool(client, args.name, arguments)
+    outcome = call_tool(context, args.name, arguments)
     print(outcome.text)
     return 1 if outcome.is_error else 0
 

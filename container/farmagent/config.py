@@ -21,6 +21,7 @@ WAIT_MODES: Final = ("inotify", "poll")
 IPC_DIR: Final = Path("/workspace/ipc")
 GROUP_DIR: Final = Path("/workspace/group")
 GLOBAL_DIR: Final = Path("/workspace/global")
+FARM_STATE_DIR: Final = Path("/workspace/farm-state")
 LLM_SOCKET: Final = Path("/workspace/run/llm.sock")
 # One chat completion of a small model on a busy host can take a minute; the run's own wall-time limit
 # (host side, default 600 s) bounds the whole loop.
@@ -35,6 +36,7 @@ class AgentSettings:
     ipc_dir: Path = IPC_DIR
     group_dir: Path = GROUP_DIR
     global_dir: Path = GLOBAL_DIR
+    farm_state_dir: Path = FARM_STATE_DIR
     llm_socket: Path = LLM_SOCKET
     llm_base_url: str | None = None
     ipc_mode: WaitMode = "inotify"
@@ -45,9 +47,9 @@ class AgentSettings:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AgentSettings:
         """Read the settings from `environ` (default `os.environ`).
 
-        Variables: FARMAGENT_IPC_DIR, FARMAGENT_GROUP_DIR, FARMAGENT_GLOBAL_DIR, FARMAGENT_LLM_SOCKET,
-        FARMAGENT_LLM_BASE_URL, FARMAGENT_IPC_MODE (inotify|poll), FARMAGENT_LLM_TIMEOUT (seconds),
-        FARMAGENT_LLM_MAX_RETRIES (retries of 429/5xx/connection errors by the openai client).
+        Variables: FARMAGENT_IPC_DIR, FARMAGENT_GROUP_DIR, FARMAGENT_GLOBAL_DIR, FARMAGENT_FARM_STATE_DIR,
+        FARMAGENT_LLM_SOCKET, FARMAGENT_LLM_BASE_URL, FARMAGENT_IPC_MODE (inotify|poll), FARMAGENT_LLM_TIMEOUT
+        (seconds), FARMAGENT_LLM_MAX_RETRIES (retries of 429/5xx/connection errors by the openai client).
 
         Raises:
             ConfigError: a value cannot be used (names the variable).
@@ -68,6 +70,7 @@ class AgentSettings:
             ipc_dir=Path(get("FARMAGENT_IPC_DIR") or IPC_DIR),
             group_dir=Path(get("FARMAGENT_GROUP_DIR") or GROUP_DIR),
             global_dir=Path(get("FARMAGENT_GLOBAL_DIR") or GLOBAL_DIR),
+            farm_state_dir=Path(get("FARMAGENT_FARM_STATE_DIR") or FARM_STATE_DIR),
             llm_socket=Path(get("FARMAGENT_LLM_SOCKET") or LLM_SOCKET),
             llm_base_url=base_url,
             ipc_mode="poll" if mode == "poll" else "inotify",

@@ -37,6 +37,18 @@ class InvalidRequestError(FarmagentError, ValueError):
     code = "invalid_request"
 
 
+class NotAllowedError(FarmagentError):
+    """A local tool refuses for good: a path outside what it may touch, a symlink, a file over its size limit."""
+
+    code = "not_allowed"
+
+
+class NotFoundError(FarmagentError):
+    """A local tool found nothing where it looked (e.g. a farm-state file the host has not written yet)."""
+
+    code = "not_found"
+
+
 class HostUnavailableError(FarmagentError):
     """`host_status.json` says the host stopped, its heartbeat is stale, or no host ever served this group."""
 

@@ -21,8 +21,7 @@ if TYPE_CHECKING:
     import openai
     from openai.types.chat import ChatCompletionMessage
 
-    from farmagent.ipc.client import IpcClient
-    from farmagent.tools import ToolSpec
+    from farmagent.tools import ToolContext, ToolSpec
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +55,7 @@ class LoopParams:
     endpoint: str
 
 
-def run_loop(llm: openai.OpenAI, ipc: IpcClient, params: LoopParams) -> LoopOutcome:
+def run_loop(llm: openai.OpenAI, tools: ToolContext, params: LoopParams) -> LoopOutcome:
     """Run the conversation to a final answer, an LLM error, or the turn limit."""
     outcome = LoopOutcome(status="error", added=[{"role": "user", "content": params.prompt}])
     offered = tool_params(params.tools)
@@ -83,7 +82,7 @@ def run_loop(llm: openai.OpenAI, ipc: IpcClient, params: LoopParams) -> LoopOutc
             return outcome
         for call in calls:
             outcome.tool_calls += 1
-            result = _run_call(ipc, call, names)
+            result = _run_call(tools, call, names)
             outcome.added.append({"role": "tool", "tool_call_id": call.id, "content": _cut(result.text)})
     outcome.error = (
         f"turn limit reached: {params.max_turns} turns without a final answer "
@@ -99,14 +98,14 @@ def _assistant(message: ChatCompletionMessage) -> dict[str, Any]:
     return entry
 
 
-def _run_call(ipc: IpcClient, call: Any, names: set[str]) -> ToolOutcome:
+def _run_call(tools: ToolContext, call: Any, names: set[str]) -> ToolOutcome:
     started = time.monotonic()
     if getattr(call, "type", None) != "function":
         outcome = _refusal(f"only function tools exist here, not {getattr(call, 'type', None)!r}")
         name = "?"
     else:
         name = call.function.name
-        outcome = _call_function(ipc, name, call.function.arguments, names)
+        outcome = _call_function(tools, name, call.function.arguments, names)
     logger.info(
         "tool %s: %s in %.0f ms",
         name,
@@ -116,7 +115,7 @@ def _run_call(ipc: IpcClient, call: Any, names: set[str]) -> ToolOutcome:
     return outcome
 
 
-def _call_function(ipc: IpcClient, name: str, raw_arguments: str | None, names: set[str]) -> ToolOutcome:
+def _call_function(tools: ToolContext, name: str, raw_arguments: str | None, names: set[str]) -> ToolOutcome:
     if name not in names:
         return _refusal(f"there is no tool {name!r} in this run; tools: {', '.join(sorted(names))}")
     try:
@@ -125,7 +124,7 @@ def _call_function(ipc: IpcClient, name: str, raw_arguments: str | None, names: 
         return _refusal(f"the arguments are not valid JSON ({err}); send a JSON object")
     if not isinstance(arguments, dict):
         return _refusal("the arguments must be a JSON object")
-    return call_tool(ipc, name, arguments)
+    return call_tool(tools, name, arguments)
 
 
 def _refusal(error: str) -> ToolOutcome:

@@ -1,7 +1,8 @@
 """The farm tools as an MCP server over stdio, for any MCP-capable agent (Claude Code, OpenCode, ...).
 
 Run `farmagent-mcp` or `python -m farmagent.mcp_server` inside the sandbox; it is configured by the
-FARMAGENT_* variables (see `farmagent.config`), FARMAGENT_IPC_DIR above all. Every tool of
+FARMAGENT_* variables (see `farmagent.config`): FARMAGENT_IPC_DIR above all, FARMAGENT_GROUP_DIR and
+FARMAGENT_FARM_STATE_DIR for the tools that work on files (memory_write, farm_state_read). Every tool of
 `farmagent.tools.TOOLS` is listed with its description and input schema; a call returns the operation's
 result as JSON text, or an MCP tool error (`isError`) whose text is `{"errorCode": ..., "error": ...}`.
 """
@@ -19,8 +20,7 @@ from mcp.server.stdio import stdio_server
 
 from farmagent import __version__
 from farmagent.errors import ConfigError
-from farmagent.ipc.client import IpcClient
-from farmagent.tools import TOOLS, call_tool
+from farmagent.tools import TOOLS, ToolContext, call_tool
 
 INSTRUCTIONS: Final = (
     "Tools of a farm-agent appliance. You run in a sandbox with no network: everything outside your workspace "
@@ -29,8 +29,8 @@ INSTRUCTIONS: Final = (
 )
 
 
-def build_server(client: IpcClient) -> Server[Any]:
-    """An MCP server whose tools are `TOOLS`, served through `client`."""
+def build_server(context: ToolContext) -> Server[Any]:
+    """An MCP server whose tools are `TOOLS`, run with `context`."""
 
     async def list_tools(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
@@ -42,8 +42,8 @@ def build_server(client: IpcClient) -> Server[Any]:
         )
 
     async def run_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
-        # The client blocks on files; a thread keeps the server answering other calls meanwhile.
-        outcome = await anyio.to_thread.run_sync(call_tool, client, params.name, params.arguments)
+        # The tools block on files; a thread keeps the server answering other calls meanwhile.
+        outcome = await anyio.to_thread.run_sync(call_tool, context, params.name, params.arguments)
         return types.CallToolResult(content=[types.TextContent(text=outcome.text)], is_error=outcome.is_error)
 
     return Server(
@@ -55,9 +55,9 @@ def build_server(client: IpcClient) -> Server[Any]:
     )
 
 
-async def serve(client: IpcClient) -> None:
+async def serve(context: ToolContext) -> None:
     """Serve the tools on stdin/stdout until the client closes the connection."""
-    server = build_server(client)
+    server = build_server(context)
     async with stdio_server() as (read_stream, write_stream):
         await server.run(read_stream, write_stream, server.create_initialization_options())
 
@@ -65,11 +65,11 @@ async def serve(client: IpcClient) -> None:
 def main() -> None:
     """Entry point of `farmagent-mcp`: read FARMAGENT_* and serve over stdio."""
     try:
-        client = IpcClient.from_env()
+        context = ToolContext.from_env()
     except ConfigError as err:
         print(f"farmagent-mcp: {err}", file=sys.stderr)
         raise SystemExit(2) from None
-    anyio.run(serve, client)
+    anyio.run(serve, context)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,13 @@ GROUP_MEMORY_CHARS: Final = 4000
 GLOBAL_MEMORY_CHARS: Final = 2000
 SNIPPETS_CHARS: Final = 4000
 MEMORY_FILE: Final = "MEMORY.md"
+# One line each for the tools a small model would otherwise overlook (it would ask ha_get_status for
+# everything, and forget what it was told).
+_TOOL_HINTS: Final = {
+    "memory_write": "Remember lasting facts (fields, crops, devices, decisions, with the date) with memory_write "
+    "in MEMORY.md or memory/<topic>.md.",
+    "farm_state_read": "For current readings, alerts, devices or the calendar, start with farm_state_read.",
+}
 
 
 def read_head(path: Path, limit: int) -> tuple[str, bool]:
@@ -85,11 +92,13 @@ def _situation(agent_input: AgentInput) -> str:
 
 
 def _tools_section(tools: tuple[ToolSpec, ...]) -> str:
+    hints = "".join(f"{_TOOL_HINTS[tool.name]}\n" for tool in tools if tool.name in _TOOL_HINTS)
     return (
         "## Tools\n"
         "You have no network and no shell. Everything beyond your reply (chat messages, files, scheduled tasks, "
         "memory, Home Assistant) goes through your tools, and the host decides what is allowed: "
         f"{', '.join(tool.name for tool in tools)}.\n"
+        f"{hints}"
         'A refused or failed call returns JSON {"errorCode", "error"}: read it and adapt; never repeat a refused '
         "call unchanged. Cite memory as [groupFolder:citation] when you use it."
     )

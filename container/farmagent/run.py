@@ -16,11 +16,10 @@ from farmagent import conversation
 from farmagent.config import AgentSettings
 from farmagent.contract import MAX_INPUT_BYTES, AgentInput, AgentResult, InputError, parse_input
 from farmagent.errors import ConfigError
-from farmagent.ipc.client import IpcClient
 from farmagent.llm import make_client, where
 from farmagent.loop import LoopParams, run_loop
 from farmagent.prompt import system_prompt
-from farmagent.tools import tools_for
+from farmagent.tools import ToolContext, tools_for
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
@@ -43,9 +42,8 @@ def run(agent_input: AgentInput, settings: AgentSettings) -> AgentResult:
         max_turns=agent_input.maxTurns,
         endpoint=where(settings),
     )
-    ipc = IpcClient(settings.ipc_dir, mode=settings.ipc_mode)
     with make_client(settings) as llm:
-        outcome = run_loop(llm, ipc, params)
+        outcome = run_loop(llm, ToolContext.from_settings(settings), params)
     if keep:
         conversation.save(settings.group_dir, history + outcome.added)
     return AgentResult(

@@ -1,8 +1,10 @@
 """TOOLS: every farm operation an agent has, defined once (name, description, JSON Schema, function).
 
-The MCP server (`mcp_server.py`) and the LLM runner (`loop.py`) both serve exactly this table through
-`call_tool`, so a tool behaves the same for Claude Code over MCP and for the built-in runner. Adding an
-operation means adding a row.
+The MCP server (`mcp_server.py`), the LLM runner (`loop.py`) and the shell CLI (`cli.py`) all serve exactly
+this table through `call_tool`, so a tool behaves the same for Claude Code over MCP and for the built-in runner.
+Adding an operation means adding a row. A tool runs with a `ToolContext`: the IPC client for the requests to
+the host, and the sandbox's own mounts for the tools that work on files directly (`memory_write`,
+`farm_state_read`, see `workspace.py`).
 """
 
 from __future__ import annotations
@@ -10,11 +12,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 from farmagent.argcheck import check, obj
+from farmagent.config import AgentSettings
 from farmagent.errors import FarmagentError, InvalidRequestError
 from farmagent.ipc.client import IpcClient
+from farmagent.workspace import FARM_STATE_FILES, MAX_MEMORY_BYTES, WRITE_MODES, farm_state_read, memory_write
 
 _JID = {"type": "string", "minLength": 3, "maxLength": 256, "description": "chat id, e.g. telegram:-1001234"}
 _TASK_ID = {"type": "string", "minLength": 1, "maxLength": 128, "description": "the task's id (see list_tasks)"}
@@ -24,13 +29,40 @@ _MAIN_DEFAULT = "Main group only, unless the farm profile opens it to other grou
 
 
 @dataclass(frozen=True, kw_only=True)
+class ToolContext:
+    """What a tool runs with: the host through `client`, and the sandbox's mounts it may touch itself."""
+
+    client: IpcClient
+    group_dir: Path  # the group's workspace (read-write): memory_write
+    farm_state_dir: Path  # the host's farm-state files (read-only): farm_state_read
+
+    @classmethod
+    def from_settings(cls, settings: AgentSettings) -> ToolContext:
+        """The context of FARMAGENT_* settings, with a client on the group's IPC directory."""
+        return cls(
+            client=IpcClient(settings.ipc_dir, mode=settings.ipc_mode),
+            group_dir=settings.group_dir,
+            farm_state_dir=settings.farm_state_dir,
+        )
+
+    @classmethod
+    def from_env(cls) -> ToolContext:
+        """`from_settings(AgentSettings.from_env())`.
+
+        Raises:
+            ConfigError: a FARMAGENT_* variable cannot be used.
+        """
+        return cls.from_settings(AgentSettings.from_env())
+
+
+@dataclass(frozen=True, kw_only=True)
 class ToolSpec:
     """One tool: what the model sees (name, description, parameters) and what runs (run)."""
 
     name: str
     description: str
     parameters: dict[str, Any]
-    run: Callable[[IpcClient, dict[str, Any]], Any]
+    run: Callable[[ToolContext, dict[str, Any]], Any]
     main_only: bool = False  # the SPEC refuses it outside main whatever the profile says
 
 
@@ -50,7 +82,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
         parameters=obj(
             {"chatJid": _JID, "text": {"type": "string", "minLength": 1, "maxLength": 65536}}, "chatJid", "text"
         ),
-        run=lambda c, a: c.send_message(a["chatJid"], a["text"]),
+        run=lambda ctx, a: ctx.client.send_message(a["chatJid"], a["text"]),
     ),
     ToolSpec(
         name="send_file",
@@ -65,7 +97,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
             "chatJid",
             "path",
         ),
-        run=lambda c, a: c.send_file(a["chatJid"], a["path"], a.get("caption")),
+        run=lambda ctx, a: ctx.client.send_file(a["chatJid"], a["path"], a.get("caption")),
     ),
     ToolSpec(
         name="schedule_task",
@@ -87,7 +119,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
             "schedule_type",
             "schedule_value",
         ),
-        run=lambda c, a: c.schedule_task(
+        run=lambda ctx, a: ctx.client.schedule_task(
             a["prompt"],
             a["schedule_type"],
             a["schedule_value"],
@@ -100,40 +132,40 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
         name="pause_task",
         description="Pause a scheduled task (this group's own tasks; main: any task).",
         parameters=obj({"taskId": _TASK_ID}, "taskId"),
-        run=lambda c, a: c.pause_task(a["taskId"]),
+        run=lambda ctx, a: ctx.client.pause_task(a["taskId"]),
     ),
     ToolSpec(
         name="resume_task",
         description="Resume a paused task; a next run that passed while it was paused is recomputed.",
         parameters=obj({"taskId": _TASK_ID}, "taskId"),
-        run=lambda c, a: c.resume_task(a["taskId"]),
+        run=lambda ctx, a: ctx.client.resume_task(a["taskId"]),
     ),
     ToolSpec(
         name="cancel_task",
         description="Cancel a scheduled task for good (this group's own tasks; main: any task).",
         parameters=obj({"taskId": _TASK_ID}, "taskId"),
-        run=lambda c, a: c.cancel_task(a["taskId"]),
+        run=lambda ctx, a: ctx.client.cancel_task(a["taskId"]),
     ),
     ToolSpec(
         name="list_tasks",
         description="List the scheduled tasks this group can see (main sees all): id, groupFolder, prompt, "
         "schedule, context_mode, status, next_run, last_run. Reads the host's snapshot; no request.",
         parameters=obj({}),
-        run=lambda c, a: {"tasks": c.current_tasks()},
+        run=lambda ctx, a: {"tasks": ctx.client.current_tasks()},
     ),
     ToolSpec(
         name="list_groups",
         description="List the chats the host knows, registered or not (main group only; other groups get an "
         "empty list). Reads the host's snapshot; no request.",
         parameters=obj({}),
-        run=lambda c, a: c.available_groups(),
+        run=lambda ctx, a: ctx.client.available_groups(),
         main_only=True,
     ),
     ToolSpec(
         name="refresh_groups",
         description="Re-read the known chats and rewrite the group list (main group only).",
         parameters=obj({}),
-        run=lambda c, a: c.refresh_groups(),
+        run=lambda ctx, a: ctx.client.refresh_groups(),
         main_only=True,
     ),
     ToolSpec(
@@ -152,14 +184,16 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
             "name",
             "folder",
         ),
-        run=lambda c, a: c.register_group(a["jid"], a["name"], a["folder"], a.get("trigger"), a.get("requiresTrigger")),
+        run=lambda ctx, a: ctx.client.register_group(
+            a["jid"], a["name"], a["folder"], a.get("trigger"), a.get("requiresTrigger")
+        ),
         main_only=True,
     ),
     ToolSpec(
         name="ping",
         description="Check that the farm host answers. Returns {pong, version, startedAt}.",
         parameters=obj({}),
-        run=lambda c, a: c.ping(),
+        run=lambda ctx, a: ctx.client.ping(),
     ),
     ToolSpec(
         name="memory_search",
@@ -175,7 +209,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
             },
             "query",
         ),
-        run=lambda c, a: c.memory_search(
+        run=lambda ctx, a: ctx.client.memory_search(
             a["query"], top_k=a.get("topK"), sources=a.get("sources"), group_folder=a.get("groupFolder")
         ),
     ),
@@ -193,9 +227,35 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
             },
             "path",
         ),
-        run=lambda c, a: c.memory_get(
+        run=lambda ctx, a: ctx.client.memory_get(
             a["path"], group_folder=a.get("groupFolder"), from_line=a.get("from"), lines=a.get("lines")
         ),
+    ),
+    ToolSpec(
+        name="memory_write",
+        description="Write this group's memory: path 'MEMORY.md' (standing notes, shown at the start of every run) "
+        "or 'memory/<topic>.md' (folders are created). mode 'append' (default) adds text at the end, 'replace' "
+        f"rewrites the whole file. At most {MAX_MEMORY_BYTES // 1024} KiB a file. memory_search finds the new text at "
+        "once. Returns {path, bytes, lines} of the file after the write.",
+        parameters=obj(
+            {
+                "path": {"type": "string", "minLength": 1, "maxLength": 1024, "description": "e.g. memory/fields.md"},
+                "text": {"type": "string", "minLength": 1, "maxLength": MAX_MEMORY_BYTES},
+                "mode": {"type": "string", "enum": list(WRITE_MODES)},
+            },
+            "path",
+            "text",
+        ),
+        run=lambda ctx, a: memory_write(ctx.group_dir, a["path"], a["text"], a.get("mode", "append")),
+    ),
+    ToolSpec(
+        name="farm_state_read",
+        description="Read a farm-state file the host keeps from Home Assistant (no request, instant): 'current' "
+        "(every entity's state and unit, the active alerts, haConnected), 'alerts' (active and recently resolved), "
+        "'devices' (areas, devices and their entities), 'calendar' (upcoming events). Returns the file's JSON; times "
+        "are the farm's local time.",
+        parameters=obj({"file": {"type": "string", "enum": list(FARM_STATE_FILES)}}, "file"),
+        run=lambda ctx, a: farm_state_read(ctx.farm_state_dir, a["file"]),
     ),
     ToolSpec(
         name="ha_get_status",
@@ -207,7 +267,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
                 "domains": {"type": "array", "items": {"type": "string"}, "maxItems": 100},
             }
         ),
-        run=lambda c, a: c.ha_get_status(a.get("entityIds"), a.get("domains")),
+        run=lambda ctx, a: ctx.client.ha_get_status(a.get("entityIds"), a.get("domains")),
     ),
     ToolSpec(
         name="ha_call_service",
@@ -224,7 +284,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
             "domain",
             "service",
         ),
-        run=lambda c, a: c.ha_call_service(a["domain"], a["service"], a.get("data"), a.get("target")),
+        run=lambda ctx, a: ctx.client.ha_call_service(a["domain"], a["service"], a.get("data"), a.get("target")),
     ),
     ToolSpec(
         name="ha_set_entity",
@@ -239,21 +299,21 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
             "entityId",
             "value",
         ),
-        run=lambda c, a: c.ha_set_entity(a["entityId"], a["value"]),
+        run=lambda ctx, a: ctx.client.ha_set_entity(a["entityId"], a["value"]),
     ),
     ToolSpec(
         name="ha_restart",
         description="Restart Home Assistant and wait until it runs again (up to a few minutes on a Raspberry Pi). "
         f"Use only when asked to. {_MAIN_DEFAULT}",
         parameters=obj({}),
-        run=lambda c, a: c.ha_restart(),
+        run=lambda ctx, a: ctx.client.ha_restart(),
     ),
     ToolSpec(
         name="ha_dashboard_get",
         description="Read the staged Lovelace dashboard (its views, config and YAML), or one view by viewPath. "
         f"{_MAIN_DEFAULT}",
         parameters=obj({"dashboard": _DASHBOARD, "viewPath": {"type": "string", "minLength": 1, "maxLength": 64}}),
-        run=lambda c, a: c.ha_dashboard_get(a.get("dashboard"), a.get("viewPath")),
+        run=lambda ctx, a: ctx.client.ha_dashboard_get(a.get("dashboard"), a.get("viewPath")),
     ),
     ToolSpec(
         name="ha_dashboard_validate",
@@ -266,7 +326,9 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
                 "checkEntities": {"type": "boolean"},
             }
         ),
-        run=lambda c, a: c.ha_dashboard_validate(a.get("dashboard"), a.get("content"), a.get("checkEntities")),
+        run=lambda ctx, a: ctx.client.ha_dashboard_validate(
+            a.get("dashboard"), a.get("content"), a.get("checkEntities")
+        ),
     ),
     ToolSpec(
         name="ha_dashboard_patch",
@@ -282,14 +344,14 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
             },
             "operations",
         ),
-        run=lambda c, a: c.ha_dashboard_patch(a["operations"], a.get("dashboard"), a.get("dryRun")),
+        run=lambda ctx, a: ctx.client.ha_dashboard_patch(a["operations"], a.get("dashboard"), a.get("dryRun")),
     ),
     ToolSpec(
         name="ha_apply_dashboard",
         description="Validate the staged dashboard and push it to Home Assistant, backing up what HA had. "
         f"{_MAIN_DEFAULT}",
         parameters=obj({"dashboard": _DASHBOARD, "backup": {"type": "boolean"}}),
-        run=lambda c, a: c.ha_apply_dashboard(a.get("dashboard"), a.get("backup")),
+        run=lambda ctx, a: ctx.client.ha_apply_dashboard(a.get("dashboard"), a.get("backup")),
     ),
     ToolSpec(
         name="ha_capture_screenshot",
@@ -307,7 +369,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
                 "selector": {"type": "string", "minLength": 1, "maxLength": 200},
             }
         ),
-        run=lambda c, a: c.ha_capture_screenshot(
+        run=lambda ctx, a: ctx.client.ha_capture_screenshot(
             a.get("dashboard"),
             a.get("view"),
             a.get("width"),
@@ -321,7 +383,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
         name="farm_state_refresh",
         description=f"Poll Home Assistant now and rewrite the farm-state files. {_MAIN_DEFAULT}",
         parameters=obj({}),
-        run=lambda c, a: c.farm_state_refresh(),
+        run=lambda ctx, a: ctx.client.farm_state_refresh(),
     ),
 )
 
@@ -333,11 +395,11 @@ def tools_for(*, is_main: bool) -> tuple[ToolSpec, ...]:
     return tuple(tool for tool in TOOLS if is_main or not tool.main_only)
 
 
-def call_tool(client: IpcClient, name: str, arguments: Mapping[str, Any] | None) -> ToolOutcome:
+def call_tool(context: ToolContext, name: str, arguments: Mapping[str, Any] | None) -> ToolOutcome:
     """Check the arguments, run the tool and turn its result or its error into JSON text.
 
     Errors the model can act on (bad arguments, a refusal by the host with its `errorCode`, a stopped host, no
-    result in time) come back as `is_error` outcomes: `{"errorCode": ..., "error": ...}`. Anything else is a
+    result in time, a local tool's refusal) come back as `is_error` outcomes: `{"errorCode": ..., "error": ...}`. Anything else is a
     bug and propagates.
     """
     tool = TOOLS_BY_NAME.get(name)
@@ -346,7 +408,7 @@ def call_tool(client: IpcClient, name: str, arguments: Mapping[str, Any] | None)
             raise InvalidRequestError(f"there is no tool {name!r}; tools: {', '.join(TOOLS_BY_NAME)}")
         args = dict(arguments or {})
         check(tool.parameters, args)
-        result = tool.run(client, args)
+        result = tool.run(context, args)
     except FarmagentError as err:
         return ToolOutcome(is_error=True, text=_dump({"errorCode": err.code, "error": err.message}))
     return ToolOutcome(is_error=False, text=_dump(result))

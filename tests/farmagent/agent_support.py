@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from farmagent.ipc.client import IpcClient
+from farmagent.tools import ToolContext
 from farmhost_testing import Daemon, clean_env
 
 MEMORY_TEXT = (
@@ -39,6 +40,16 @@ class Farm:
         options.setdefault("timeout", 10.0)
         return IpcClient(self.ipc(folder), **options)
 
+    def farm_state(self) -> Path:
+        """The host's farm-state directory (empty here: no Home Assistant is configured)."""
+        return self.data_dir / "farm-state"
+
+    def context(self, folder: str = "main", **options: Any) -> ToolContext:
+        """The ToolContext the runner of `folder` would build (its client, workspace and farm-state)."""
+        return ToolContext(
+            client=self.client(folder, **options), group_dir=self.workspace(folder), farm_state_dir=self.farm_state()
+        )
+
     def agent_env(self, folder: str = "main", **extra: str) -> dict[str, str]:
         """The environment a sandbox gives the runner / MCP server of `folder` (host paths, process runtime)."""
         env = {k: v for k, v in clean_env().items() if not k.startswith(("FARMAGENT_", "OPENAI_"))}
@@ -46,6 +57,7 @@ class Farm:
             FARMAGENT_IPC_DIR=str(self.ipc(folder)),
             FARMAGENT_GROUP_DIR=str(self.workspace(folder)),
             FARMAGENT_GLOBAL_DIR=str(self.workspace("global")),
+            FARMAGENT_FARM_STATE_DIR=str(self.farm_state()),
             PYTHONDONTWRITEBYTECODE="1",
         )
         env.update(extra)
@@ -96,6 +108,14 @@ def run_agent(
     lines = stdout.splitlines()
     assert len(lines) == 1, f"stdout must be exactly one line, got {stdout!r}; stderr:\n{done.stderr.decode()}"
     return done.returncode, json.loads(lines[0]), done.stderr.decode()
+
+
+def offline_context(root: Path, *, status: str = "alive", timeout: float = 1.0) -> ToolContext:
+    """A ToolContext under `root` with no daemon behind it: a fake IPC dir, an empty workspace and farm-state."""
+    for name in ("group", "farm-state"):
+        (root / name).mkdir(parents=True, exist_ok=True)
+    client = IpcClient(fake_ipc_dir(root / "ipc", status=status), timeout=timeout)
+    return ToolContext(client=client, group_dir=root / "group", farm_state_dir=root / "farm-state")
 
 
 def fake_ipc_dir(root: Path, *, status: str = "alive", heartbeat_age: float = 0.0) -> Path:

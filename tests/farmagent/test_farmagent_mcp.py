@@ -68,3 +68,16 @@ async def test_mcp_errors_are_tool_errors_with_the_code(farm: Farm, tmp_path: Pa
 
         # The session survives errors: the next call still works.
         assert json.loads(text(await client.call_tool("ping", {})))["pong"] is True
+
+
+async def test_mcp_serves_the_workspace_tools_on_the_sandbox_mounts(farm: Farm, tmp_path: Path) -> None:
+    async with session(farm.agent_env("field"), tmp_path / "mcp.log") as client:
+        listed = {tool.name for tool in (await client.list_tools()).tools}
+        assert {"memory_write", "farm_state_read"} <= listed
+
+        written = await client.call_tool("memory_write", {"path": "memory/mcp.md", "text": "Written over MCP."})
+        assert not written.is_error and json.loads(text(written)) == {"path": "memory/mcp.md", "bytes": 18, "lines": 1}
+        assert (farm.workspace("field") / "memory" / "mcp.md").read_text() == "Written over MCP.\n"
+
+        missing = await client.call_tool("farm_state_read", {"file": "alerts"})
+        assert missing.is_error and json.loads(text(missing))["errorCode"] == "not_found"

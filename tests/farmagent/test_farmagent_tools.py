@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any, get_args
 
 import pytest
-from agent_support import Farm, fake_ipc_dir, pending
+from agent_support import Farm, offline_context, pending
 from farmagent import wire
-from farmagent.ipc import IpcClient
 from farmagent.tools import TOOLS, TOOLS_BY_NAME, call_tool, tools_for
 from farmhost_testing import MAIN_JID
 
@@ -88,6 +87,8 @@ CALLS: list[tuple[str, dict[str, Any], str]] = [
     ("ping", {}, "ok"),
     ("memory_search", {"query": "tomatoes", "topK": 2, "sources": "all"}, "ok"),
     ("memory_get", {"path": "MEMORY.md", "from": 2, "lines": 1}, "ok"),
+    ("memory_write", {"path": "memory/checks.md", "text": "- tool table check", "mode": "append"}, "ok"),
+    ("farm_state_read", {"file": "current"}, "not_found"),
     ("ha_get_status", {"domains": ["sensor"], "entityIds": ["switch.pump"]}, "upstream_unavailable"),
     (
         "ha_call_service",
@@ -112,7 +113,7 @@ def test_the_call_table_covers_every_tool() -> None:
 @pytest.mark.parametrize(("name", "arguments", "expected"), CALLS, ids=[c[0] for c in CALLS])
 def test_every_tool_reaches_the_real_host(farm: Farm, name: str, arguments: dict[str, Any], expected: str) -> None:
     (farm.workspace() / "report.txt").write_text("all fields watered\n")
-    outcome = call_tool(farm.client(), name, arguments)
+    outcome = call_tool(farm.context(), name, arguments)
     document = json.loads(outcome.text)
     if expected == "ok":
         assert not outcome.is_error, document
@@ -142,17 +143,16 @@ def test_every_tool_reaches_the_real_host(farm: Farm, name: str, arguments: dict
 def test_bad_arguments_are_refused_before_anything_is_written(
     tmp_path: Path, name: str, arguments: dict[str, Any], problem: str
 ) -> None:
-    ipc = fake_ipc_dir(tmp_path / "ipc")
-    outcome = call_tool(IpcClient(ipc, timeout=1), name, arguments)
+    context = offline_context(tmp_path)
+    outcome = call_tool(context, name, arguments)
     document = json.loads(outcome.text)
     assert outcome.is_error and document["errorCode"] == "invalid_request"
     assert problem in document["error"], document["error"]
-    assert pending(ipc) == []
+    assert pending(context.client.ipc_dir) == []
 
 
 def test_a_dead_host_is_a_tool_error_not_a_crash(tmp_path: Path) -> None:
-    ipc = fake_ipc_dir(tmp_path / "ipc", status="stopped")
-    outcome = call_tool(IpcClient(ipc), "ping", {})
+    outcome = call_tool(offline_context(tmp_path, status="stopped"), "ping", {})
     assert outcome.is_error and json.loads(outcome.text)["errorCode"] == "host_unavailable"
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from farmagent.ipc.client import IpcClient
 from farmhost_testing import FIELD_JID, clean_env, farmhost, init_data_dir, running_daemon, wait_for
 from llm_stub import Recorded, Reply, ScriptedLLM, ToolCall
 
-from farmagent.ipc.client import IpcClient
 from farmhost.store import outbox
 from farmhost.store.db import Database
 
