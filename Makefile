@@ -7,6 +7,9 @@ DATA_DIR ?= ./data
 UV := .tools/bin/uv
 export UV_PYTHON_DOWNLOADS := never
 export UV_PROJECT_ENVIRONMENT := .venv
+# Bytecode compiled at install: agent sandboxes mount the interpreter read-only and never write it, so
+# without this every agent run compiles openai & co. from source (0.82 s -> 0.58 s per import).
+export UV_COMPILE_BYTECODE := 1
 
 .PHONY: run test install lint typecheck pytest bench clean
 

@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from farmhost_testing import init_data_dir_in_process
+from farmhost_testing import init_data_dir_in_process, running_daemon
 from llm_stub import Reply, ScriptedLLM, ToolCall
 
 from farmhost.agents import AgentJob, AgentRuntime
@@ -145,6 +145,28 @@ def _row(name: str, seconds: list[float], note: str) -> dict[str, Any]:
     return {"name": name, "n": len(ms), "p50": statistics.median(ms), "p95": p95, "note": note}
 
 
+def _measure(data_dir: Path, llm: ScriptedLLM, folders: list[str], runs: int) -> list[dict[str, Any]]:
+    script = [ToolCall("memory_search", {"query": "north field"}), Reply("The north field is at 31 %.")]
+    floor = _runtime(_settings(data_dir, "process", llm), command=[sys.executable, "-c", FLOOR])
+    rows = [_row("python -c pass", asyncio.run(_timed_runs(floor, "field", runs)), "interpreter only")]
+    for name in ("process", "bwrap"):
+        if name == "bwrap" and shutil.which("bwrap") is None:
+            print("bwrap: not installed (apt-get install bubblewrap)")
+            continue
+        llm.script(*(script * runs))
+        times = asyncio.run(_timed_runs(_runtime(_settings(data_dir, name, llm)), "field", runs))
+        answered = [r for r in llm.requests if "tomatoes" in (r.last_tool_result() or "")]
+        if len(answered) < runs:
+            raise SystemExit("memory_search did not reach the daemon")
+        llm.requests.clear()
+        rows.append(_row(name, times, "farmagent runner, 2 LLM requests, 1 memory_search through the daemon"))
+    if shutil.which("bwrap"):
+        runtime = _runtime(_settings(data_dir, "bwrap", llm, max_agents=2))
+        times = asyncio.run(_parallel(runtime, folders, max(3, runs // 3)))
+        rows.append(_row("bwrap, 4 groups at once", times, "wall time for all 4, FARMHOST_MAX_AGENTS=2"))
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure and print a markdown table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -154,28 +176,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"agent run benchmark: {time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, {os.cpu_count()} CPUs, "
         f"Python {platform.python_version()}, {platform.platform()}"
     )
-    script = [ToolCall("memory_search", {"query": "north field"}), Reply("The north field is at 31 %.")]
-    rows = []
     with tempfile.TemporaryDirectory(prefix="agent-bench-") as tmp, ScriptedLLM(then=Reply("done")) as llm:
         data_dir = init_data_dir_in_process(Path(tmp) / "data")
         (data_dir / "groups" / "field" / "MEMORY.md").write_text("# Fields\nThe north field has tomatoes.\n")
         folders = _add_groups(data_dir, 4)
-
-        floor = _runtime(_settings(data_dir, "process", llm), command=[sys.executable, "-c", FLOOR])
-        rows.append(_row("python -c pass", asyncio.run(_timed_runs(floor, "field", args.runs)), "interpreter only"))
-        for name in ("process", "bwrap"):
-            if name == "bwrap" and shutil.which("bwrap") is None:
-                print("bwrap: not installed (apt-get install bubblewrap)")
-                continue
-            llm.script(*(script * args.runs))
-            runtime = _runtime(_settings(data_dir, name, llm))
-            times = asyncio.run(_timed_runs(runtime, "field", args.runs))
-            rows.append(_row(name, times, "farmagent runner, 2 LLM requests, 1 memory_search over IPC"))
-        if shutil.which("bwrap"):
-            llm.script()
-            runtime = _runtime(_settings(data_dir, "bwrap", llm, max_agents=2))
-            times = asyncio.run(_parallel(runtime, folders, max(3, args.runs // 3)))
-            rows.append(_row("bwrap, 4 groups at once", times, "wall time for all 4, FARMHOST_MAX_AGENTS=2"))
+        with running_daemon(data_dir):  # answers the runs' memory_search requests, as in production
+            rows = _measure(data_dir, llm, folders, args.runs)
     print(f"\n| {'measure':<24} | {'n':>3} | {'p50 ms':>8} | {'p95 ms':>8} | note |")
     print(f"|{'-' * 26}|{'-' * 4}:|{'-' * 9}:|{'-' * 9}:|------|")
     for r in rows:
