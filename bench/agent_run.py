@@ -36,15 +36,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from farmhost_testing import init_data_dir_in_process, running_daemon
+from farmhost_testing import init_data_dir_in_process, register_in_process, running_daemon
 from llm_stub import Reply, ScriptedLLM, ToolCall
 
 from farmhost.agents import AgentJob, AgentRuntime
 from farmhost.config import Settings
-from farmhost.groups.registry import new_group, register
 from farmhost.layout import DataLayout
 from farmhost.memory.search import MemoryService
-from farmhost.store.db import Database, now_utc
+from farmhost.store.db import Database
 from farmhost.store.groups import Group, list_groups
 
 
@@ -62,21 +61,9 @@ def _settings(data_dir: Path, runtime: str, llm: ScriptedLLM, max_agents: int = 
 
 
 def _add_groups(data_dir: Path, count: int) -> list[str]:
-    layout = DataLayout(data_dir)
-    db = Database.open(data_dir)
-    folders = []
-    try:
-        with db.tx() as conn:
-            for i in range(count):
-                folder = f"bench{i}"
-                group = new_group(
-                    conn, jid=f"telegram:9{i}", name=folder, folder=folder, trigger=None, requires_trigger=True,
-                    is_main=False, at=now_utc(),
-                )  # fmt: skip
-                register(conn, layout, group)
-                folders.append(folder)
-    finally:
-        db.close()
+    folders = [f"bench{i}" for i in range(count)]
+    for i, folder in enumerate(folders):
+        register_in_process(data_dir, jid=f"telegram:9{i}", name=folder, folder=folder)
     return folders
 
 

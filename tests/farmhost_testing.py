@@ -179,6 +179,15 @@ def init_data_dir(root: Path) -> Path:
 
 def init_data_dir_in_process(root: Path) -> Path:
     """The same layout as `init_data_dir`, made in-process through the registry (no CLI start-up cost)."""
+    register_in_process(root, jid=MAIN_JID, name="Farm office", folder="main", is_main=True)
+    register_in_process(root, jid=FIELD_JID, name="Field crew", folder="field")
+    return root
+
+
+def register_in_process(
+    root: Path, *, jid: str, name: str, folder: str, is_main: bool = False, requires_trigger: bool = True
+) -> None:
+    """Register a group in `root` (created if needed) the way `farmhost group add` does, without a subprocess."""
     from farmhost.groups.registry import new_group, register
     from farmhost.layout import DataLayout
     from farmhost.store.db import Database, now_utc
@@ -188,18 +197,13 @@ def init_data_dir_in_process(root: Path) -> Path:
     db = Database.open(root)
     try:
         with db.tx() as conn:
-            for jid, name, folder, is_main in (
-                (MAIN_JID, "Farm office", "main", True),
-                (FIELD_JID, "Field crew", "field", False),
-            ):
-                group = new_group(
-                    conn, jid=jid, name=name, folder=folder, trigger=None, requires_trigger=True, is_main=is_main,
-                    at=now_utc(),
-                )  # fmt: skip
-                register(conn, layout, group)
+            group = new_group(
+                conn, jid=jid, name=name, folder=folder, trigger=None, requires_trigger=requires_trigger,
+                is_main=is_main, at=now_utc(),
+            )  # fmt: skip
+            register(conn, layout, group)
     finally:
         db.close()
-    return root
 
 
 @contextmanager

@@ -8,13 +8,21 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from farmhost_testing import register_in_process
+
 from farmhost.agents import AgentJob, AgentOutcome, AgentRuntime
 from farmhost.agents.backends import SandboxBackend
 from farmhost.config import Settings
-from farmhost.groups.registry import new_group, register
 from farmhost.layout import DataLayout
-from farmhost.store.db import Database, now_utc
+from farmhost.store.db import Database
 from farmhost.store.groups import Group, get_group
+
+# Secrets the host holds; no sandbox may ever see one (argv, environment, files).
+SECRETS = {
+    "HA_TOKEN": "ha-secret-0123456789",
+    "TELEGRAM_BOT_TOKEN": "123456:telegram-secret-abcdef",
+    "FARMHOST_LLM_API_KEY": "sk-llm-secret-9876543210",
+}
 
 # The probe agent: reads the AgentInput, does what its prompt (a JSON object) asks, and prints an AgentResult
 # whose `answer` is a JSON report. Every step catches its own failure and reports it by errno name.
@@ -176,17 +184,7 @@ def probe_job(folder: str, *, scheduled: bool = False, **todo: Any) -> AgentJob:
 
 def add_group(root: Path, folder: str, jid: str) -> None:
     """Register one more (non-main) group in the data dir."""
-    layout = DataLayout(root)
-    db = Database.open(root)
-    try:
-        with db.tx() as conn:
-            group = new_group(
-                conn, jid=jid, name=folder, folder=folder, trigger=None, requires_trigger=False, is_main=False,
-                at=now_utc(),
-            )  # fmt: skip
-            register(conn, layout, group)
-    finally:
-        db.close()
+    register_in_process(root, jid=jid, name=folder, folder=folder, requires_trigger=False)
 
 
 def group_lookup(root: Path) -> Callable[[str], Group | None]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from farmhost_testing import init_data_dir_in_process
-from runtime_support import PROBE, make_runtime, probe_job, report, settings_for
+from runtime_support import PROBE, SECRETS, make_runtime, probe_job, report, settings_for
 
 from farmhost.agents.backends import (
     BwrapBackend,
@@ -31,11 +31,6 @@ from farmhost.agents.sandbox import sandbox_spec
 from farmhost.layout import REPO_ROOT, DataLayout
 
 LIMITS = RunLimits(timeout_seconds=30, memory_mb=512, pids=64, max_turns=4)
-SECRETS = {
-    "HA_TOKEN": "ha-secret-0123456789",
-    "TELEGRAM_BOT_TOKEN": "123456:telegram-secret-abcdef",
-    "FARMHOST_LLM_API_KEY": "sk-llm-secret-9876543210",
-}
 
 
 @pytest.fixture

@@ -13,18 +13,12 @@ from typing import Any
 import pytest
 from farmhost_testing import Daemon, init_data_dir_in_process
 from llm_stub import Reply, ScriptedLLM
-from runtime_support import make_runtime, probe_job, report, settings_for
+from runtime_support import SECRETS, make_runtime, probe_job, report, settings_for
 
 from farmhost.agents import AgentJob, AgentRuntime
 from farmhost.agents.backends import BwrapBackend
 from farmhost.config import Settings
 from farmhost.layout import REPO_ROOT
-
-SECRETS = {
-    "HA_TOKEN": "ha-secret-0123456789",
-    "TELEGRAM_BOT_TOKEN": "123456:telegram-secret-abcdef",
-    "FARMHOST_LLM_API_KEY": "sk-llm-secret-9876543210",
-}
 
 
 @pytest.fixture
