@@ -56,6 +56,13 @@ class Settings(BaseSettings):
     agent_python: Path | None = Field(default=None, validation_alias="FARMHOST_AGENT_PYTHON")
     agent_uid: int | None = Field(default=None, ge=0, validation_alias="FARMHOST_AGENT_UID")
     memory_prompt_chars: int = Field(default=2000, ge=0, le=50000, validation_alias="FARMHOST_MEMORY_PROMPT_CHARS")
+    # Telegram: long-poll length, who may talk to the main chat, inbound media cap, outbox delivery attempts.
+    telegram_poll_timeout: int = Field(default=30, ge=0, le=300, validation_alias="FARMHOST_TELEGRAM_POLL_TIMEOUT")
+    telegram_main_senders: str | None = Field(default=None, validation_alias="FARMHOST_TELEGRAM_MAIN_SENDERS")
+    telegram_media_max_bytes: int = Field(
+        default=20 * 1024 * 1024, ge=0, validation_alias="FARMHOST_TELEGRAM_MEDIA_MAX_BYTES"
+    )
+    outbox_max_attempts: int = Field(default=8, ge=1, le=100, validation_alias="FARMHOST_OUTBOX_MAX_ATTEMPTS")
     # Scheduler: a run missed while the host was down still runs at start if it is at most this late.
     task_grace_seconds: float = Field(default=900.0, ge=0, validation_alias="FARMHOST_TASK_GRACE_SECONDS")
     task_failure_alert_after: int = Field(default=3, ge=1, le=100, validation_alias="FARMHOST_TASK_FAILURE_ALERT_AFTER")

@@ -102,4 +102,35 @@ MIGRATIONS: Final[tuple[str, ...]] = (
         INSERT INTO transcript_fts(transcript_fts, rowid, text) VALUES ('delete', old.id, old.text);
     END
     """,
+    # 3: Telegram: updates seen (at most once), the polling offset, what context each chat's agent got,
+    # chats waiting for the operator's approval, and delivery details of outbox entries
+    """
+    CREATE TABLE telegram_updates (
+        update_id INTEGER PRIMARY KEY,
+        chat_jid TEXT,
+        received_at TEXT NOT NULL,
+        status TEXT NOT NULL,
+        detail TEXT
+    );
+    CREATE TABLE host_state (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    );
+    CREATE TABLE chat_context (
+        chat_jid TEXT PRIMARY KEY,
+        consumed_through INTEGER NOT NULL
+    );
+    CREATE TABLE pending_chats (
+        jid TEXT PRIMARY KEY,
+        title TEXT,
+        requested_by TEXT,
+        requested_at TEXT NOT NULL,
+        status TEXT NOT NULL,
+        folder TEXT,
+        decided_at TEXT,
+        decided_by TEXT
+    );
+    ALTER TABLE outbox ADD COLUMN options TEXT;
+    ALTER TABLE outbox ADD COLUMN telegram_message_id INTEGER
+    """,
 )
