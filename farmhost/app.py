@@ -9,7 +9,7 @@ import os
 import signal
 from dataclasses import replace
 from datetime import datetime
-from typing import Final
+from typing import Any, Final
 
 from farmhost import __version__
 from farmhost.agents import AgentJob, AgentRuntime
@@ -32,6 +32,7 @@ from farmhost.scheduler.service import SchedulerService
 from farmhost.store.db import Database, now_utc
 from farmhost.store.groups import Group
 from farmhost.telegram.requests import HANDLERS as MESSAGE_HANDLERS
+from farmhost.telegram.service import TelegramService
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ class App:
         self.collector: StateCollector | None = None
         self.scheduler: SchedulerService | None = None
         self.runtime: AgentRuntime | None = None
+        self.telegram: TelegramService | None = None
 
     async def start(self) -> None:
         """Take the data-dir lock, open the store, start the IPC engine."""
@@ -100,6 +102,17 @@ class App:
             memory_snippets=lambda folder, prompt: memory.search(folder, prompt, top_k=MEMORY_HITS_PER_RUN),
         )
         await self.runtime.start()
+        if self.settings.telegram_enabled:
+            self.telegram = TelegramService(
+                db=self.db,
+                settings=self.settings,
+                layout=self.layout,
+                runtime=self.runtime,
+                status=self._status,
+                on_groups_changed=self.ipc.reload_groups,
+            )
+            self.ipc.add_change_listener(self.telegram.ipc_changed)
+            await self.telegram.start()
         self.scheduler = SchedulerService(
             db=self.db, settings=self.settings, dispatch=self._dispatch_task, on_tasks_changed=self._tasks_changed
         )
@@ -120,6 +133,9 @@ class App:
         if self.scheduler is not None:
             await self.scheduler.stop()
             self.scheduler = None
+        if self.telegram is not None:
+            await self.telegram.stop()
+            self.telegram = None
         if self.runtime is not None:
             await self.runtime.stop()
             self.runtime = None
@@ -169,6 +185,14 @@ class App:
         outcome = await self.runtime.submit(job)
         status = "interrupted" if outcome.status == "cancelled" else outcome.status
         return RunReport(status=status, summary=outcome.answer if outcome.status == "ok" else outcome.error)
+
+    async def _status(self) -> dict[str, Any]:
+        """The app's part of `/status` (the Telegram side adds agents, outbox and tasks)."""
+        if self.ha is None:
+            home_assistant = "off (HA_URL/HA_TOKEN not set)"
+        else:
+            home_assistant = "up" if await self.ha.is_running() else "down"
+        return {"version": __version__, "started_at": self.identity.started_at, "home_assistant": home_assistant}
 
     def _group(self, folder: str) -> Group | None:
         """The registered group of `folder` (None when it is not registered)."""

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from farmhost_testing import Daemon, init_data_dir
 
-pytest_plugins = ["ha_fixture", "llm_stub"]  # real Home Assistant (`ha`, `ha_env`, `ha_reset`); scripted LLM `llm_stub`
+# real Home Assistant (`ha`, `ha_env`, `ha_reset`); scripted LLM `llm_stub`; fake Bot API `fake_telegram`
+pytest_plugins = ["ha_fixture", "llm_stub", "telegram_stub"]
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import subprocess
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from typing import Final, Literal, cast
 
 from farmhost.agents.backends.base import SandboxError
@@ -20,11 +21,13 @@ from farmhost.config import Settings
 from farmhost.farm.policy import load_profile, profile_report
 from farmhost.layout import DataLayout
 from farmhost.store import groups, outbox
-from farmhost.store.db import Database
+from farmhost.store.db import Database, now_utc
 
 # Reachability checks must not make the doctor hang on a dead host.
 PROBE_TIMEOUT: Final = 5.0
 MIN_FREE_BYTES: Final = 512 * 1024 * 1024
+# A healthy outbox sends within seconds and retries within 5 minutes; older pending chunks mean nothing gets through.
+OUTBOX_STALE_AFTER: Final = timedelta(minutes=10)
 
 State = Literal["ok", "off", "broken"]
 
@@ -87,6 +90,7 @@ def _database(settings: Settings) -> list[Check]:
     try:
         registered = groups.list_groups(db.conn)
         box = outbox.count_by_status(db.conn)
+        stale = outbox.count_pending_since(db.conn, now_utc() - OUTBOX_STALE_AFTER)
         version = db.schema_version()
     finally:
         db.close()
@@ -100,6 +104,8 @@ def _database(settings: Settings) -> list[Check]:
                 "farmhost outbox list --status failed",
             )
         )
+    if stale:
+        checks.append(_stale_outbox(settings, stale))
     main = next((g for g in registered if g.is_main), None)
     if main is None:
         checks.append(
@@ -113,6 +119,15 @@ def _database(settings: Settings) -> list[Check]:
     else:
         checks.append(Check("groups", "ok", f"{len(registered)} group(s), main is {main.folder!r}"))
     return checks
+
+
+def _stale_outbox(settings: Settings, stale: int) -> Check:
+    minutes = int(OUTBOX_STALE_AFTER.total_seconds() // 60)
+    detail = f"{stale} chunk(s) still pending after {minutes} minutes"
+    if not settings.telegram_enabled:
+        return Check("outbox", "broken", detail, "Telegram is off: set TELEGRAM_BOT_TOKEN to deliver them")
+    fix = "see the telegram check and the daemon log; `farmhost outbox list --status pending` shows each last error"
+    return Check("outbox", "broken", detail, fix)
 
 
 def _inotify(settings: Settings) -> Check:

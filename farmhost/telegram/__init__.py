@@ -1,1 +1,1 @@
-"""Telegram bridge: outgoing message formatting and delivery."""
+"""Telegram: inbound routing, agent replies, the durable outbox and its delivery (docs/telegram.md)."""

@@ -83,6 +83,7 @@ def apply_file(ctx: RequestContext, request: AnyRequest, conn: sqlite3.Connectio
         at=ctx.now,
         kind="file",
         file_path=str(target),
+        options={"file_name": request.path.rsplit("/", 1)[-1]},
     )
     ctx.changes.add(Change.OUTBOX)
     return Outcome(result={"queued": True, "chatJid": request.chatJid, "bytes": size})

@@ -1,0 +1,81 @@
+"""TelegramService: the bot, the long-polling inbound side and the outbox delivery, started and stopped together."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import telegram
+from telegram.error import TelegramError
+
+from farmhost.agents import AgentRuntime
+from farmhost.config import Settings
+from farmhost.ipc.handlers import Change
+from farmhost.layout import DataLayout
+from farmhost.store.db import Database
+from farmhost.telegram.bot import make_bot
+from farmhost.telegram.delivery import OutboxDelivery
+from farmhost.telegram.inbound import StatusSource, TelegramInbound
+
+logger = logging.getLogger(__name__)
+
+
+class TelegramService:
+    """Connects farmhost to one Telegram bot; everything sent goes through the durable outbox."""
+
+    def __init__(
+        self,
+        *,
+        db: Database,
+        settings: Settings,
+        layout: DataLayout,
+        runtime: AgentRuntime,
+        status: StatusSource,
+        on_groups_changed: Callable[[], None],
+    ) -> None:
+        """Build the bot and both sides; nothing talks to Telegram before `start()`.
+
+        Args:
+            db: The daemon's database.
+            settings: The token, the Bot API root, polling and delivery settings.
+            layout: The data directory (workspaces for inbound media, the outbox's file copies).
+            runtime: Where triggered chat messages become agent runs.
+            status: The app's part of `/status` (version, start time, Home Assistant).
+            on_groups_changed: Called when an approved chat was registered (the IPC service reloads).
+        """
+        self.bot: telegram.Bot = make_bot(settings)
+        self.delivery = OutboxDelivery(db=db, settings=settings, layout=layout, bot=self.bot)
+        self.inbound = TelegramInbound(
+            db=db,
+            settings=settings,
+            layout=layout,
+            bot=self.bot,
+            runtime=runtime,
+            wake_outbox=self.delivery.wake,
+            status=status,
+            on_groups_changed=on_groups_changed,
+        )
+
+    async def start(self) -> None:
+        """Start delivering and polling; an unreachable Telegram is retried by both sides, never fatal."""
+        try:
+            await self.bot.initialize()  # getMe: the bot's name for transcripts and @mentions
+            logger.info("telegram: connected as @%s", self.bot.username)
+        except TelegramError as err:
+            logger.error("telegram: cannot reach the Bot API yet (%s); retrying in the background", err)
+        await self.delivery.start()
+        await self.inbound.start()
+
+    async def stop(self) -> None:
+        """Stop polling first (no new work), then delivery (in-flight sends get a short grace), then the bot."""
+        await self.inbound.stop()
+        await self.delivery.stop()
+        try:
+            await self.bot.shutdown()  # a no-op when it never initialised
+        except TelegramError as err:
+            logger.warning("telegram: shutting the bot down: %s", err)
+
+    def ipc_changed(self, changes: set[Change]) -> None:
+        """IPC listener: an agent queued a message or a file, so deliver now rather than at the next rescan."""
+        if Change.OUTBOX in changes:
+            self.delivery.wake()

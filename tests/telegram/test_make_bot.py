@@ -1,0 +1,74 @@
+"""`make_bot` against the fake Bot API (URLs, a long poll beside a send) and the telegram:<id> jids."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from telegram_stub import FakeTelegram
+
+from farmhost.config import Settings
+from farmhost.telegram.bot import chat_id_of, jid_of, make_bot
+
+
+def settings_for(tmp_path: Path, **values: object) -> Settings:
+    return Settings(_env_file=None, data_dir=tmp_path, **values)  # type: ignore[call-arg]
+
+
+async def test_a_long_poll_and_a_send_run_at_once_on_the_configured_server(
+    tmp_path: Path, fake_telegram: FakeTelegram
+) -> None:
+    settings = settings_for(
+        tmp_path,
+        telegram_bot_token=fake_telegram.token,
+        telegram_api_base_url=fake_telegram.api_root,
+        telegram_poll_timeout=2,
+    )
+    bot = make_bot(settings)
+    assert bot.base_url == f"{fake_telegram.api_root}/bot{fake_telegram.token}"
+    assert bot.base_file_url == f"{fake_telegram.api_root}/file/bot{fake_telegram.token}"
+    async with bot:
+        assert bot.username == fake_telegram.username
+        poll = asyncio.create_task(bot.get_updates(timeout=settings.telegram_poll_timeout))
+        while not fake_telegram.offsets:  # recorded when the poll arrives (calls are recorded when answered)
+            await asyncio.sleep(0.01)
+        message = await bot.send_message(-100, "sent while the poll waits")
+        assert not poll.done()  # the send did not wait for the poll's connection
+        assert await poll == ()  # and the poll ended normally, not with a read timeout
+    assert message.text == "sent while the poll waits"
+
+
+def test_telegrams_own_server_is_the_default_and_a_token_is_required(tmp_path: Path) -> None:
+    bot = make_bot(settings_for(tmp_path, telegram_bot_token="1:abc"))
+    assert bot.base_url == "https://api.telegram.org/bot1:abc"
+    assert bot.base_file_url == "https://api.telegram.org/file/bot1:abc"
+    with pytest.raises(ValueError, match="TELEGRAM_BOT_TOKEN"):
+        make_bot(settings_for(tmp_path))
+
+
+@pytest.mark.parametrize(("jid", "chat_id"), [("telegram:42", 42), ("telegram:-1001234567890", -1001234567890)])
+def test_telegram_jids_map_to_chat_ids_and_back(jid: str, chat_id: int) -> None:
+    assert chat_id_of(jid) == chat_id and jid_of(chat_id) == jid
+
+
+@pytest.mark.parametrize(
+    "jid",
+    [
+        "whatsapp:42",
+        "tg:42",
+        "telegram",
+        "telegram:",
+        "telegram:abc",
+        "telegram:1.5",
+        "telegram:--1",
+        "telegram:+1",
+        "telegram: 1",
+        "telegram:١٢",
+        "TELEGRAM:1",
+        "telegram:1" + "0" * 30,
+    ],
+)
+def test_other_jids_are_refused_clearly(jid: str) -> None:
+    with pytest.raises(ValueError, match="is not a Telegram chat"):
+        chat_id_of(jid)
