@@ -12,7 +12,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from farmhost.store.groups import Group
 
 T = TypeVar("T")
 
@@ -204,6 +207,21 @@ def register_in_process(
             register(conn, layout, group)
     finally:
         db.close()
+
+
+def group_lookup(root: Path) -> Callable[[str], Group | None]:
+    """The registry lookup the app gives the agent runtime: a fresh read of the database (sees new groups at once)."""
+    from farmhost.store.db import Database
+    from farmhost.store.groups import get_group
+
+    def lookup(folder: str) -> Group | None:
+        db = Database.open(root)
+        try:
+            return get_group(db.conn, folder)
+        finally:
+            db.close()
+
+    return lookup
 
 
 @contextmanager

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any, Final, Literal
 
 from farmhost.store.db import iso, parse_iso
-from farmhost.store.transcripts import TranscriptMessage
+from farmhost.store.transcripts import TranscriptMessage, message_from_row
 
 OFFSET_KEY: Final = "telegram_offset"
 
@@ -195,27 +195,14 @@ def context_messages(
         " ORDER BY id DESC LIMIT ?) ORDER BY id",
         (chat_jid, after, before, limit),
     ).fetchall()
-    messages = [_message(row) for row in rows]
+    messages = [message_from_row(row) for row in rows]
     return messages, int(total) - len(messages)
 
 
 def transcript_message(conn: sqlite3.Connection, transcript_id: int) -> TranscriptMessage | None:
     """One transcript row by id."""
     row = conn.execute("SELECT * FROM transcript WHERE id = ?", (transcript_id,)).fetchone()
-    return _message(row) if row else None
-
-
-def _message(row: sqlite3.Row) -> TranscriptMessage:
-    sent = parse_iso(row["sent_at"])
-    assert sent is not None
-    return TranscriptMessage(
-        id=row["id"],
-        chat_jid=row["chat_jid"],
-        direction=row["direction"],
-        sender=row["sender"],
-        text=row["text"],
-        sent_at=sent,
-    )
+    return message_from_row(row) if row else None
 
 
 # pending chats --------------------------------------------------------------------------------------------------

@@ -55,18 +55,18 @@ def recent(conn: sqlite3.Connection, chat_jids: Sequence[str], *, limit: int = R
         f"SELECT * FROM (SELECT * FROM transcript WHERE chat_jid IN ({marks}) ORDER BY id DESC LIMIT ?) ORDER BY id",
         (*chat_jids, limit),
     )
-    messages = []
-    for row in rows:
-        sent = parse_iso(row["sent_at"])
-        assert sent is not None
-        messages.append(
-            TranscriptMessage(
-                id=row["id"],
-                chat_jid=row["chat_jid"],
-                direction=row["direction"],
-                sender=row["sender"],
-                text=row["text"],
-                sent_at=sent,
-            )
-        )
-    return messages
+    return [message_from_row(row) for row in rows]
+
+
+def message_from_row(row: sqlite3.Row) -> TranscriptMessage:
+    """A `transcript` row as a TranscriptMessage."""
+    sent = parse_iso(row["sent_at"])
+    assert sent is not None
+    return TranscriptMessage(
+        id=row["id"],
+        chat_jid=row["chat_jid"],
+        direction=row["direction"],
+        sender=row["sender"],
+        text=row["text"],
+        sent_at=sent,
+    )

@@ -8,14 +8,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from farmhost_testing import register_in_process
+from farmhost_testing import group_lookup, register_in_process
 
 from farmhost.agents import AgentJob, AgentOutcome, AgentRuntime
 from farmhost.agents.backends import SandboxBackend
 from farmhost.config import Settings
 from farmhost.layout import DataLayout
-from farmhost.store.db import Database
-from farmhost.store.groups import Group, get_group
 
 # Secrets the host holds; no sandbox may ever see one (argv, environment, files).
 SECRETS = {
@@ -185,19 +183,6 @@ def probe_job(folder: str, *, scheduled: bool = False, **todo: Any) -> AgentJob:
 def add_group(root: Path, folder: str, jid: str) -> None:
     """Register one more (non-main) group in the data dir."""
     register_in_process(root, jid=jid, name=folder, folder=folder, requires_trigger=False)
-
-
-def group_lookup(root: Path) -> Callable[[str], Group | None]:
-    """The registry lookup the app gives the runtime, read from the data dir's database."""
-
-    def lookup(folder: str) -> Group | None:
-        db = Database.open(root)
-        try:
-            return get_group(db.conn, folder)
-        finally:
-            db.close()
-
-    return lookup
 
 
 async def no_hook(folder: str) -> None:

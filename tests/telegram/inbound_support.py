@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from farmhost_testing import MAIN_JID, init_data_dir_in_process
+from farmhost_testing import MAIN_JID, group_lookup, init_data_dir_in_process
 from telegram import Bot
 from telegram_stub import FakeTelegram
 
@@ -29,7 +29,6 @@ from farmhost.ipc.service import IpcService
 from farmhost.ipc.snapshots import HostIdentity
 from farmhost.layout import DataLayout
 from farmhost.store.db import Database, now_utc
-from farmhost.store.groups import Group, get_group
 from farmhost.telegram.bot import make_bot
 from farmhost.telegram.delivery import OutboxDelivery
 from farmhost.telegram.inbound import TelegramInbound
@@ -79,19 +78,6 @@ def settings_for(root: Path, tg: FakeTelegram, **values: Any) -> Settings:
 def new_data_dir(tmp_path: Path) -> Path:
     """A data dir with `main` (telegram:100, main) and `field` (telegram:200, trigger @Field)."""
     return init_data_dir_in_process(tmp_path / "data")
-
-
-def group_lookup(root: Path) -> Callable[[str], Group | None]:
-    """The registry lookup given to the runtime: a fresh read of the database (it sees approvals at once)."""
-
-    def lookup(folder: str) -> Group | None:
-        db = Database.open(root)
-        try:
-            return get_group(db.conn, folder)
-        finally:
-            db.close()
-
-    return lookup
 
 
 async def _no_hook(folder: str) -> None:
