@@ -4,6 +4,7 @@
 PYTHON ?= python3
 UV_VERSION ?= 0.13.9
 DATA_DIR ?= ./data
+DEMO_DIR ?= ./demo-data
 UV := .tools/bin/uv
 export UV_PYTHON_DOWNLOADS := never
 export UV_PROJECT_ENVIRONMENT := .venv
@@ -11,7 +12,12 @@ export UV_PROJECT_ENVIRONMENT := .venv
 # without this every agent run compiles openai & co. from source (0.82 s -> 0.58 s per import).
 export UV_COMPILE_BYTECODE := 1
 
-.PHONY: run test install lint typecheck pytest bench clean
+.PHONY: demo run test install debian ha lint typecheck pytest bench clean
+
+## demo: install farmhost and the local Home Assistant, then the live demo farm in ./demo-data: HA with the simulated
+## farm, farmhost with the farm dashboard and a screenshot, a terminal chat with the agent (Ctrl-C stops it all)
+demo: debian install ha
+	.venv/bin/farmhost demo --data-dir $(DEMO_DIR)
 
 ## run: install, create ./data with a local main group, and run the daemon in the foreground (Ctrl-C stops it)
 run: install
@@ -21,7 +27,7 @@ run: install
 	.venv/bin/farmhost run --data-dir $(DATA_DIR)
 
 ## test: install everything the tests need, then lint, type-check and run the whole suite
-test: install lint typecheck pytest
+test: debian install ha lint typecheck pytest
 
 $(UV):
 	$(PYTHON) -m venv .tools
@@ -29,6 +35,14 @@ $(UV):
 
 install: $(UV)
 	$(UV) sync --frozen --python $(PYTHON) -q
+
+## debian: the Debian packages the demo and the tests use, installed when missing (as root; otherwise it prints the command)
+debian:
+	scripts/debian-packages
+
+## ha: the Home Assistant the demo and the tests run, cached in ~/.cache/farmhost-ha (first time ~90 s, with progress)
+ha: install
+	.venv/bin/python tests/ha/ha_harness.py install
 
 lint:
 	.venv/bin/ruff check farmhost container tests bench

@@ -95,6 +95,7 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", validation_alias="FARMHOST_LOG_LEVEL"
     )
+    log_format: Literal["text", "json"] = Field(default="text", validation_alias="FARMHOST_LOG_FORMAT")
 
     @field_validator("tz")
     @classmethod

@@ -218,10 +218,22 @@ class _RunHandler:
         try:
             status, data, content_type = await self._proxy.forward(body)
         except TimeoutError:
-            logger.warning("llm %s run %s: no answer within %g s", self._folder, self._run_id, self._proxy.timeout)
+            logger.warning(
+                "llm %s run %s: no answer within %g s",
+                self._folder,
+                self._run_id,
+                self._proxy.timeout,
+                extra={"group": self._folder, "runId": self._run_id},
+            )
             return _error(502, f"the LLM endpoint did not answer within {self._proxy.timeout:g} s", "upstream_timeout")
         except aiohttp.ClientError as err:
-            logger.warning("llm %s run %s: upstream unreachable: %s", self._folder, self._run_id, err)
+            logger.warning(
+                "llm %s run %s: upstream unreachable: %s",
+                self._folder,
+                self._run_id,
+                err,
+                extra={"group": self._folder, "runId": self._run_id},
+            )
             return _error(502, f"the host cannot reach the LLM endpoint ({_reason(err)})", "upstream_unavailable")
         if 200 <= status < 300:
             self._count_tokens(data)
@@ -247,6 +259,7 @@ class _RunHandler:
             usage.max_requests,
             usage.prompt_tokens,
             usage.completion_tokens,
+            extra={"group": self._folder, "runId": self._run_id},
         )
 
     async def models(self, request: web.Request) -> web.Response:

@@ -159,17 +159,17 @@ class AgentRuntime:
         try:
             group = self._group(job.folder)
         except Exception as err:
-            logger.exception("agent run %s: cannot look up group %s", job.run_id, job.folder)
+            logger.exception("agent run %s: cannot look up group %s", job.run_id, job.folder, extra=_ids(job))
             return self._outcome(job, "error", error=f"cannot look up group {job.folder!r}: {err}", started=started)
         if group is None:
-            logger.warning("agent run %s refused: group %s is not registered", job.run_id, job.folder)
+            logger.warning("agent run %s refused: group %s is not registered", job.run_id, job.folder, extra=_ids(job))
             return self._outcome(job, "error", error=f"group {job.folder!r} is not registered", started=started)
         if self._backend is None:
-            logger.warning("agent run %s for %s refused: agent runs are off", job.run_id, job.folder)
+            logger.warning("agent run %s for %s refused: agent runs are off", job.run_id, job.folder, extra=_ids(job))
             return self._outcome(job, "error", error=f"agent runs are off: {self._backend_error}", started=started)
         if self._command is None and not self._settings.llm_enabled:
             # The built-in runner needs a model; starting a sandbox only to hear that would waste a second.
-            logger.warning("agent run %s for %s refused: no LLM is configured", job.run_id, job.folder)
+            logger.warning("agent run %s for %s refused: no LLM is configured", job.run_id, job.folder, extra=_ids(job))
             return self._outcome(job, "error", error=NO_LLM, started=started)
         limits = self._limits.limits(job.folder)
         await self._prepare(job.folder)
@@ -203,7 +203,14 @@ class AgentRuntime:
         except (SandboxError, OSError) as err:
             return await self._failed(record, started, f"cannot prepare the sandbox: {err}")
         record.command = plan.argv
-        logger.info("agent run %s for %s started (%s, %s)", job.run_id, job.folder, record.kind, self._backend.name)
+        logger.info(
+            "agent run %s for %s started (%s, %s)",
+            job.run_id,
+            job.folder,
+            record.kind,
+            self._backend.name,
+            extra={**_ids(job), "event": "run_start", "backend": self._backend.name},
+        )
         try:
             budget = REQUESTS_PER_TURN * limits.max_turns
             async with self._proxy.serve(job.folder, job.run_id, max_requests=budget) as usage:
@@ -274,11 +281,24 @@ class AgentRuntime:
             usage.requests if usage else 0,
             usage.prompt_tokens if usage else 0,
             usage.completion_tokens if usage else 0,
+            extra={
+                **_ids(job),
+                "event": "run_end",
+                "status": status,
+                "exitCode": run.exit_code,
+                "durationS": round(outcome.duration_seconds, 3),
+            },
         )
         return outcome
 
     async def _failed(self, record: RunRecord, started: float, error: str) -> AgentOutcome:
-        logger.error("agent run %s for %s: %s", record.job.run_id, record.job.folder, error)
+        logger.error(
+            "agent run %s for %s: %s",
+            record.job.run_id,
+            record.job.folder,
+            error,
+            extra={**_ids(record.job), "event": "run_end", "status": "error"},
+        )
         outcome = self._outcome(record.job, "error", error=error, started=started)
         await self._write_log(record, outcome)
         return outcome
@@ -289,7 +309,13 @@ class AgentRuntime:
                 write_run_log_sync, self._layout.workspace(record.job.folder), record.job.run_id, record.render(outcome)
             )
         except OSError as err:
-            logger.error("agent run %s for %s: cannot write its log: %s", record.job.run_id, record.job.folder, err)
+            logger.error(
+                "agent run %s for %s: cannot write its log: %s",
+                record.job.run_id,
+                record.job.folder,
+                err,
+                extra=_ids(record.job),
+            )
 
     def _outcome(
         self,
@@ -314,3 +340,11 @@ class AgentRuntime:
     def _secrets(self) -> list[str | None]:
         settings = self._settings
         return [settings.ha_token, settings.telegram_bot_token, settings.llm_api_key]
+
+
+def _ids(job: AgentJob) -> dict[str, str]:
+    """The ids a log line about `job` carries as `extra` (JSON logs show them as fields)."""
+    ids = {"runId": job.run_id, "group": job.folder}
+    if job.task_id:
+        ids["taskId"] = job.task_id
+    return ids

@@ -9,9 +9,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from farmhost import __version__
-from farmhost.cli import commands, doctor, groups, ipc
+from farmhost.cli import commands, doctor, groups, health, ipc
 from farmhost.config import Settings, load_settings
+from farmhost.demo import cli as demo
 from farmhost.errors import FarmhostError
+from farmhost.logs import LOG_FORMATS
 
 EPILOG = """\
 Configuration comes from environment variables and an optional .env file in the current directory
@@ -50,16 +52,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the daemon in the foreground (SIGTERM/SIGINT stop it)",
         description="Run the daemon in the foreground: it serves every registered group's IPC directory. "
         "SIGTERM or SIGINT stop it cleanly (host_status.json then says stopped). "
-        "Only one daemon may run on a data directory.",
+        "Only one daemon may run on a data directory. Logs go to stderr, one line per event, tokens redacted.",
     )
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="debug logging (overrides FARMHOST_LOG_LEVEL, default INFO)"
+    )
+    p.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=None,
+        help="text (default) or json: one JSON object per line with ts, level, logger, message and the event's "
+        "ids (group, requestId, runId, taskId, ...); overrides FARMHOST_LOG_FORMAT",
+    )
     p.set_defaults(func=commands.run)
     p = sub.add_parser(
         "doctor",
         parents=[common],
         help="check every part and say how to fix what is off or broken",
-        description="Check every part of the appliance (data dir, database, groups, inotify, Home Assistant, "
-        "Telegram, sandbox, LLM, disk, time zone) and print ok, off or broken with the fix. "
+        description="Check every part of the appliance (Python, data dir, database, groups, disk, inotify, clock, "
+        "time zone, Home Assistant, Telegram, LLM, sandbox, agent limits, farm profile) and print ok, warn, off or "
+        "broken with the fix, one line each as soon as it is known. Network probes give up after 5 s. "
         "Exit status 1 when anything is broken.",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -77,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     groups.add_parsers(sub, common)
     commands.add_list_parsers(sub, common)
     ipc.add_parsers(sub, common)
+    health.add_parsers(sub, common)
+    demo.add_parser(sub)
     return parser
 
 

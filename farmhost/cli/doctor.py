@@ -1,4 +1,8 @@
-"""`farmhost doctor`: each part of the appliance as ok / off / broken, with the fix."""
+"""`farmhost doctor`: each part of the appliance as ok / warn / off / broken, with the fix.
+
+The checks run at once in background threads and are printed in a fixed order as soon as each is known; a check
+still going after a second says on stderr what it waits for, and none waits longer than its own limit.
+"""
 
 from __future__ import annotations
 
@@ -8,72 +12,186 @@ import os
 import shutil
 import sqlite3
 import subprocess
+import sys
+import threading
 import urllib.error
+import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
-from typing import Final, Literal, cast
+from pathlib import Path
+from typing import Final, cast
 
 from farmhost.agents.backends.base import SandboxError
-from farmhost.agents.backends.host import find_python_install_sync
+from farmhost.agents.backends.host import PYTHON_PROBE_TIMEOUT, find_python_install_sync
 from farmhost.agents.limits import LimitsFile, default_limits, explain
+from farmhost.cli.hostchecks import (
+    Check,
+    State,
+    clock_check,
+    daemon_pid,
+    data_dir_check,
+    disk_check,
+    inotify_check,
+    inotify_in_use,
+    python_check,
+    timezone_check,
+)
 from farmhost.config import Settings
 from farmhost.farm.policy import load_profile, profile_report
 from farmhost.layout import DataLayout
 from farmhost.store import groups, outbox
-from farmhost.store.db import Database, now_utc
+from farmhost.store.db import Database, SchemaTooNew, now_utc
+
+__all__ = ["Check", "State", "doctor"]
 
 # Reachability checks must not make the doctor hang on a dead host.
 PROBE_TIMEOUT: Final = 5.0
-MIN_FREE_BYTES: Final = 512 * 1024 * 1024
+# A check still running after this long says on stderr what it waits for.
+SAY_WAITING_AFTER: Final = 1.0
+# A local check (files, the database) that takes longer than this is reported broken instead of waited for.
+LOCAL_LIMIT: Final = 15.0
 # A healthy outbox sends within seconds and retries within 5 minutes; older pending chunks mean nothing gets through.
 OUTBOX_STALE_AFTER: Final = timedelta(minutes=10)
 
-State = Literal["ok", "off", "broken"]
-
 
 @dataclass(frozen=True)
-class Check:
-    """One line of the report."""
+class Probe:
+    """One check to run in the background: what it is, what it waits for, and how long it may take."""
 
     part: str
-    state: State
-    detail: str
+    run: Callable[[], list[Check]]
+    waits_for: str
+    limit: float = LOCAL_LIMIT
     fix: str = ""
+
+
+class _Running:
+    """A probe in a daemon thread (a hung DNS lookup must not keep the command from exiting)."""
+
+    def __init__(self, probe: Probe) -> None:
+        self.probe = probe
+        self.result: list[Check] | None = None
+        self._thread = threading.Thread(target=self._run, name=f"doctor:{probe.part}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.result = self.probe.run()
+        except Exception as err:  # noqa: BLE001 - a doctor reports, it does not crash
+            detail = f"the check itself failed: {type(err).__name__}: {err}"
+            self.result = [Check(self.probe.part, "broken", detail, "a doctor bug: please report this line")]
+
+    def wait(self) -> list[Check]:
+        self._thread.join(SAY_WAITING_AFTER)
+        if self._thread.is_alive():
+            print(f"doctor: waiting for {self.probe.waits_for} (at most {self.probe.limit:g} s)", file=sys.stderr)
+            self._thread.join(self.probe.limit - SAY_WAITING_AFTER)
+        if self.result is not None:
+            return self.result
+        detail = f"no answer from {self.probe.waits_for} in {self.probe.limit:g} s"
+        return [Check(self.probe.part, "broken", detail, self.probe.fix or "see the daemon log and try again")]
 
 
 def doctor(args: argparse.Namespace, settings: Settings) -> int:
     """Run every check; exit 1 when anything is broken."""
-    checks = [
-        _data_dir(settings),
-        *_database(settings),
-        _inotify(settings),
-        _home_assistant(settings),
-        _telegram(settings),
-        _runtime(settings),
-        _agent_limits(settings),
-        _llm(settings),
-        _farm_profile(settings),
-        _disk(settings),
-        Check("timezone", "ok", f"{settings.zone.key}" + ("" if settings.tz else " (system zone; set TZ to pin it)")),
-    ]
+    running = [_Running(probe) for probe in _probes(settings)]
+    checks: list[Check] = []
+    for item in running:
+        found = item.wait()
+        checks.extend(found)
+        if not args.json:
+            for c in found:
+                print(f"{c.part:<16} {c.state:<7} {c.detail}", flush=True)
+                if c.fix:
+                    print(f"{'':<16} {'':<7} fix: {c.fix}", flush=True)
     if args.json:
         print(json.dumps([asdict(c) for c in checks], indent=2))
-    else:
-        for c in checks:
-            print(f"{c.part:<16} {c.state:<7} {c.detail}")
-            if c.fix:
-                print(f"{'':<16} {'':<7} fix: {c.fix}")
     return 1 if any(c.state == "broken" for c in checks) else 0
 
 
-def _data_dir(settings: Settings) -> Check:
+def _probes(settings: Settings) -> list[Probe]:
     root = settings.data_dir
-    if not root.is_dir():
-        return Check("data dir", "broken", f"{root} does not exist", f"farmhost init --data-dir {root}")
-    if not os.access(root, os.W_OK):
-        return Check("data dir", "broken", f"{root} is not writable", "chown the directory to the farmhost user")
-    return Check("data dir", "ok", str(root))
+    db_path = DataLayout(root).db_path
+    return [
+        Probe("python", lambda: [python_check()], "the Python check"),
+        Probe("data dir", lambda: [data_dir_check(root)], f"the data dir {root}"),
+        Probe("database", lambda: _database(settings), f"{db_path} (locked by a stuck writer?)"),
+        Probe("disk", lambda: [disk_check(root)], f"the filesystem of {root}"),
+        Probe("inotify", lambda: [_inotify(settings)], "the inotify limits"),
+        Probe("clock", lambda: [clock_check(db_path)], "timedatectl and the clock"),
+        Probe("timezone", lambda: [timezone_check(settings.tz, settings.zone)], "the time zone"),
+        Probe(
+            "home assistant",
+            lambda: [_home_assistant(settings)],
+            f"Home Assistant at {_safe_url(settings.ha_url or '')}",
+            PROBE_TIMEOUT + 2,
+            "check HA_URL and that Home Assistant runs",
+        ),
+        Probe(
+            "telegram",
+            lambda: [_telegram(settings)],
+            "the Telegram Bot API (getMe)",
+            PROBE_TIMEOUT + 2,
+            "check the network (DNS, firewall) and TELEGRAM_API_BASE_URL",
+        ),
+        Probe(
+            "llm",
+            lambda: [_llm(settings)],
+            f"the LLM endpoint {_safe_url(settings.llm_base_url or '')}/models",
+            PROBE_TIMEOUT + 2,
+            "check FARMHOST_LLM_BASE_URL and the network",
+        ),
+        Probe(
+            "sandbox",
+            lambda: [_runtime(settings)],
+            f"the {settings.runtime} sandbox trial",
+            PYTHON_PROBE_TIMEOUT + PROBE_TIMEOUT + 2,
+        ),
+        Probe("agent limits", lambda: [_agent_limits(settings)], "agent-limits.json"),
+        Probe("farm profile", lambda: [_farm_profile(settings)], "the farm profile"),
+    ]
+
+
+def _inotify(settings: Settings) -> Check:
+    root = settings.data_dir
+    count = _registered_groups(DataLayout(root).db_path)
+    in_use = None
+    if settings.ipc_mode == "inotify":  # what the user's other processes hold; the running daemon is part of the need
+        pid = daemon_pid(root)
+        in_use = inotify_in_use(os.getuid(), exclude={os.getpid(), *([pid] if pid else [])})
+    return inotify_check(
+        groups=count,
+        max_agents=settings.max_agents,
+        ipc_mode=settings.ipc_mode,
+        poll_seconds=settings.ipc_poll_seconds,
+        in_use=in_use,
+    )
+
+
+def _registered_groups(db_path: Path) -> int:
+    """How many groups are registered (read-only; 0 without a database)."""
+    if not db_path.is_file():
+        return 0
+    try:
+        conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=2)
+        try:
+            return int(conn.execute("SELECT count(*) FROM groups").fetchone()[0])
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return 0
+
+
+def _safe_url(url: str) -> str:
+    """`url` without any user:password part."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 def _database(settings: Settings) -> list[Check]:
@@ -85,8 +203,19 @@ def _database(settings: Settings) -> list[Check]:
         ]
     try:
         db = Database.open(settings.data_dir)
+    except SchemaTooNew as err:
+        detail = (
+            f"farmhost.db has schema v{err.found}, newer than this farmhost knows (v{err.known}): "
+            "it was not used and not changed"
+        )
+        fix = "run the newer farmhost again, or restore the backup taken before the upgrade (docs/operations.md)"
+        return [Check("database", "broken", detail, fix), Check("groups", "broken", "registry not read", fix)]
     except (sqlite3.Error, OSError) as err:
-        return [Check("database", "broken", f"cannot open farmhost.db: {err}", "restore the data dir from a backup")]
+        fix = "restore the data dir from a backup"
+        return [
+            Check("database", "broken", f"cannot open farmhost.db: {err}", fix),
+            Check("groups", "broken", "registry not read", fix),
+        ]
     try:
         registered = groups.list_groups(db.conn)
         box = outbox.count_by_status(db.conn)
@@ -130,30 +259,25 @@ def _stale_outbox(settings: Settings, stale: int) -> Check:
     return Check("outbox", "broken", detail, fix)
 
 
-def _inotify(settings: Settings) -> Check:
-    if settings.ipc_mode == "poll":
-        return Check("inotify", "off", f"FARMHOST_IPC_MODE=poll (every {settings.ipc_poll_seconds:g} s)")
-    try:
-        from inotify_simple import INotify
-
-        INotify().close()
-        with open("/proc/sys/fs/inotify/max_user_watches") as limit:
-            watches = int(limit.read())
-    except OSError as err:
-        return Check("inotify", "broken", f"inotify unavailable: {err}", "set FARMHOST_IPC_MODE=poll")
-    return Check("inotify", "ok", f"max_user_watches={watches} (farmhost uses 4 per group)")
-
-
-def _http_check(part: str, url: str, headers: dict[str, str], fix: str) -> Check:
+def _http_check(part: str, url: str, headers: dict[str, str], fix: str, *, where: str = "") -> Check:
+    """GET `url`; `where` names it in the report (the URL itself may hold a token and is never printed)."""
     request = urllib.request.Request(url, headers=headers)
+    prefix = f"{where} " if where else ""
     try:
         with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT) as response:
-            return Check(part, "ok", f"reachable (HTTP {response.status})")
+            return Check(part, "ok", f"{prefix}reachable (HTTP {response.status})")
     except urllib.error.HTTPError as err:
-        return Check(part, "broken", f"HTTP {err.code} {err.reason}", fix)
+        return Check(part, "broken", f"{prefix}HTTP {err.code} {err.reason}", fix)
     except (urllib.error.URLError, OSError) as err:
-        reason = getattr(err, "reason", err)
-        return Check(part, "broken", f"unreachable: {reason}", fix)
+        return Check(part, "broken", f"{prefix}{_unreachable(err)}", fix)
+
+
+def _unreachable(err: OSError) -> str:
+    """`unreachable: <reason>`, or `gave no answer within 5 s` for a server that accepted the connection and hung."""
+    reason = getattr(err, "reason", err)
+    if isinstance(reason, TimeoutError) or "timed out" in str(reason):
+        return f"gave no answer within {PROBE_TIMEOUT:g} s"
+    return f"unreachable: {reason}"
 
 
 def _home_assistant(settings: Settings) -> Check:
@@ -168,6 +292,7 @@ def _home_assistant(settings: Settings) -> Check:
         f"{settings.ha_url}/api/",
         {"Authorization": f"Bearer {settings.ha_token}"},
         "check HA_URL and that HA_TOKEN is a valid long-lived access token",
+        where=_safe_url(settings.ha_url),
     )
 
 
@@ -252,16 +377,50 @@ def _agent_limits(settings: Settings) -> Check:
 
 
 def _llm(settings: Settings) -> Check:
-    if not settings.llm_enabled:
-        return Check("llm", "off", "FARMHOST_LLM_BASE_URL/FARMHOST_LLM_MODEL not set", "set them in .env")
-    return Check("llm", "ok", f"{settings.llm_model} at {settings.llm_base_url}")
+    """The OpenAI-compatible endpoint: configured, reachable (GET /models with the key) and offering the model."""
+    missing = [
+        n
+        for n, v in (("FARMHOST_LLM_BASE_URL", settings.llm_base_url), ("FARMHOST_LLM_MODEL", settings.llm_model))
+        if not v
+    ]
+    if missing:
+        fix = "set FARMHOST_LLM_BASE_URL, FARMHOST_LLM_MODEL (and FARMHOST_LLM_API_KEY) in .env; agent runs are refused until then"
+        return Check("llm", "off", f"{' and '.join(missing)} not set", fix)
+    assert settings.llm_base_url is not None
+    where = _safe_url(settings.llm_base_url)
+    headers = {"Authorization": f"Bearer {settings.llm_api_key}"} if settings.llm_api_key else {}
+    request = urllib.request.Request(f"{settings.llm_base_url}/models", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT) as response:
+            body = response.read(1 << 20)
+    except urllib.error.HTTPError as err:
+        if err.code in (401, 403):
+            fix = "check FARMHOST_LLM_API_KEY (the endpoint refused it)"
+            return Check("llm", "broken", f"{where}: HTTP {err.code} {err.reason}: the key was refused", fix)
+        if err.code == 404:
+            fix = (
+                "FARMHOST_LLM_BASE_URL must be the URL that /chat/completions hangs off, e.g. https://api.openai.com/v1"
+            )
+            return Check("llm", "warn", f"{where}: GET /models answered HTTP 404 (is /v1 missing?)", fix)
+        return Check(
+            "llm", "broken", f"{where}: HTTP {err.code} {err.reason}", "check the endpoint's status and the key"
+        )
+    except (urllib.error.URLError, OSError) as err:
+        return Check("llm", "broken", f"{where} {_unreachable(err)}", "check FARMHOST_LLM_BASE_URL and the network")
+    offered = _model_ids(body)
+    model = settings.llm_model
+    if offered and model not in offered:
+        listed = ", ".join(sorted(offered)[:8]) + (", ..." if len(offered) > 8 else "")
+        fix = "set FARMHOST_LLM_MODEL to a model the endpoint offers"
+        return Check("llm", "warn", f"{where} does not list model {model!r} (it offers {listed})", fix)
+    listed = f", {len(offered)} model(s) offered" if offered else ""
+    return Check("llm", "ok", f"model {model!r} at {where}, reachable{listed}")
 
 
-def _disk(settings: Settings) -> Check:
-    target = settings.data_dir
-    while not target.exists() and target != target.parent:  # report the filesystem the data dir will live on
-        target = target.parent
-    free = shutil.disk_usage(target).free
-    if free < MIN_FREE_BYTES:
-        return Check("disk", "broken", f"{free // 2**20} MiB free", "free space on the data dir's filesystem")
-    return Check("disk", "ok", f"{free // 2**30} GiB free")
+def _model_ids(body: bytes) -> set[str]:
+    """The model ids of an OpenAI `GET /models` answer (empty when it is not one)."""
+    try:
+        document = json.loads(body)
+        return {str(m["id"]) for m in document["data"] if isinstance(m, dict) and "id" in m}
+    except (ValueError, KeyError, TypeError):
+        return set()

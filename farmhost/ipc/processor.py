@@ -26,6 +26,8 @@ from farmhost.store.db import Database
 from farmhost.store.groups import Group
 
 logger = logging.getLogger(__name__)
+# The request log's fields that also go on the daemon's log line (as `extra`: JSON logs carry them).
+_LOGGED = ("group", "queue", "requestId", "type", "action", "status", "errorCode", "durationMs")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,20 +92,31 @@ class RequestProcessor:
             return False
         os.unlink(item.name, dir_fd=item.spool_fd)
         doc = answer.document
-        self._log.write(
-            {
-                "ts": utc_stamp(received),
-                "group": item.group.folder,
-                "queue": item.queue.value,
-                "file": item.name,
-                "requestId": request_id,
-                "type": doc["type"],
-                "action": doc["action"],
-                "status": doc["status"],
-                "errorCode": doc["errorCode"],
-                "durationMs": round((time.perf_counter() - started) * 1000, 3),
-                "replayed": answer.replayed,
-            }
+        record = {
+            "ts": utc_stamp(received),
+            "group": item.group.folder,
+            "queue": item.queue.value,
+            "file": item.name,
+            "requestId": request_id,
+            "type": doc["type"],
+            "action": doc["action"],
+            "status": doc["status"],
+            "errorCode": doc["errorCode"],
+            "durationMs": round((time.perf_counter() - started) * 1000, 3),
+            "replayed": answer.replayed,
+        }
+        self._log.write(record)
+        kind = f"{doc['type']}:{doc['action']}" if doc["action"] else str(doc["type"])
+        logger.info(
+            "request %s (%s) from group %s: %s%s in %.1f ms%s",
+            request_id,
+            kind,
+            item.group.folder,
+            doc["status"],
+            f" ({doc['errorCode']})" if doc["errorCode"] else "",
+            record["durationMs"],
+            " (replayed)" if answer.replayed else "",
+            extra={k: record[k] for k in _LOGGED},
         )
         return True
 
@@ -192,6 +205,7 @@ class RequestProcessor:
             reason=reason,
             code=code,
             at=received,
+            request_id=request_id,
         )
         self._log.write(
             {

@@ -35,8 +35,12 @@ class Quarantine:
         reason: str,
         code: ErrorCode,
         at: datetime,
+        request_id: str | None = None,
     ) -> str:
-        """Move `src_name` (any kind of entry) into quarantine and write its reason; returns the new name."""
+        """Move `src_name` (any kind of entry) into quarantine and write its reason; returns the new name.
+
+        `request_id` (when the refused file named one) only goes into the log line.
+        """
         dir_fd = self._folder_fd(folder)
         try:
             target = self._free_name(dir_fd, _fit(f"{at.strftime('%Y%m%dT%H%M%S.%fZ')}-{queue}-{original_name}"))
@@ -56,7 +60,14 @@ class Quarantine:
                 handle.write(dump_json(note))
         finally:
             os.close(dir_fd)
-        logger.warning("quarantined %s/%s/%s: %s", folder, queue, original_name, reason)
+        logger.warning(
+            "quarantined %s/%s/%s: %s",
+            folder,
+            queue,
+            original_name,
+            reason,
+            extra={"group": folder, "queue": queue, "requestId": request_id, "errorCode": code.value},
+        )
         return target
 
     def _folder_fd(self, folder: str) -> int:

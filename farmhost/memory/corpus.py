@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +29,14 @@ _SESSION: Final = "session"
 
 _OPEN_DIR: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _OPEN_FILE: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+# Progress of a long (re)index: logged when a refresh has more than this many files to read, or takes longer than
+# this; then at most every PROGRESS_EVERY_SECONDS, and a summary at the end.
+PROGRESS_FILES: Final = 200
+PROGRESS_AFTER_SECONDS: Final = 1.0
+PROGRESS_EVERY_SECONDS: Final = 2.0
+
+logger = logging.getLogger(__name__)
 
 Signature = tuple[int, int, int, int]  # (inode, size, mtime_ns, ctime_ns)
 
@@ -151,6 +161,54 @@ def _list_root(root: Path) -> dict[str, Signature]:
     return found
 
 
+class _Progress:
+    """Log lines for one refresh that reads many files or takes long; silent for the usual small refresh."""
+
+    def __init__(self, name: str, total: int, *, files: int, after: float, every: float) -> None:
+        self._name, self._total, self._after, self._every = name, total, after, every
+        self._started = self._last = time.monotonic()
+        self._active = total > files
+        if self._active:
+            self._line(0)
+
+    def step(self, done: int) -> None:
+        now = time.monotonic()
+        if self._active and now - self._last < self._every:
+            return
+        if not self._active and now - self._started < self._after:
+            return
+        self._active, self._last = True, now
+        self._line(done)
+
+    def finish(self, done: int, chunks: int) -> None:
+        if not self._active:
+            return
+        took = time.monotonic() - self._started
+        logger.info(
+            "indexed memory of group %s: %s files, %s chunks in %.1f s",
+            self._name,
+            f"{done:,}",
+            f"{chunks:,}",
+            took,
+            extra={
+                "group": self._name,
+                "event": "memory_indexed",
+                "files": done,
+                "chunks": chunks,
+                "seconds": round(took, 3),
+            },
+        )
+
+    def _line(self, done: int) -> None:
+        logger.info(
+            "indexing memory of group %s: %s/%s files",
+            self._name,
+            f"{done:,}",
+            f"{self._total:,}",
+            extra={"group": self._name, "event": "memory_indexing", "done": done, "files": self._total},
+        )
+
+
 def read_memory_file(root: Path, rel: str) -> str | None:
     """Read a memory file relative to `root`, opening every path component with O_NOFOLLOW.
 
@@ -211,14 +269,31 @@ class MemoryCorpus:
     Not thread-safe: use one instance from one thread (the daemon's event loop via to_thread).
     """
 
-    def __init__(self, roots: Mapping[str, Path], *, max_chunk_chars: int = DEFAULT_MAX_CHARS) -> None:
+    def __init__(
+        self,
+        roots: Mapping[str, Path],
+        *,
+        max_chunk_chars: int = DEFAULT_MAX_CHARS,
+        name: str | None = None,
+        progress_files: int = PROGRESS_FILES,
+        progress_after: float = PROGRESS_AFTER_SECONDS,
+        progress_every: float = PROGRESS_EVERY_SECONDS,
+    ) -> None:
         """Create an empty corpus; nothing is read until the first search.
 
         Args:
             roots: Label (e.g. a group folder, or "global") -> workspace directory, in search order.
             max_chunk_chars: The chunker's size cap.
+            name: The group named in progress lines (default: the first root's label).
+            progress_files: A refresh with more files than this to read logs its progress from the start.
+            progress_after: A refresh still reading after this many seconds logs its progress from then on.
+            progress_every: At most one progress line per this many seconds (then one summary line).
         """
         self._roots = dict(roots)
+        self._name = name or next(iter(self._roots), "?")
+        self._progress_files = progress_files
+        self._progress_after = progress_after
+        self._progress_every = progress_every
         self._labels = list(self._roots)
         self._max_chunk_chars = max_chunk_chars
         self._files: dict[str, dict[str, _FileEntry]] = {label: {} for label in self._roots}
@@ -226,26 +301,29 @@ class MemoryCorpus:
         self._sessions: dict[int, SessionDoc] = {}
         self.stats = CorpusStats()
 
-    def _refresh_root(self, number: int, label: str) -> None:
+    def _changed_files(self, number: int, label: str) -> list[tuple[str, Signature]]:
+        """Drop the files of one root that are gone; return the new or changed ones, to be read."""
         files = self._files[label]
         current = _list_root(self._roots[label])
         for rel in [r for r in files if r not in current]:
             del files[rel]
             self._index.remove((_MEMORY, number, rel))
-        for rel, sig in current.items():
-            entry = files.get(rel)
-            if entry is not None and entry.signature == sig:
-                continue
-            text = read_memory_file(self._roots[label], rel)
-            if text is None:
-                files.pop(rel, None)
-                self._index.remove((_MEMORY, number, rel))
-                continue
-            chunks = chunk_markdown(rel, text, self._max_chunk_chars)
-            self.stats.files_chunked += 1
-            files[rel] = _FileEntry(sig, chunks)
-            self._index.put((_MEMORY, number, rel), [tokenize(c.text) for c in chunks])
-            self.stats.segments_indexed += 1
+        return [(rel, sig) for rel, sig in current.items() if (e := files.get(rel)) is None or e.signature != sig]
+
+    def _index_file(self, number: int, label: str, rel: str, sig: Signature) -> int:
+        """(Re)read, chunk and index one file; returns its number of chunks."""
+        files = self._files[label]
+        text = read_memory_file(self._roots[label], rel)
+        if text is None:
+            files.pop(rel, None)
+            self._index.remove((_MEMORY, number, rel))
+            return 0
+        chunks = chunk_markdown(rel, text, self._max_chunk_chars)
+        self.stats.files_chunked += 1
+        files[rel] = _FileEntry(sig, chunks)
+        self._index.put((_MEMORY, number, rel), [tokenize(c.text) for c in chunks])
+        self.stats.segments_indexed += 1
+        return len(chunks)
 
     def _refresh_sessions(self, sessions: tuple[SessionDoc, ...]) -> None:
         wanted = {doc.id: doc for doc in sessions}
@@ -260,8 +338,21 @@ class MemoryCorpus:
 
     def refresh(self, sessions: tuple[SessionDoc, ...] = ()) -> None:
         """Bring the index up to date with the files and these chat messages (a search does this itself)."""
-        for number, label in enumerate(self._labels):
-            self._refresh_root(number, label)
+        changed = [(number, label, self._changed_files(number, label)) for number, label in enumerate(self._labels)]
+        progress = _Progress(
+            self._name,
+            sum(len(files) for _, _, files in changed),
+            files=self._progress_files,
+            after=self._progress_after,
+            every=self._progress_every,
+        )
+        done = chunks = 0
+        for number, label, files in changed:
+            for rel, sig in files:
+                chunks += self._index_file(number, label, rel, sig)
+                done += 1
+                progress.step(done)
+        progress.finish(done, chunks)
         self._refresh_sessions(sessions)
 
     def search(

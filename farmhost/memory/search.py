@@ -38,7 +38,9 @@ class MemoryService:
         roots = {folder: self._layout.workspace(folder)}
         if folder != GLOBAL_MEMORY_FOLDER:
             roots[GLOBAL_MEMORY_FOLDER] = self._layout.workspace(GLOBAL_MEMORY_FOLDER)
-        corpus, lock = self._corpora.setdefault(folder, (MemoryCorpus(roots), asyncio.Lock()))
+        if folder not in self._corpora:
+            self._corpora[folder] = (MemoryCorpus(roots, name=folder), asyncio.Lock())
+        corpus, lock = self._corpora[folder]
         async with lock:  # a corpus is not thread-safe: one search at a time, in a thread (the first build is slow)
             # Memory-only hits are still scored against the sessions too, so both kinds share one scale.
             wanted = top_k if memory else top_k + MAX_TOP_K

@@ -118,7 +118,12 @@ class SchedulerService:
             with self._db.tx() as conn:
                 for run, _ in inflight:
                     if claims.record_interrupted(conn, run, now=self._clock()):
-                        logger.warning("task %s: run %d interrupted by the host stopping", run.task.id, run.run_id)
+                        logger.warning(
+                            "task %s: run %d interrupted by the host stopping",
+                            run.task.id,
+                            run.run_id,
+                            extra=_ids(run),
+                        )
         self._inflight.clear()
 
     @property
@@ -193,7 +198,12 @@ class SchedulerService:
                     conn, task_id=task_id, due_at=due_at, now=self._clock(), zone=self._zone, grace=self.grace
                 )
         except Exception:
-            logger.exception("task %s: could not claim the run due %s; the next sync retries", task_id, due)
+            logger.exception(
+                "task %s: could not claim the run due %s; the next sync retries",
+                task_id,
+                due,
+                extra={"taskId": task_id},
+            )
             return
         if claim.run is not None:
             logger.info(
@@ -202,13 +212,14 @@ class SchedulerService:
                 claim.run.task.group_folder,
                 claim.run.run_id,
                 due,
+                extra={**_ids(claim.run), "event": "task_run_start", "dueAt": due},
             )
             running = asyncio.create_task(self._run(claim.run), name=f"scheduler:run:{task_id}")
             self._inflight[task_id] = (claim.run, running)
         elif claim.task_changed:
-            logger.warning("task %s: due %s skipped: %s", task_id, due, claim.note)
+            logger.warning("task %s: due %s skipped: %s", task_id, due, claim.note, extra={"taskId": task_id})
         else:
-            logger.debug("task %s: due %s not fired: %s", task_id, due, claim.note)
+            logger.debug("task %s: due %s not fired: %s", task_id, due, claim.note, extra={"taskId": task_id})
         if claim.task_changed:
             self._tasks_changed()
         self.sync()
@@ -218,7 +229,7 @@ class SchedulerService:
         try:
             report = await self._dispatch(run)
         except Exception as err:  # not CancelledError: stop() records that run as interrupted
-            logger.exception("task %s: run %d failed in the dispatcher", task_id, run.run_id)
+            logger.exception("task %s: run %d failed in the dispatcher", task_id, run.run_id, extra=_ids(run))
             report = RunReport(status="error", summary=f"the host failed to run it: {type(err).__name__}: {err}")
         try:
             with self._db.tx() as conn:
@@ -231,13 +242,21 @@ class SchedulerService:
                     alert_after=self._settings.task_failure_alert_after,
                 )
         except Exception:  # the row stays `running`; the next start marks it interrupted
-            logger.exception("task %s: could not record the end of run %d (%s)", task_id, run.run_id, report.status)
+            logger.exception(
+                "task %s: could not record the end of run %d (%s)", task_id, run.run_id, report.status, extra=_ids(run)
+            )
             return
         finally:
             self._inflight.pop(task_id, None)
-        logger.info("task %s: run %d ended %s", task_id, run.run_id, report.status)
+        logger.info(
+            "task %s: run %d ended %s",
+            task_id,
+            run.run_id,
+            report.status,
+            extra={**_ids(run), "event": "task_run_end", "status": report.status},
+        )
         if end.note:
-            logger.warning("task %s: %s", task_id, end.note)
+            logger.warning("task %s: %s", task_id, end.note, extra=_ids(run))
         if end.task_changed:
             self._tasks_changed()
         self.sync()
@@ -269,3 +288,8 @@ class SchedulerService:
         if self._scheduler is None:
             return []
         return [job for job in self._scheduler.get_jobs() if job.id.startswith(_JOB_PREFIX)]
+
+
+def _ids(run: TaskRun) -> dict[str, object]:
+    """The ids a log line about a task run carries as `extra` (JSON logs show them as fields)."""
+    return {"taskId": run.task.id, "group": run.task.group_folder, "taskRunId": run.run_id}

@@ -10,12 +10,26 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
+from farmhost.errors import ConfigError
 from farmhost.store.migrations import MIGRATIONS
 
 DB_FILE: Final = "farmhost.db"
 # The CLI and the daemon share the file; a writer holds the lock for milliseconds, so 10 s only
 # ever expires when something is badly wrong.
 BUSY_TIMEOUT_MS: Final = 10_000
+
+
+class SchemaTooNew(ConfigError):
+    """The database was migrated by a newer farmhost than this one: it is refused, never used or changed."""
+
+    def __init__(self, path: Path, found: int) -> None:
+        super().__init__(
+            f"{path} has schema version {found}, but this farmhost only knows versions up to {len(MIGRATIONS)}: "
+            "a newer farmhost wrote it and farmhost never migrates a database backwards. Run the newer farmhost "
+            "again, or restore the backup taken before the upgrade (docs/operations.md)"
+        )
+        self.found = found
+        self.known = len(MIGRATIONS)
 
 
 class Database:
@@ -30,7 +44,11 @@ class Database:
         self.conn.execute("PRAGMA foreign_keys = ON")
         self._durable = True
         self.conn.execute("PRAGMA synchronous = FULL")
-        self._migrate()
+        try:
+            self._migrate()
+        except BaseException:
+            self.conn.close()
+            raise
 
     def _enable_wal(self) -> None:
         """Switch to WAL, waiting out another process that is creating the same database.
@@ -88,7 +106,14 @@ class Database:
         return int(self.conn.execute("PRAGMA user_version").fetchone()[0])
 
     def _migrate(self) -> None:
-        if self.schema_version() >= len(MIGRATIONS):
+        """Apply the migrations this database lacks; refuse one that a newer farmhost migrated further.
+
+        Raises:
+            SchemaTooNew: `user_version` is beyond the last migration this code knows (a downgrade).
+        """
+        if self.schema_version() > len(MIGRATIONS):
+            raise SchemaTooNew(self.path, self.schema_version())
+        if self.schema_version() == len(MIGRATIONS):
             return
         with self.tx():
             current = self.schema_version()  # re-read under the write lock: another process may have migrated

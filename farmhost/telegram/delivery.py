@@ -170,7 +170,10 @@ class OutboxDelivery:
                 await self._deliver(entry)
         except Exception:
             logger.exception(
-                "outbox delivery to %s hit an unexpected error; trying again in %g s", chat_jid, self._backoff_cap
+                "outbox delivery to %s hit an unexpected error; trying again in %g s",
+                chat_jid,
+                self._backoff_cap,
+                extra={"chat": chat_jid},
             )
             await asyncio.sleep(self._backoff_cap)  # holds the chat's slot: a persistent fault must not spin
         finally:
@@ -211,7 +214,13 @@ class OutboxDelivery:
                     message_key=f"outbox:{entry.id}",
                 )
         self._streaks.pop(entry.id, None)
-        logger.debug("outbox entry %d delivered to %s as message %d", entry.id, entry.chat_jid, message.message_id)
+        logger.debug(
+            "outbox entry %d delivered to %s as message %d",
+            entry.id,
+            entry.chat_jid,
+            message.message_id,
+            extra=outbox_ids(entry),
+        )
         if entry.kind == "file" and entry.file_path:
             try:
                 Path(entry.file_path).unlink(missing_ok=True)
@@ -227,7 +236,7 @@ class OutboxDelivery:
         if failure.kind is FailureKind.FLOOD:
             wait = failure.retry_after or self._backoff_base
             self._retry(entry, wait, failure.reason, counted=False)
-            logger.warning("%s: %s; the chat waits %g s", what, failure.reason, wait)
+            logger.warning("%s: %s; the chat waits %g s", what, failure.reason, wait, extra=outbox_ids(entry))
             return
         counted = failure.kind is FailureKind.RETRY
         attempts = entry.attempts + (1 if counted else 0)
@@ -247,6 +256,7 @@ class OutboxDelivery:
             attempts,
             limit,
             "" if counted else ", not counted",
+            extra={**outbox_ids(entry), "attempt": attempts},
         )
 
     def _retry(self, entry: OutboxEntry, wait: float, reason: str, *, counted: bool) -> None:
@@ -264,7 +274,7 @@ class OutboxDelivery:
             count = outbox.mark_failed(conn, entry, error=reason)
         self._streaks.pop(entry.id, None)
         later = f" (and {count - 1} later chunk(s) of the message)" if count > 1 else ""
-        logger.error("%s failed for good%s: %s", _describe(entry), later, reason)
+        logger.error("%s failed for good%s: %s", _describe(entry), later, reason, extra=outbox_ids(entry))
 
     def _sender(self) -> str:
         """The bot's @name once it is initialised (as the inbound side names users), else "farmhost"."""
@@ -280,3 +290,11 @@ def _due(entry: OutboxEntry) -> datetime:
 
 def _describe(entry: OutboxEntry) -> str:
     return f"outbox entry {entry.id} ({entry.kind} {entry.chunk_index + 1}/{entry.chunk_count} to {entry.chat_jid})"
+
+
+def outbox_ids(entry: OutboxEntry) -> dict[str, object]:
+    """The ids a log line about an outbox entry carries as `extra` (JSON logs show them as fields)."""
+    ids: dict[str, object] = {"entryId": entry.id, "chat": entry.chat_jid}
+    if entry.source_folder:
+        ids["group"] = entry.source_folder
+    return ids

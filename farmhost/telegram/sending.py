@@ -81,7 +81,13 @@ async def send_entry(
             if fallback is None:
                 raise
             options, how = fallback
-            logger.warning("Telegram refused outbox entry %d (%s); sending it again %s", entry.id, err.message, how)
+            logger.warning(
+                "Telegram refused outbox entry %d (%s); sending it again %s",
+                entry.id,
+                err.message,
+                how,
+                extra={"entryId": entry.id, "chat": entry.chat_jid},
+            )
             remember(options)
             continue
         return Delivered(message=message, transcript_text=form.transcript_text())

@@ -15,18 +15,22 @@ import pytest
 from farmhost_testing import clean_env, farmhost
 
 PARTS = (
+    "python",
     "data dir",
     "database",
     "groups",
+    "disk",
     "inotify",
+    "clock",
+    "timezone",
     "home assistant",
     "telegram",
-    "sandbox",
     "llm",
-    "disk",
-    "timezone",
+    "sandbox",
+    "agent limits",
+    "farm profile",
 )
-STATES = {"ok", "off", "broken"}
+STATES = {"ok", "warn", "off", "broken"}
 BOT_TOKEN = "123456:test-token-AAAAAAAAAAAAAAAAAAAAAAAAAAA"
 
 
@@ -100,14 +104,18 @@ def _report(data_dir: Path, **env: str) -> tuple[int, dict[str, dict[str, str]]]
 
 
 def test_doctor_on_a_healthy_data_dir(data_dir: Path) -> None:
-    code, checks = _report(data_dir, FARMHOST_AGENT_RUNTIME="process")
-    for part in ("data dir", "database", "groups", "inotify", "sandbox", "timezone"):
+    settings = {"FARMHOST_AGENT_RUNTIME": "process", "TZ": "Europe/Lisbon"}
+    code, checks = _report(data_dir, **settings)
+    assert list(checks) == list(PARTS), "the report's order is fixed"
+    for part in ("python", "data dir", "database", "groups", "inotify", "sandbox", "timezone"):
         assert checks[part]["state"] == "ok", checks[part]
+    assert checks["timezone"]["detail"].startswith("Europe/Lisbon (from TZ), local time")
+    assert checks["clock"]["state"] in {"ok", "warn"} and "NTP" in checks["clock"]["detail"], checks["clock"]
     assert "main is 'main'" in checks["groups"]["detail"]
     assert "NO isolation" in checks["sandbox"]["detail"]
     for part, variable in (("home assistant", "HA_URL"), ("telegram", "TELEGRAM_BOT_TOKEN"), ("llm", "LLM")):
         assert checks[part]["state"] == "off" and variable in checks[part]["detail"], checks[part]
-    text = farmhost("doctor", data_dir=data_dir, env=clean_env(FARMHOST_AGENT_RUNTIME="process"))
+    text = farmhost("doctor", data_dir=data_dir, env=clean_env(**settings))
     assert text.returncode == code
     lines = text.stdout.splitlines()
     for part, check in checks.items():

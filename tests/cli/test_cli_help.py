@@ -11,8 +11,8 @@ from farmhost_testing import clean_env, farmhost
 HELP: dict[tuple[str, ...], tuple[str, ...]] = {
     (): ("init", "run", "doctor", "group", "task", "outbox", "schema", "ipc", "FARMHOST_DATA_DIR", ".env"),
     ("init",): ("data directory", "farmhost.db", "--data-dir"),
-    ("run",): ("daemon", "SIGTERM", "SIGINT", "stopped", "Only one daemon"),
-    ("doctor",): ("ok, off or broken", "Home Assistant", "Telegram", "--json", "Exit status 1"),
+    ("run",): ("daemon", "SIGTERM", "SIGINT", "stopped", "Only one daemon", "--verbose", "--log-format", "json"),
+    ("doctor",): ("ok, warn, off or broken", "Home Assistant", "Telegram", "disk", "clock", "--json", "Exit status 1"),
     ("schema",): ("JSON Schema", "docs/schema/ipc-v1.schema.json", "--output"),
     ("group",): ("add", "list", "remove"),
     ("group", "add"): ("--jid", "--name", "--folder", "--main", "--trigger", "'global'", "only one", "main"),

@@ -47,6 +47,7 @@ EXTRA_PACKAGES = (f"home-assistant-frontend=={HA_FRONTEND}", "ical==9.1.0")  # f
 EXTRA_CONSTRAINTS = ("pycares<5", "pyparsing<3.3")
 MIN_PYTHON = (3, 13, 0)
 RESTART_EXIT_CODE = 100  # `hass` exits with this on homeassistant.restart; the supervisor starts it again
+PROGRESS_EVERY_S = 10.0  # a first install takes ~90 s: a progress line this often, never a silent minute
 
 HERE = Path(__file__).resolve().parent
 FARM_CONFIG = HERE / "farm"  # configuration.yaml (+ dashboards/) copied into every fresh config dir
@@ -194,14 +195,32 @@ def _install_fresh(log: Log) -> None:
 
 
 def _run_step(what: str, cmd: list[str], env: dict[str, str], out: Any, log: Log) -> None:
+    """Run one install step into the install log; a progress line every PROGRESS_EVERY_S while it runs."""
     log(f"  {what} ...")
     out.write(f"$ {' '.join(cmd)}\n")
     out.flush()
-    done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, check=False)
-    if done.returncode != 0:
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        while True:
+            try:
+                returncode = proc.wait(timeout=PROGRESS_EVERY_S)
+                break
+            except subprocess.TimeoutExpired:
+                log(f"    ... {time.monotonic() - started:.0f} s, {_packages_installed()} packages in the venv so far")
+    except BaseException:  # Ctrl-C or a signal: the step must not go on installing behind our back
+        proc.kill()
+        proc.wait()
+        raise
+    if returncode != 0:
         out.flush()
         tail = Path(out.name).read_text().splitlines()[-30:]
-        raise HaSetupError(f"HA install step '{what}' failed ({done.returncode}):\n" + "\n".join(tail))
+        raise HaSetupError(f"HA install step '{what}' failed ({returncode}):\n" + "\n".join(tail))
+
+
+def _packages_installed() -> int:
+    """How many distributions the venv has (uv links them in as it goes): the install's progress figure."""
+    return sum(1 for _ in venv_dir().glob("lib/python3*/site-packages/*.dist-info"))
 
 
 # --------------------------------------------------------------------------------------------- config + auth

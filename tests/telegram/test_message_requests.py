@@ -20,6 +20,7 @@ from farmhost_testing import (
     init_data_dir,
     quarantined,
     running_daemon,
+    wait_for,
     wait_result,
 )
 
@@ -108,7 +109,8 @@ def test_whitespace_only_text_is_an_error_and_sends_nothing(farm: Path) -> None:
     assert outbox_rows(farm, "main", rid) == []
     rid, result = send(farm, *text("main", MAIN_JID, ""))  # refused by the schema: quarantined and answered
     assert result["errorCode"] == "invalid_request"
-    assert any(note["file"] == f"{rid}.json" for note in quarantined(farm, "main"))
+    # the result is written before the quarantine note: wait for the note rather than race it
+    wait_for(lambda: any(note["file"] == f"{rid}.json" for note in quarantined(farm, "main")), what="the note")
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,141 @@
+"""farmhost inside the demo: its settings, the local main group, and farm actions sent through IPC as that group.
+
+The demo runs the ordinary App (farmhost/app.py) in-process, on the demo's data dir and the demo's Home
+Assistant. Telegram is off (the terminal chat stands in for it: see console.py) and FARM_MODE is `demo` whatever
+`.env` says; the LLM and every other setting come from `.env` and the environment as usual.
+
+The dashboard and the screenshot are not special-cased: the demo writes `farm_action` requests into the main
+group's `ipc/main/actions/` exactly as an agent does and waits for `action_results/`, so they go through the
+same router, policy, audit line and action code (`ha_apply_dashboard`, `ha_capture_screenshot`) as any agent's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+from pathlib import Path
+from typing import Any, Final
+
+from farmhost.config import Settings
+from farmhost.errors import ConfigError, FarmhostError
+from farmhost.groups.registry import new_group, register
+from farmhost.ipc.client import wait_result, write_request
+from farmhost.layout import DataLayout
+from farmhost.protocol.codes import Queue
+from farmhost.store import groups
+from farmhost.store.db import Database, now_utc
+
+MAIN_JID: Final = "local:main"
+MAIN_FOLDER: Final = "main"
+MAIN_NAME: Final = "Farm office"
+DASHBOARD: Final = "farm"
+SHOT_SIZE: Final = (1280, 800)
+# The actions' own limits are 30 s (apply) and 35 s (screenshot); the answer file comes a moment after.
+ACTION_WAIT: Final = 45.0
+
+
+def demo_settings(base: Settings, *, data_dir: Path, ha_url: str, ha_token: str) -> Settings:
+    """The App's settings: `.env`/environment, with the demo's data dir and HA, Telegram off, FARM_MODE demo."""
+    return base.model_copy(
+        update={
+            "data_dir": data_dir,
+            "ha_url": ha_url,
+            "ha_token": ha_token,
+            "telegram_bot_token": None,
+            "farm_mode": "demo",
+        }
+    )
+
+
+def check_not_running(data_dir: Path) -> None:
+    """Refuse early (before Home Assistant starts) when a farmhost daemon already holds this data dir.
+
+    Raises:
+        ConfigError: naming the pid that holds the lock.
+    """
+    lock = DataLayout(data_dir).lock_path
+    if not lock.exists():
+        return
+    fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            raise ConfigError(
+                f"a farmhost daemon (pid {holder}) is running on {data_dir}; stop it or give the demo another --data-dir"
+            ) from None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def ensure_main_group(data_dir: Path) -> bool:
+    """Register `local:main` (folder `main`) as the main group unless it is; True when it was created now.
+
+    Raises:
+        ConfigError: another chat is the main group of this data dir (the demo needs its own data dir).
+    """
+    layout = DataLayout(data_dir)
+    layout.create()
+    db = Database.open(data_dir)
+    try:
+        with db.tx() as conn:
+            existing = groups.find_by_jid(conn, MAIN_JID)
+            if existing is not None:
+                if not existing.is_main:
+                    raise ConfigError(f"{MAIN_JID} is registered in {data_dir} but is not the main group")
+                return False
+            current = groups.main_group(conn)
+            if current is not None:
+                raise ConfigError(
+                    f"{data_dir} already has a main group ({current.jid}, folder {current.folder!r}); "
+                    "the demo needs a data dir of its own (--data-dir)"
+                )
+            group = new_group(
+                conn,
+                jid=MAIN_JID,
+                name=MAIN_NAME,
+                folder=MAIN_FOLDER,
+                trigger=None,
+                requires_trigger=False,
+                is_main=True,
+                at=now_utc(),
+            )
+            register(conn, layout, group)
+    finally:
+        db.close()
+    return True
+
+
+async def farm_action(data_dir: Path, action: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Send one farm action as the main group (a request file, as an agent writes it) and return its result.
+
+    Raises:
+        FarmhostError: the action answered with an error, or no answer came within ACTION_WAIT.
+    """
+    group_ipc = DataLayout(data_dir).group_ipc(MAIN_FOLDER)
+    payload: dict[str, Any] = {"type": "farm_action", "action": action, "params": params}
+    request_id = write_request(group_ipc / Queue.ACTIONS.value, payload)
+    answer = await asyncio.to_thread(wait_result, group_ipc, request_id, timeout=ACTION_WAIT)
+    if answer is None:
+        raise FarmhostError(f"{action}: no answer from farmhost within {ACTION_WAIT:g} s")
+    if answer.get("status") != "success":
+        raise FarmhostError(f"{action} failed: {answer.get('error')} ({answer.get('errorCode')})")
+    result = answer.get("result")
+    return result if isinstance(result, dict) else {}
+
+
+async def apply_dashboard(data_dir: Path) -> dict[str, Any]:
+    """`ha_apply_dashboard` of the farm dashboard (staged from the repository's dashboards/farm.yaml)."""
+    return await farm_action(data_dir, "ha_apply_dashboard", {"dashboard": DASHBOARD})
+
+
+async def capture_screenshot(data_dir: Path) -> tuple[Path, dict[str, Any]]:
+    """`ha_capture_screenshot` of the farm dashboard; the PNG's absolute path and the action's result."""
+    width, height = SHOT_SIZE
+    result = await farm_action(
+        data_dir, "ha_capture_screenshot", {"dashboard": DASHBOARD, "width": width, "height": height}
+    )
+    return DataLayout(data_dir).workspace(MAIN_FOLDER) / str(result["path"]), result
