@@ -9,7 +9,7 @@ import os
 import signal
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from farmhost import __version__
 from farmhost.agents import AgentJob, AgentRuntime
@@ -32,7 +32,9 @@ from farmhost.scheduler.service import SchedulerService
 from farmhost.store.db import Database, now_utc
 from farmhost.store.groups import Group
 from farmhost.telegram.requests import HANDLERS as MESSAGE_HANDLERS
-from farmhost.telegram.service import TelegramService
+
+if TYPE_CHECKING:
+    from farmhost.telegram.service import TelegramService
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +70,7 @@ class App:
         self.collector: StateCollector | None = None
         self.scheduler: SchedulerService | None = None
         self.runtime: AgentRuntime | None = None
-        self.telegram: TelegramService | None = None
+        self.telegram: TelegramService | None = None  # set in start() when TELEGRAM_BOT_TOKEN is set
 
     async def start(self) -> None:
         """Take the data-dir lock, open the store, start the IPC engine."""
@@ -103,6 +105,9 @@ class App:
         )
         await self.runtime.start()
         if self.settings.telegram_enabled:
+            # Imported here: python-telegram-bot and httpx cost ~20 MB of RSS a daemon without Telegram never needs.
+            from farmhost.telegram.service import TelegramService
+
             self.telegram = TelegramService(
                 db=self.db,
                 settings=self.settings,
