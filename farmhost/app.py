@@ -73,7 +73,7 @@ class App:
         self.telegram: TelegramService | None = None  # set in start() when TELEGRAM_BOT_TOKEN is set
 
     async def start(self) -> None:
-        """Take the data-dir lock, open the store, start the IPC engine."""
+        """Take the data-dir lock, open the store, start IPC, the agent runtime, Telegram and the scheduler."""
         self.layout.create()
         self._take_lock()
         if seeded := self.layout.seed_global_memory():
