@@ -258,12 +258,14 @@ def test_the_build_stage_installs_farmhost_from_exactly_what_it_copies(tmp_path:
     workdir = next(i.args for i in build if i.keyword == "WORKDIR")
     app = tmp_path / "app"
     app.mkdir()
-    env = {**clean_env(), "UV_COMPILE_BYTECODE": "0"}  # bytecode: covered by the install test
+    # The build sees only the image's own ENV, not the caller's uv settings (`make test` exports some).
+    env = {k: v for k, v in clean_env().items() if not k.startswith("UV_")}
     for instruction in build:
         if instruction.keyword == "ENV":
             for name, value in re.findall(r"(\w+)=(\S+)", instruction.args):
-                if name != "UV_NO_CACHE" and name not in env:  # the image keeps no cache; here uv's cache is used
+                if name != "UV_NO_CACHE":  # the image keeps no cache; here uv's cache is used
                     env[name] = value.replace(workdir, str(app))
+            env["UV_COMPILE_BYTECODE"] = "0"  # bytecode: covered by the install test
         elif instruction.keyword == "COPY" and "--from" not in instruction.args:
             _, words = _args_of(instruction)
             target = app / words[-1] if not words[-1].startswith("/") else Path(words[-1].replace(workdir, str(app)))
