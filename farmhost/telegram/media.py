@@ -14,7 +14,6 @@ import logging
 import mimetypes
 import os
 import re
-import secrets
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Final
 from telegram import Bot, Message
 from telegram.error import NetworkError, RetryAfter, TelegramError
 
+from farmhost.ipc.writer import write_atomic
 from farmhost.telegram.text import one_line
 
 logger = logging.getLogger(__name__)
@@ -172,17 +172,6 @@ def write_inbox_file(workspace: Path, name: str, data: bytes) -> None:
     finally:
         os.close(ws)
     try:
-        temp = f".{name}.{secrets.token_hex(4)}.tmp"
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=inbox)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temp, name, src_dir_fd=inbox, dst_dir_fd=inbox)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temp, dir_fd=inbox)
-            raise
+        write_atomic(inbox, name, data)
     finally:
         os.close(inbox)
