@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
-from farmhost_testing import Daemon, drop, wait_result
+from farmhost_testing import Daemon, clean_env, drop, wait_result
 
 
 def test_ping_roundtrip_and_clean_stop(data_dir: Path) -> None:
@@ -17,3 +19,29 @@ def test_ping_roundtrip_and_clean_stop(data_dir: Path) -> None:
     assert d.stop() == 0
     status = json.loads((data_dir / "ipc" / "field" / "host_status.json").read_text())
     assert status["status"] == "stopped"
+
+
+PROBE = """
+import asyncio, sys
+from pathlib import Path
+from farmhost.app import App
+from farmhost.config import Settings
+
+async def main() -> None:
+    app = App(Settings(_env_file=None, FARMHOST_DATA_DIR=Path(sys.argv[1])))
+    await app.start()
+    await app.stop()
+
+asyncio.run(main())
+print(sorted(m for m in ("telegram", "httpx") if m in sys.modules))
+"""
+
+
+def test_a_daemon_without_telegram_never_loads_the_telegram_client(data_dir: Path) -> None:
+    # python-telegram-bot and httpx cost ~20 MB of RSS (docs/performance.md): only a bot token loads them.
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, str(data_dir)], capture_output=True, text=True, env=clean_env(), timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
