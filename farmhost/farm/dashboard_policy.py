@@ -8,9 +8,12 @@ loading of staged copies and the screenshot action (on what HA currently holds).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from farmhost.errors import NotAllowed
+
+if TYPE_CHECKING:
+    from farmhost.farm.policy import LoadedProfile
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,6 +33,11 @@ class Violation:
 
     def __str__(self) -> str:
         return f"{self.where}: {self.rule}"
+
+
+def rules_for(loaded: LoadedProfile) -> ContentRules:
+    """The content rules of the farm profile as loaded (the defaults when there is none or it is broken)."""
+    return ContentRules()
 
 
 def violations(config: Any, rules: ContentRules) -> list[Violation]:
