@@ -15,6 +15,7 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, Final
 
 from farmhost.errors import Conflict, InvalidRequest, NotFound, Unavailable
+from farmhost.farm import dashboard_policy, policy
 from farmhost.farm import dashboards as dash
 from farmhost.farm.dashboard_files import BACKUPS_DIR, Staging
 from farmhost.farm.dashboard_patch import apply_operations
@@ -39,7 +40,7 @@ async def ha_dashboard_get(deps: FarmDeps, ctx: RequestContext, params: dict[str
     if "viewPath" in params and not isinstance(path, str):
         raise InvalidRequest("`viewPath` must be a view path (text)")
     # YAML work runs in a thread like the file I/O: a big dashboard takes ruamel a second to parse.
-    return await asyncio.to_thread(_get, Staging(deps.dashboards_dir), name, path)
+    return await asyncio.to_thread(_get, Staging(deps.dashboards_dir), name, path, _rules(deps))
 
 
 async def ha_dashboard_validate(deps: FarmDeps, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
@@ -58,7 +59,8 @@ async def ha_dashboard_validate(deps: FarmDeps, ctx: RequestContext, params: dic
     else:
         name = _name(params)
         text = await asyncio.to_thread(Staging(deps.dashboards_dir).read, name)
-    config, check = await asyncio.to_thread(dash.validate_text, text)
+    rules = _rules(deps)
+    config, check = await asyncio.to_thread(_validate_checked, text, rules, _what(name))
     unknown: list[str] = []
     if check_entities and config is not None:
         unknown = await _unknown_entities(_ha(deps), config)
@@ -77,7 +79,8 @@ async def ha_dashboard_patch(deps: FarmDeps, ctx: RequestContext, params: dict[s
     _allowed(params, "ha_dashboard_patch", {"dashboard", "operations", "dryRun"}, required={"operations"})
     name = _name(params)
     dry_run = _flag(params, "dryRun", default=False)
-    return await asyncio.to_thread(_patch, Staging(deps.dashboards_dir), name, params["operations"], dry_run)
+    rules = _rules(deps)
+    return await asyncio.to_thread(_patch, Staging(deps.dashboards_dir), name, params["operations"], dry_run, rules)
 
 
 async def ha_apply_dashboard(deps: FarmDeps, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
@@ -86,7 +89,8 @@ async def ha_apply_dashboard(deps: FarmDeps, ctx: RequestContext, params: dict[s
     name = _name(params)
     backup = _flag(params, "backup", default=True)
     staging = Staging(deps.dashboards_dir)
-    config, check = await asyncio.to_thread(lambda: dash.validate_text(staging.read(name)))
+    rules = _rules(deps)
+    config, check = await asyncio.to_thread(lambda: _validate_checked(staging.read(name), rules, _what(name)))
     if config is None or not check.valid:
         raise InvalidRequest(f"dashboard {name!r} is not valid, nothing was applied: {'; '.join(check.errors)}")
     ha = _ha(deps)
@@ -138,6 +142,22 @@ def _flag(params: dict[str, Any], key: str, *, default: bool) -> bool:
     if not isinstance(value, bool):
         raise InvalidRequest(f"`{key}` must be true or false")
     return value
+
+
+def _rules(deps: FarmDeps) -> dashboard_policy.ContentRules:
+    return dashboard_policy.rules_for(policy.load_profile(deps.settings.profile_path))
+
+
+def _what(name: str | None) -> str:
+    return f"dashboard {name!r}" if name is not None else "the dashboard `content`"
+
+
+def _validate_checked(text: str, rules: dashboard_policy.ContentRules, what: str) -> tuple[Any, dash.Validation]:
+    """Structure and content policy: a dashboard the policy refuses is `not_allowed`, not merely invalid."""
+    config, check = dash.validate_text(text)
+    if config is not None:
+        dashboard_policy.enforce(config, rules, what=what)
+    return config, check
 
 
 def _get_key(config: Any, key: str) -> Any:
@@ -192,11 +212,13 @@ async def _find_dashboard(ha: HAClient, url: str) -> dict[str, Any] | None:
     return None
 
 
-def _get(staging: Staging, name: str, path: str | None) -> dict[str, Any]:
+def _get(staging: Staging, name: str, path: str | None, rules: dashboard_policy.ContentRules) -> dict[str, Any]:
     text = staging.read(name)
     doc = dash.load(text)
     config = dash.to_plain(doc)
-    base = {"dashboard": name, "urlPath": dash.url_path(name), "file": f"{name}.yaml"}
+    # Reading a copy the policy refuses is allowed (an agent may be fixing it); what it breaks is said.
+    refused = [str(v) for v in dashboard_policy.violations(config, rules)]
+    base = {"dashboard": name, "urlPath": dash.url_path(name), "file": f"{name}.yaml", "policyViolations": refused}
     if path is None:
         return {
             **base,
@@ -213,7 +235,9 @@ def _get(staging: Staging, name: str, path: str | None) -> dict[str, Any]:
     raise NotFound(f"dashboard {name!r} has no view with path {path!r} (views: {', '.join(known) or 'none'})")
 
 
-def _patch(staging: Staging, name: str, operations: Any, dry_run: bool) -> dict[str, Any]:
+def _patch(
+    staging: Staging, name: str, operations: Any, dry_run: bool, rules: dashboard_policy.ContentRules
+) -> dict[str, Any]:
     with staging.locked() as directory:
         old = staging.read_locked(directory, name, missing_ok=True)
         doc = dash.load(old if old is not None else f"title: {name}\nviews: []\n")
@@ -224,6 +248,7 @@ def _patch(staging: Staging, name: str, operations: Any, dry_run: bool) -> dict[
             raise InvalidRequest(
                 f"the patch would leave dashboard {name!r} invalid, nothing was changed: {'; '.join(check.errors)}"
             )
+        dashboard_policy.enforce(config, rules, what=f"the patched dashboard {name!r} (nothing was changed)")
         written = not dry_run and new != old
         if written:
             staging.write_locked(directory, f"{name}.yaml", new.encode())

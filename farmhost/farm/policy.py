@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Final, get_args
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
@@ -41,6 +42,19 @@ class ProfileInvalid(ValueError):
     """The farm profile's text is not a valid profile; the message says what is wrong."""
 
 
+_Origin = Annotated[str, StringConstraints(pattern=r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?/?$", max_length=300)]
+_CustomType = Annotated[str, StringConstraints(pattern=r"^custom:[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")]
+
+
+class _DashboardsSection(BaseModel):
+    """`policy.dashboards`: what the content policy opens (docs/dashboards.md); nothing by default."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    iframeOrigins: list[_Origin] = Field(default_factory=list)
+    customCards: list[_CustomType] = Field(default_factory=list)
+
+
 class _PolicySection(BaseModel):
     """`policy` of the profile: every key optional, unknown keys refused (a typo must not open anything)."""
 
@@ -50,6 +64,7 @@ class _PolicySection(BaseModel):
     allowedServices: list[_ServicePattern] | None = None
     allowedEntities: list[_EntityPattern] | None = None
     actionGroups: dict[FarmActionName, list[_GroupName]] = Field(default_factory=dict)
+    dashboards: _DashboardsSection = Field(default_factory=_DashboardsSection)
 
 
 class _ValidationSection(BaseModel):
@@ -78,6 +93,8 @@ class FarmProfile:
     allowed_entities: frozenset[str] | None = None
     action_groups: dict[str, frozenset[str]] = field(default_factory=dict)
     validation_status: str | None = None
+    iframe_origins: frozenset[str] = frozenset()  # `scheme://host[:port]`, lower case, default port left out
+    custom_cards: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,7 +137,22 @@ def parse_profile(raw: bytes | str) -> FarmProfile:
         allowed_entities=_frozen(policy.allowedEntities),
         action_groups={action: frozenset(groups) for action, groups in policy.actionGroups.items()},
         validation_status=parsed.validation.status,
+        iframe_origins=frozenset(origin_of(url) for url in policy.dashboards.iframeOrigins),
+        custom_cards=frozenset(policy.dashboards.customCards),
     )
+
+
+def origin_of(url: str) -> str:
+    """`scheme://host[:port]` of an absolute URL, lower case, the scheme's default port left out."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:  # out of range: never equal to a listed origin
+        return f"{scheme}://{(parts.hostname or '').lower()}:invalid"
+    default = {"http": 80, "https": 443}.get(scheme)
+    shown = f":{port}" if port is not None and port != default else ""
+    return f"{scheme}://{(parts.hostname or '').lower()}{shown}"
 
 
 def load_profile(path: Path) -> LoadedProfile:
