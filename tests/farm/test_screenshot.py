@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -22,14 +23,9 @@ from farmhost.config import Settings
 from farmhost.errors import FarmhostError, InvalidRequest, NotAllowed, NotFound, Unavailable
 from farmhost.farm.dashboards import url_path
 from farmhost.farm.deps import FarmDeps
-from farmhost.farm.screenshot import (
-    CHROMIUM_PATH,
-    capture,
-    ha_capture_screenshot,
-    open_screenshots_dir,
-    parse_params,
-    write_png,
-)
+from farmhost.farm.homeassistant import HAClient
+from farmhost.farm.screenshots import CHROMIUM_PATH, capture, ha_capture_screenshot, parse_params
+from farmhost.farm.screenshots.files import open_screenshots_dir, write_png
 from farmhost.ipc.handlers import RequestContext
 from farmhost.layout import DataLayout
 from farmhost.protocol.codes import ErrorCode
@@ -150,7 +146,13 @@ class Farm:
         )
 
     async def shoot(self, request_id: str, **params: Any) -> dict[str, Any]:
-        result: dict[str, Any] = await ha_capture_screenshot(self.deps, self.ctx(request_id), params)
+        """The action, with a real HA client on the admin token as the daemon has (none when HA is not set)."""
+        if not (self.settings.ha_url and self.settings.ha_token):
+            return await ha_capture_screenshot(self.deps, self.ctx(request_id), params)  # type: ignore[no-any-return]
+        async with HAClient(url=self.settings.ha_url, token=self.settings.ha_token) as ha:
+            result: dict[str, Any] = await ha_capture_screenshot(
+                dataclasses.replace(self.deps, ha=ha), self.ctx(request_id), params
+            )
         return result
 
 
@@ -283,15 +285,32 @@ async def test_unknown_dashboard_or_view_is_not_found(
     assert not any((farm.workspace / "screenshots").iterdir())
 
 
-async def test_refused_token_shows_the_login_page_and_is_an_upstream_error(
+async def test_a_refused_screenshot_token_shows_the_login_page_and_is_an_upstream_error(
+    tmp_path: Path, ha: HaInstance, dashboard: str
+) -> None:
+    ha.ensure_running()
+    with pytest.raises(FarmhostError) as caught:
+        await capture(
+            chromium=CHROMIUM_PATH,
+            base_url=ha.url,
+            token="not.a.token",
+            workspace=tmp_path,
+            name="x.png",
+            shot=parse_params({"dashboard": dashboard}),
+        )
+    assert caught.value.code is ErrorCode.UPSTREAM_ERROR
+    assert "login page" in caught.value.message
+    assert not any((tmp_path / "screenshots").iterdir())
+
+
+async def test_a_refused_admin_token_is_an_upstream_error_naming_ha_token(
     make_farm: Callable[..., Farm], ha: HaInstance, dashboard: str
 ) -> None:
     ha.ensure_running()
     farm = make_farm(ha.url, "not.a.token")
-    with pytest.raises(FarmhostError) as caught:
+    with pytest.raises(FarmhostError, match="HA_TOKEN") as caught:
         await farm.shoot("shot-badtoken", dashboard=dashboard)
     assert caught.value.code is ErrorCode.UPSTREAM_ERROR
-    assert "login page" in caught.value.message
     assert not any((farm.workspace / "screenshots").iterdir())
 
 
