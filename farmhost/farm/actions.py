@@ -23,7 +23,7 @@ from farmhost.farm.dashboard_actions import (
     ha_dashboard_patch,
     ha_dashboard_validate,
 )
-from farmhost.farm.screenshot import ha_capture_screenshot
+from farmhost.farm.screenshots import ha_capture_screenshot
 from farmhost.farm.state import farm_state_refresh
 from farmhost.ipc.handlers import (
     DEFAULT_HANDLER_TIMEOUT,

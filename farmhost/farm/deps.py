@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from farmhost.farm.screenshots.ha_user import ScreenshotUser
 
 if TYPE_CHECKING:
     from farmhost.config import Settings
@@ -24,6 +26,7 @@ class FarmDeps:
     ha: HAClient | None
     dashboards_dir: Path  # the working copies of the staged dashboards (data dir), seeded from the repo's dashboards/
     state: StateCollector | None = None  # the running collector, the one writer of farm-state/ (None: HA off)
+    screenshot_user: ScreenshotUser = field(default_factory=ScreenshotUser)  # the browser's read-only HA user
 
 
 # One farm action: validated params in, a JSON-able result out; raises FarmhostError subclasses for failures.

