@@ -120,8 +120,24 @@ def test_kill9_under_load_loses_nothing_and_runs_nothing_twice(data_dir: Path) -
 
     daemon.start()
     try:
-        wait_for(lambda: not unanswered(), timeout=20, what=f"every result (seed {seed})")
-        wait_for(lambda: not _leftovers(data_dir), timeout=10, what="queues and spool to empty")
+        # The backlog of 20 dead spells drains at whatever pace the machine allows: wait while results keep
+        # coming, and fail only when none has come for a while (or after ten such spells in all).
+        wait_for(
+            lambda: not unanswered(),
+            timeout=20,
+            interval=0.05,
+            what=f"every result (seed {seed}, {len(sent)} requests)",
+            progress=lambda: len(unanswered()),
+            seen=lambda: (
+                f"{len(unanswered())} unanswered, e.g. {unanswered()[:5]}; leftovers {_leftovers(data_dir)[:5]}"
+            ),
+        )
+        wait_for(
+            lambda: not _leftovers(data_dir),
+            timeout=10,
+            what="queues and spool to empty",
+            seen=lambda: _leftovers(data_dir)[:10],
+        )
         _check_results(data_dir, sent, seed)
         _check_store(data_dir, sent, seed)
     finally:
