@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from farmhost_testing import TIMEOUT_SCALE_ENV, Daemon, init_data_dir, timeout_scale
+from farmhost_testing import TIMEOUT_SCALE_ENV, Daemon, copy_data_dir, init_data_dir, timeout_scale
 
 # real Home Assistant (`ha`, `ha_env`, `ha_reset`); scripted LLM `llm_stub`; fake Bot API `fake_telegram`
 pytest_plugins = ["ha_fixture", "llm_stub", "telegram_stub"]
@@ -31,10 +31,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.timeout(base * scale), append=False)
 
 
+@pytest.fixture(scope="session")
+def data_dir_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The `data_dir` layout, made once per session by the real CLI (`farmhost init`, `farmhost group add` x2)."""
+    return init_data_dir(tmp_path_factory.mktemp("data-template") / "data")
+
+
 @pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
-    """An initialised data dir with groups `main` (main, telegram:100) and `field` (telegram:200)."""
-    return init_data_dir(tmp_path / "data")
+def data_dir(tmp_path: Path, data_dir_template: Path) -> Path:
+    """An initialised data dir with groups `main` (main, telegram:100) and `field` (telegram:200).
+
+    A fresh copy of the session's `data_dir_template` (what the CLI made), not three CLI runs per test.
+    """
+    return copy_data_dir(data_dir_template, tmp_path / "data")
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -312,6 +313,16 @@ def init_data_dir(root: Path) -> Path:
     ):
         done = farmhost(*args, data_dir=root)
         assert done.returncode == 0, done.stderr
+    return root
+
+
+def copy_data_dir(template: Path, root: Path) -> Path:
+    """A copy at `root` of a data dir that `init_data_dir` made and nothing used since.
+
+    The same layout, modes and database, in milliseconds instead of three CLI starts (seconds each when busy).
+    """
+    assert not (template / "farmhost.db-wal").exists(), f"{template} is in use: copy only an idle data dir"
+    shutil.copytree(template, root, symlinks=True)
     return root
 
 
