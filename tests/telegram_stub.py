@@ -549,6 +549,11 @@ class FakeTelegram:
         with self._cond:
             return list(self._calls)
 
+    def polls_started(self) -> int:
+        """How many getUpdates calls have reached the fake so far (a long poll counts as soon as it waits)."""
+        with self._cond:
+            return self._poll_generation
+
     def sent(self, chat_id: int | None = None) -> list[Call]:
         """Successful sendMessage / sendPhoto / sendDocument calls (to `chat_id`, if given)."""
         with self._cond:

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from farmhost_testing import FIELD_JID, MAIN_JID, Daemon, drop, quarantined, read_result, wait_for, wait_result
+from farmhost_testing import FIELD_JID, MAIN_JID, Daemon, drop, quarantined, read_result, scaled, wait_for, wait_result
 
 JIDS = {"main": MAIN_JID, "field": FIELD_JID}
 QUEUES = ("messages", "tasks", "actions")
@@ -111,7 +111,7 @@ def test_kill9_under_load_loses_nothing_and_runs_nothing_twice(data_dir: Path) -
                 daemon.kill()
         finally:
             halt.set()
-        sent = writer.result(timeout=5)
+        sent = writer.result(timeout=scaled(5))
     assert len(sent) > 500, f"the writer only managed {len(sent)} requests"
 
     def unanswered() -> list[str]:
