@@ -260,13 +260,24 @@ class Daemon:
         )
         log.close()
         if wait_group:
-            wait_for(
-                lambda: self._alive(status, before),
-                timeout=timeout,
-                what=f"the daemon to report alive in {status}",
-                seen=lambda: f"daemon log:\n{self.log()[-3000:]}",
-            )
+            try:
+                wait_for(
+                    lambda: self._alive(status, before),
+                    timeout=timeout,
+                    what=f"the daemon to report alive in {status}",
+                    seen=lambda: f"daemon log:\n{self.log()[-3000:]}",
+                )
+            except BaseException:
+                self._reap()  # a daemon that failed to start must not outlive the test (and write into its tmp dir)
+                raise
         return self
+
+    def _reap(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+            self.proc = None
 
     def _alive(self, status: Path, before: int | None) -> bool:
         assert self.proc is not None
@@ -286,9 +297,7 @@ class Daemon:
         try:
             code = self.proc.wait(timeout=scaled(timeout))
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
+            self._reap()
             raise AssertionError(
                 f"the daemon did not exit within {scaled(timeout):.1f} s of signal {sig}; log:\n{self.log()[-3000:]}"
             ) from None

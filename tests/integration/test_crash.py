@@ -109,6 +109,10 @@ def test_kill9_under_load_loses_nothing_and_runs_nothing_twice(data_dir: Path) -
                     daemon.start()
                     time.sleep(rng.uniform(0.02, 0.9))
                 daemon.kill()
+        except BaseException:
+            if daemon.proc is not None:
+                daemon.kill()
+            raise
         finally:
             halt.set()
         sent = writer.result(timeout=scaled(5))
