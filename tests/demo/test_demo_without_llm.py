@@ -14,6 +14,7 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 from demo_support import (
     alive,
     call_service,
@@ -26,6 +27,8 @@ from demo_support import (
     require_cached_ha,
 )
 from farmhost_testing import clean_env, scaled, wait_for
+
+pytestmark = pytest.mark.slow  # end to end, many seconds each (make test-fast leaves it out)
 
 FIELD_1_RAW = "input_number.field_1_soil_moisture_raw"
 

@@ -97,6 +97,7 @@ def installed() -> Iterator[Install]:
         shutil.rmtree(root)
 
 
+@pytest.mark.slow
 def test_the_installed_farmhost_runs_and_its_doctor_passes_as_the_daemon_user(installed: Install) -> None:
     for n in range(1, 8):
         assert f"[{n}/7]" in installed.output  # progress, step by step
@@ -135,6 +136,7 @@ def _unit(text: str) -> dict[str, list[str]]:
     return settings
 
 
+@pytest.mark.slow
 def test_the_unit_has_the_install_paths_and_keeps_bwrap_working(installed: Install) -> None:
     path = installed.prefix / "share" / "farmhost" / "farmhost.service"
     text = path.read_text()
@@ -188,6 +190,7 @@ def _outbox(install: Install, env: dict[str, str]) -> list[dict[str, Any]]:
     return entries
 
 
+@pytest.mark.slow
 def test_an_agent_runs_in_bwrap_from_the_installed_prefix_as_the_daemon_user(
     installed: Install, llm_stub: ScriptedLLM
 ) -> None:
@@ -237,6 +240,7 @@ def test_an_agent_runs_in_bwrap_from_the_installed_prefix_as_the_daemon_user(
     assert "Traceback" not in log.read_text()
 
 
+@pytest.mark.slow
 def test_running_it_again_keeps_the_settings_and_the_data(installed: Install) -> None:
     env_file = installed.config_dir / "farmhost.env"
     env_file.write_text(env_file.read_text() + "TZ=Europe/Lisbon\n")

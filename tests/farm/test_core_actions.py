@@ -268,6 +268,7 @@ async def test_home_assistant_not_configured(tmp_path: Path) -> None:
 # ha_restart --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_restart_through_the_api(host: FarmHost, ha: HaInstance) -> None:
     before = ha.hass_pid()
     refused(await host.ask("main", "ha_restart", {"now": True}), "invalid_request", "takes no params")

@@ -191,6 +191,7 @@ def assert_token_nowhere(data_dir: Path, token: str, daemon: Daemon) -> None:
     assert token not in daemon.log()
 
 
+@pytest.mark.slow
 def test_daemon_home_assistant_down_and_back(tmp_path: Path, ha_reset: HaInstance) -> None:
     data_dir = make_data_dir(tmp_path / "data")
     daemon = Daemon(data_dir, env=clean_env(**ha_reset.env())).start()

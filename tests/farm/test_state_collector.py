@@ -357,6 +357,7 @@ async def test_an_alert_survives_a_restart_with_its_original_since(
 # ---------------------------------------------------------------------------------------------- HA trouble
 
 
+@pytest.mark.slow
 async def test_while_ha_is_down_the_snapshot_stays_marked_stale_and_the_outage_is_logged_once(
     client: HAClient, layout: DataLayout, ha_reset: HaInstance, caplog: pytest.LogCaptureFixture
 ) -> None:

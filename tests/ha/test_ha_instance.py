@@ -153,6 +153,7 @@ def test_the_farm_calendar_has_upcoming_events(ha_reset: HaInstance) -> None:
     assert "+" in events[0]["start"]["dateTime"] or events[0]["start"]["dateTime"].endswith("Z")
 
 
+@pytest.mark.slow
 def test_restart_through_the_api_brings_it_back_running_with_the_same_token(ha_reset: HaInstance) -> None:
     ha = ha_reset
     ha.set_state("switch.irrigation_pump", "on")
@@ -169,6 +170,7 @@ def test_restart_through_the_api_brings_it_back_running_with_the_same_token(ha_r
     assert _state(ha, "input_boolean.pump_relay") == "off"  # helpers have `initial:`, so a restart resets them
 
 
+@pytest.mark.slow
 def test_stop_and_start_again_on_the_same_url_and_token(ha_reset: HaInstance) -> None:
     ha = ha_reset
     url, token = ha.url, ha.token

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 from farmhost_testing import FIELD_JID, MAIN_JID, Daemon, drop, quarantined, read_result, scaled, wait_for, wait_result
 
 JIDS = {"main": MAIN_JID, "field": FIELD_JID}
@@ -93,6 +94,7 @@ def _db(data_dir: Path) -> sqlite3.Connection:
     return sqlite3.connect(f"file:{data_dir / 'farmhost.db'}?mode=ro", uri=True)
 
 
+@pytest.mark.slow
 def test_kill9_under_load_loses_nothing_and_runs_nothing_twice(data_dir: Path) -> None:
     seed = int.from_bytes(os.urandom(4), "big")
     rng = random.Random(seed)

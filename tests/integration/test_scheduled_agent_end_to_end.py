@@ -14,12 +14,15 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import pytest
 from farmagent.ipc.client import IpcClient
 from farmhost_testing import FIELD_JID, clean_env, farmhost, init_data_dir, running_daemon, scaled, wait_for
 from llm_stub import Recorded, Reply, ScriptedLLM, ToolCall
 
 from farmhost.store import outbox
 from farmhost.store.db import Database
+
+pytestmark = pytest.mark.slow  # end to end, many seconds each (make test-fast leaves it out)
 
 FARM_ZONE = "Europe/Lisbon"
 API_KEY = "sk-farm-e2e-secret"
