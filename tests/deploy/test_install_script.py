@@ -167,7 +167,8 @@ def test_the_unit_has_the_install_paths_and_keeps_bwrap_working(installed: Insta
 
 
 def _schedule_in(install: Install, seconds: float, prompt: str, env: dict[str, str]) -> None:
-    due = (datetime.now(UTC) + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S")
+    """A once task due `seconds` (scaled: the CLI may take seconds to start on a busy machine) from now."""
+    due = (datetime.now(UTC) + timedelta(seconds=1 + scaled(seconds))).strftime("%Y-%m-%dT%H:%M:%S")
     request = {"type": "schedule_task", "prompt": prompt, "schedule_type": "once", "schedule_value": due}
     sent = _run_as_user(
         install, "ipc", "send", "--group", "main", "--queue", "tasks", "--json", json.dumps(request), env=env

@@ -221,7 +221,11 @@ def test_daemon_home_assistant_down_and_back(tmp_path: Path, ha_reset: HaInstanc
     finally:
         assert daemon.stop() == 0, daemon.log()
     log = daemon.log()
-    assert log.count("is unreachable") == 1 and log.count("is reachable again") == 1, log
+    # The link's own warnings, once each. (Other lines may quote the error: the state collector's first refresh
+    # can still be running when HA stops on a busy machine, and it logs what it could not fetch.)
+    link = [line for line in log.splitlines() if "farmhost.farm.homeassistant:" in line]
+    assert sum("is unreachable" in line for line in link) == 1, log
+    assert sum("is reachable again" in line for line in link) == 1, log
     assert "Traceback" not in log, log
     assert_token_nowhere(data_dir, ha_reset.token, daemon)
     ha_reset.reset()

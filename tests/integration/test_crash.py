@@ -95,6 +95,7 @@ def _db(data_dir: Path) -> sqlite3.Connection:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(240)  # 20 daemon starts and the drain after them; stretched further on a busy machine
 def test_kill9_under_load_loses_nothing_and_runs_nothing_twice(data_dir: Path) -> None:
     seed = int.from_bytes(os.urandom(4), "big")
     rng = random.Random(seed)
