@@ -12,7 +12,7 @@ export UV_PROJECT_ENVIRONMENT := .venv
 # without this every agent run compiles openai & co. from source (0.82 s -> 0.58 s per import).
 export UV_COMPILE_BYTECODE := 1
 
-.PHONY: demo run test install debian ha lint typecheck pytest bench clean
+.PHONY: demo run test test-fast install debian ha lint typecheck pytest pytest-fast bench clean
 
 ## demo: install farmhost and the local Home Assistant, then the live demo farm in ./demo-data: HA with the simulated
 ## farm, farmhost with the farm dashboard and a screenshot, a terminal chat with the agent (Ctrl-C stops it all)
@@ -28,6 +28,9 @@ run: install
 
 ## test: install everything the tests need, then lint, type-check and run the whole suite
 test: debian install ha lint typecheck pytest
+
+## test-fast: the same without the tests marked `slow` (the end-to-end cases): for a quick round while developing
+test-fast: debian install ha lint typecheck pytest-fast
 
 $(UV):
 	$(PYTHON) -m venv .tools
@@ -53,6 +56,9 @@ typecheck:
 
 pytest:
 	.venv/bin/pytest -q
+
+pytest-fast:
+	.venv/bin/pytest -q -m "not slow"
 
 ## bench: the IPC round-trip benchmark (figures in docs/performance.md)
 bench: install

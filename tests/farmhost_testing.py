@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -43,29 +45,136 @@ def clean_env(**extra: str) -> dict[str, str]:
 def farmhost(
     *args: str, data_dir: Path, env: dict[str, str] | None = None, timeout: float = 60, input: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run `farmhost <args> --data-dir <data_dir>` and return the finished process."""
+    """Run `farmhost <args> --data-dir <data_dir>` and return the finished process (`timeout` scaled)."""
     return subprocess.run(
         [sys.executable, "-m", "farmhost", *args, "--data-dir", str(data_dir)],
         capture_output=True,
         text=True,
         env=env or clean_env(),
         cwd=data_dir.parent,
-        timeout=timeout,
+        timeout=scaled(timeout),
         input=input,
         check=False,
     )
 
 
-def wait_for(condition: Callable[[], T], *, timeout: float = 10.0, interval: float = 0.005, what: str = "") -> T:
-    """Poll `condition` until it returns something truthy, or fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
+# Deadlines ------------------------------------------------------------------------------------------------
+#
+# A test waits for the condition its assertion needs, never for a fixed sleep; its deadline only bounds how long a
+# broken host may keep it waiting. Deadlines are written for an idle machine and stretched by `timeout_scale()` on a
+# busy one, so a loaded CI box (or a developer running two suites at once) gets slower tests, not failing ones.
+
+TIMEOUT_SCALE_ENV = "FARMHOST_TEST_TIMEOUT_SCALE"
+# Without the variable, the scale follows the load: 1 + (1-minute load average per CPU), between 1 and this.
+MAX_LOAD_SCALE = 4.0
+
+
+def timeout_scale() -> float:
+    """How many times longer than on an idle machine a test may wait (at least 1).
+
+    FARMHOST_TEST_TIMEOUT_SCALE (a number >= 1) when set; otherwise measured now: 1 + the 1-minute load average per
+    CPU, at most MAX_LOAD_SCALE (a 2-core machine with load 4 waits 3x as long).
+    """
+    raw = os.environ.get(TIMEOUT_SCALE_ENV, "").strip()
+    if raw:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"{TIMEOUT_SCALE_ENV} must be a number >= 1, got {raw!r}") from None
+        if not value >= 1:
+            raise ValueError(f"{TIMEOUT_SCALE_ENV} must be a number >= 1, got {raw!r}")
+        return value
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return 1.0
+    return min(MAX_LOAD_SCALE, max(1.0, 1.0 + load / (os.cpu_count() or 1)))
+
+
+def scaled(seconds: float) -> float:
+    """A deadline of `seconds` on an idle machine, stretched for this one (see `timeout_scale`)."""
+    return seconds * timeout_scale()
+
+
+def _describe(value: object, limit: int = 600) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
+
+
+class _Deadline:
+    """A scaled deadline that, given `progress`, restarts whenever the progress value changes (at most `cap`)."""
+
+    def __init__(
+        self, timeout: float, what: str, seen: Callable[[], object] | None, progress: Callable[[], object] | None
+    ) -> None:
+        self.limit = scaled(timeout)
+        self.what, self.seen, self.progress = what, seen, progress
+        self.started = self.moved = time.monotonic()
+        self.cap = self.started + 10 * self.limit
+        self.last_progress = progress() if progress else None
+
+    def check(self, last: object) -> None:
+        """Raise the failure (with `last`, the condition's last value) if the deadline passed; progress resets it."""
+        now = time.monotonic()
+        if self.progress is not None:
+            current = self.progress()
+            if current != self.last_progress:
+                self.last_progress, self.moved = current, now
+        if now - self.moved <= self.limit and now <= self.cap:
+            return
+        waited = now - self.started
+        stalled = f", no progress for {now - self.moved:.1f} s" if self.progress is not None else ""
+        message = f"timed out after {waited:.1f} s (deadline {self.limit:.1f} s{stalled}) waiting for {self.what}"
+        message += f"; last saw {_describe(last)}"
+        if self.seen is not None:
+            message += f"; {_describe(self.seen(), 4000)}"
+        raise AssertionError(message)
+
+
+def wait_for(
+    condition: Callable[[], T | None],
+    *,
+    timeout: float = 10.0,
+    interval: float = 0.005,
+    what: str = "",
+    seen: Callable[[], object] | None = None,
+    progress: Callable[[], object] | None = None,
+) -> T:
+    """Poll `condition` until it returns something truthy, and return that.
+
+    Fails after `timeout` seconds (scaled for the machine's load, see `scaled`) with what it waited for, the last
+    value `condition` returned and, when given, `seen()` (what the test can show about the state). With `progress`,
+    the deadline runs from the last change of `progress()` instead (for a long drain that keeps moving), up to ten
+    deadlines in all.
+    """
+    deadline = _Deadline(timeout, what or getattr(condition, "__name__", repr(condition)), seen, progress)
     while True:
         value = condition()
         if value:
             return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
+        deadline.check(value)
         time.sleep(interval)
+
+
+async def wait_for_async(
+    condition: Callable[[], T | None | Awaitable[T | None]],
+    *,
+    timeout: float = 10.0,
+    interval: float = 0.01,
+    what: str = "",
+    seen: Callable[[], object] | None = None,
+    progress: Callable[[], object] | None = None,
+) -> T:
+    """`wait_for` for a test on an event loop: polls without blocking it; `condition` may be a coroutine function."""
+    deadline = _Deadline(timeout, what or getattr(condition, "__name__", repr(condition)), seen, progress)
+    while True:
+        value = condition()
+        if isinstance(value, Awaitable):
+            value = await value
+        if value:
+            return value
+        deadline.check(value)
+        await asyncio.sleep(interval)
 
 
 def drop(
@@ -102,8 +211,21 @@ def read_result(data_dir: Path, folder: str, request_id: str) -> dict[str, Any] 
 
 
 def wait_result(data_dir: Path, folder: str, request_id: str, *, timeout: float = 10.0) -> dict[str, Any]:
-    """Wait for and return the result of a request."""
-    return wait_for(lambda: read_result(data_dir, folder, request_id), timeout=timeout, what=f"result {request_id}")
+    """Wait for and return the result of a request (`timeout` scaled, like every deadline here)."""
+    return wait_for(
+        lambda: read_result(data_dir, folder, request_id),
+        timeout=timeout,
+        what=f"the result of {request_id} in {result_path(data_dir, folder, request_id).parent}",
+        seen=lambda: f"queued there: {_queued(data_dir, folder)}",
+    )
+
+
+def _queued(data_dir: Path, folder: str) -> list[str]:
+    found = []
+    for where in (data_dir / "ipc" / folder, data_dir / "ipc" / ".spool" / folder):
+        if where.is_dir():
+            found += [f"{p.parent.name}/{p.name}" for p in where.glob("*/*.json") if p.parent.name != "action_results"]
+    return sorted(found)
 
 
 def quarantined(data_dir: Path, folder: str) -> list[dict[str, Any]]:
@@ -138,8 +260,24 @@ class Daemon:
         )
         log.close()
         if wait_group:
-            wait_for(lambda: self._alive(status, before), timeout=timeout, what="daemon start")
+            try:
+                wait_for(
+                    lambda: self._alive(status, before),
+                    timeout=timeout,
+                    what=f"the daemon to report alive in {status}",
+                    seen=lambda: f"daemon log:\n{self.log()[-3000:]}",
+                )
+            except BaseException:
+                self._reap()  # a daemon that failed to start must not outlive the test (and write into its tmp dir)
+                raise
         return self
+
+    def _reap(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+            self.proc = None
 
     def _alive(self, status: Path, before: int | None) -> bool:
         assert self.proc is not None
@@ -152,11 +290,17 @@ class Daemon:
         return bool(doc.get("status") == "alive" and doc.get("pid") == self.proc.pid)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
-        """Send `sig` and wait for the exit code."""
+        """Send `sig` and wait for the exit code (`timeout` scaled)."""
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-        code = self.proc.wait(timeout=timeout)
+        try:
+            code = self.proc.wait(timeout=scaled(timeout))
+        except subprocess.TimeoutExpired:
+            self._reap()
+            raise AssertionError(
+                f"the daemon did not exit within {scaled(timeout):.1f} s of signal {sig}; log:\n{self.log()[-3000:]}"
+            ) from None
         self.proc = None
         return code
 
@@ -178,6 +322,16 @@ def init_data_dir(root: Path) -> Path:
     ):
         done = farmhost(*args, data_dir=root)
         assert done.returncode == 0, done.stderr
+    return root
+
+
+def copy_data_dir(template: Path, root: Path) -> Path:
+    """A copy at `root` of a data dir that `init_data_dir` made and nothing used since.
+
+    The same layout, modes and database, in milliseconds instead of three CLI starts (seconds each when busy).
+    """
+    assert not (template / "farmhost.db-wal").exists(), f"{template} is in use: copy only an idle data dir"
+    shutil.copytree(template, root, symlinks=True)
     return root
 
 

@@ -51,6 +51,7 @@ from types import TracebackType
 from typing import Any, Self, TypeAlias
 
 import pytest
+from farmhost_testing import scaled
 
 
 @dataclass(frozen=True)
@@ -214,8 +215,8 @@ class ScriptedLLM:
         return self
 
     def wait_requests(self, count: int, timeout: float = 10.0) -> list[Recorded]:
-        """Block until `count` chat-completions requests arrived; returns them."""
-        deadline = time.monotonic() + timeout
+        """Block until `count` chat-completions requests arrived (`timeout` scaled); returns them."""
+        deadline = time.monotonic() + scaled(timeout)
         with self._lock:
             while len(self.requests) < count:
                 left = deadline - time.monotonic()

@@ -128,6 +128,7 @@ from typing import Any, Literal, Self
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import pytest
+from farmhost_testing import scaled
 
 TEXT_LIMIT = 4096
 CAPTION_LIMIT = 1024
@@ -548,6 +549,11 @@ class FakeTelegram:
         with self._cond:
             return list(self._calls)
 
+    def polls_started(self) -> int:
+        """How many getUpdates calls have reached the fake so far (a long poll counts as soon as it waits)."""
+        with self._cond:
+            return self._poll_generation
+
     def sent(self, chat_id: int | None = None) -> list[Call]:
         """Successful sendMessage / sendPhoto / sendDocument calls (to `chat_id`, if given)."""
         with self._cond:
@@ -585,8 +591,8 @@ class FakeTelegram:
         return self._wait(matching, count, timeout, f"{method} calls")
 
     def wait_confirmed(self, update_id: int, timeout: float = 10) -> None:
-        """Block until a getUpdates call confirmed `update_id` (came with an offset above it)."""
-        deadline = time.monotonic() + timeout
+        """Block until a getUpdates call confirmed `update_id` (came with an offset above it; `timeout` scaled)."""
+        deadline = time.monotonic() + scaled(timeout)
         with self._cond:
             while not any(offset is not None and offset > update_id for offset in self.offsets):
                 left = deadline - time.monotonic()
@@ -595,7 +601,7 @@ class FakeTelegram:
                 self._cond.wait(left)
 
     def _wait(self, found: Callable[[], list[Call]], count: int, timeout: float, what: str) -> list[Call]:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + scaled(timeout)
         with self._cond:
             while len(calls := found()) < count:
                 left = deadline - time.monotonic()

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from farmhost_testing import wait_for
+from farmhost_testing import scaled, wait_for
 from ha_fixture import HA_VERSION, installed_version
 
 SUMMARY_LINE = re.compile(r"^  ([A-Z][A-Za-z ]+):\s+(.*)$")
@@ -103,8 +103,8 @@ class DemoProcess:
         """Send `sig`, wait for the exit status and the last line."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-        code = self.proc.wait(timeout=timeout)
-        self._reader.join(timeout=5)
+        code = self.proc.wait(timeout=scaled(timeout))
+        self._reader.join(timeout=scaled(5))
         return code
 
     def ha_pids(self) -> list[int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import pytest
 from demo_support import alive, changed_soil, demo, ha_answers, login, login_step, png_size, require_cached_ha
 from farmhost_testing import clean_env, farmhost, wait_for
 from ha_fixture import WsSession
@@ -24,6 +25,7 @@ NOTICE = "Heads-up: frost is likely tonight, I am keeping an eye on it."
 ANSWER = "Field 1 is drying slowly; no watering needed before tomorrow."
 
 
+@pytest.mark.slow
 def test_the_demo_runs_a_live_farm_you_can_log_into_look_at_and_talk_to(tmp_path: Path, llm_stub: ScriptedLLM) -> None:
     require_cached_ha()
     llm_stub.script(ToolCall("send_message", {"chatJid": "local:main", "text": NOTICE}), Reply(ANSWER))

@@ -14,6 +14,7 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 from demo_support import (
     alive,
     call_service,
@@ -25,7 +26,9 @@ from demo_support import (
     login,
     require_cached_ha,
 )
-from farmhost_testing import clean_env, wait_for
+from farmhost_testing import clean_env, scaled, wait_for
+
+pytestmark = pytest.mark.slow  # end to end, many seconds each (make test-fast leaves it out)
 
 FIELD_1_RAW = "input_number.field_1_soil_moisture_raw"
 
@@ -103,7 +106,7 @@ def _no_llm_then_reuse(data_dir: Path, env: dict[str, str]) -> None:
     with demo(data_dir, "--no-chat", "--no-screenshot", env=env) as again:
         started = time.monotonic()
         again.wait_line("Stop: Ctrl-C", timeout=30)
-        assert time.monotonic() - started < 20
+        assert time.monotonic() - started < scaled(20)
         output = again.output()
         assert f"[ha] reusing the Home Assistant already running at {url}" in output
         assert "starting Home Assistant" not in output

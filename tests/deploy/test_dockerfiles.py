@@ -247,6 +247,7 @@ def test_the_agent_image_is_built_from_container_only() -> None:
     assert "farmagent.run" in text
 
 
+@pytest.mark.slow
 def test_the_build_stage_installs_farmhost_from_exactly_what_it_copies(tmp_path: Path) -> None:
     """The farmhost image's build stage, replayed without Docker.
 

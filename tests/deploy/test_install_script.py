@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from farmhost_testing import clean_env, wait_for
+from farmhost_testing import clean_env, scaled, wait_for
 from llm_stub import Reply, ScriptedLLM, ToolCall
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,7 +47,13 @@ class Install:
 
 def _install(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["bash", str(SCRIPT), *args], check=False, capture_output=True, text=True, cwd=cwd, env=clean_env(), timeout=300
+        ["bash", str(SCRIPT), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=clean_env(),
+        timeout=scaled(300),
     )
 
 
@@ -65,7 +71,7 @@ def _run_as_user(install: Install, *args: str, env: dict[str, str] | None = None
         text=True,
         cwd=install.root,
         env=env or clean_env(),
-        timeout=60,
+        timeout=scaled(60),
     )
 
 
@@ -91,6 +97,7 @@ def installed() -> Iterator[Install]:
         shutil.rmtree(root)
 
 
+@pytest.mark.slow
 def test_the_installed_farmhost_runs_and_its_doctor_passes_as_the_daemon_user(installed: Install) -> None:
     for n in range(1, 8):
         assert f"[{n}/7]" in installed.output  # progress, step by step
@@ -129,6 +136,7 @@ def _unit(text: str) -> dict[str, list[str]]:
     return settings
 
 
+@pytest.mark.slow
 def test_the_unit_has_the_install_paths_and_keeps_bwrap_working(installed: Install) -> None:
     path = installed.prefix / "share" / "farmhost" / "farmhost.service"
     text = path.read_text()
@@ -151,7 +159,7 @@ def test_the_unit_has_the_install_paths_and_keeps_bwrap_working(installed: Insta
     assert "ProcSubset" not in unit and "SystemCallFilter" not in unit
     # systemd's own check: every directive known, the command executable.
     verify = subprocess.run(
-        ["systemd-analyze", "verify", str(path)], check=False, capture_output=True, text=True, timeout=60
+        ["systemd-analyze", "verify", str(path)], check=False, capture_output=True, text=True, timeout=scaled(60)
     )
     # (It rightly calls `nobody` unsafe for a service: install.sh refuses it unless --no-systemd, as here.)
     complaints = [line for line in verify.stderr.splitlines() if "Special user nobody configured" not in line]
@@ -159,12 +167,21 @@ def test_the_unit_has_the_install_paths_and_keeps_bwrap_working(installed: Insta
 
 
 def _schedule_in(install: Install, seconds: float, prompt: str, env: dict[str, str]) -> None:
-    due = (datetime.now(UTC) + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S")
+    """A once task due `seconds` (scaled: the CLI may take seconds to start on a busy machine) from now."""
+    due = (datetime.now(UTC) + timedelta(seconds=1 + scaled(seconds))).strftime("%Y-%m-%dT%H:%M:%S")
     request = {"type": "schedule_task", "prompt": prompt, "schedule_type": "once", "schedule_value": due}
     sent = _run_as_user(
         install, "ipc", "send", "--group", "main", "--queue", "tasks", "--json", json.dumps(request), env=env
     )
     assert sent.returncode == 0, sent.stdout + sent.stderr
+
+
+def _finished_runs(install: Install, env: dict[str, str]) -> list[str]:
+    """The statuses of the tasks' last runs once none is still going on (the run log is written before that)."""
+    done = _run_as_user(install, "task", "list", "--all", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    statuses = [t["lastRunStatus"] for t in json.loads(done.stdout)]
+    return statuses if statuses and all(s not in (None, "running") for s in statuses) else []
 
 
 def _outbox(install: Install, env: dict[str, str]) -> list[dict[str, Any]]:
@@ -174,6 +191,7 @@ def _outbox(install: Install, env: dict[str, str]) -> list[dict[str, Any]]:
     return entries
 
 
+@pytest.mark.slow
 def test_an_agent_runs_in_bwrap_from_the_installed_prefix_as_the_daemon_user(
     installed: Install, llm_stub: ScriptedLLM
 ) -> None:
@@ -196,22 +214,34 @@ def test_an_agent_runs_in_bwrap_from_the_installed_prefix_as_the_daemon_user(
         daemon = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=installed.root)
     try:
         status = installed.data_dir / "ipc" / "main" / "host_status.json"
-        wait_for(lambda: status.exists() and json.loads(status.read_text())["status"] == "alive", timeout=20)
+        wait_for(
+            lambda: status.exists() and json.loads(status.read_text())["status"] == "alive",
+            timeout=20,
+            what=f"the daemon to report alive in {status}",
+            seen=lambda: log.read_text(errors="replace")[-3000:],
+        )
         health = _run_as_user(installed, "health", env=env)
         assert health.returncode == 0 and health.stdout.startswith("healthy: daemon pid"), health.stdout
         _schedule_in(installed, 2, "Check the soil and tell the office.", env)
         entries = wait_for(lambda: _outbox(installed, env), timeout=40, interval=0.5, what="the agent's message")
         assert [e["body"] for e in entries] == ["Soil is fine."]
+        # The run log is written when the run ends, a moment after its message: wait for the run's end, then read.
+        runs = wait_for(lambda: _finished_runs(installed, env), timeout=20, interval=0.2, what="the task's run to end")
+        assert runs == ["ok"], runs
+        logs = installed.data_dir / "groups" / "main" / "logs"
+        run_logs = sorted(logs.glob("run-*.log"))
+        assert len(run_logs) == 1, run_logs
         # The agent ran as the daemon's user in bwrap, from the installed interpreter.
-        run_log = next((installed.data_dir / "groups" / "main" / "logs").glob("run-*.log")).read_text()
-        assert "bwrap" in run_log and str(installed.prefix / "bin" / "python") in run_log
+        run_log = run_logs[0].read_text()
+        assert "bwrap" in run_log and str(installed.prefix / "bin" / "python") in run_log, run_log
     finally:
         daemon.send_signal(signal.SIGTERM)
-        code = daemon.wait(timeout=15)
+        code = daemon.wait(timeout=scaled(15))
     assert code == 0, log.read_text()
     assert "Traceback" not in log.read_text()
 
 
+@pytest.mark.slow
 def test_running_it_again_keeps_the_settings_and_the_data(installed: Install) -> None:
     env_file = installed.config_dir / "farmhost.env"
     env_file.write_text(env_file.read_text() + "TZ=Europe/Lisbon\n")

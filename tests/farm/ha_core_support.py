@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -12,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from farmhost_testing import drop, init_data_dir_in_process, read_result
+from farmhost_testing import drop, init_data_dir_in_process, read_result, wait_for_async
 
 from farmhost.app import build_handlers
 from farmhost.config import Settings, load_settings
@@ -32,13 +31,8 @@ def uid(prefix: str = "r") -> str:
 
 
 async def until(condition: Callable[[], Any], what: str, timeout: float = 15.0) -> Any:
-    """Poll `condition` without blocking the event loop the engine runs on; fail after `timeout` seconds."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not (value := condition()):
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.01)
-    return value
+    """Poll `condition` without blocking the event loop the engine runs on; fail after `timeout` (scaled) seconds."""
+    return await wait_for_async(condition, timeout=timeout, what=what)
 
 
 @dataclass

@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from farmhost_testing import Daemon, clean_env, drop, wait_result
+from farmhost_testing import Daemon, clean_env, drop, scaled, wait_result
 from ha_core_support import farm_host, make_data_dir
 from ha_fixture import HaInstance
 
 from farmhost.farm.homeassistant import (
+    REQUEST_TIMEOUT,
     HaAuthFailed,
     HAClient,
     HaError,
@@ -48,7 +49,7 @@ def _closed_port() -> int:
 async def test_reads_writes_and_websocket(client: HAClient, ha: HaInstance) -> None:
     assert ha.token not in repr(client) and ha.url in repr(client)
     assert (await client.get_config())["state"] == "RUNNING" and await client.is_running()
-    assert await client.wait_running(timeout=5) < 1
+    assert await client.wait_running(timeout=scaled(5)) < scaled(1)  # running already: one look, no polling
     states = {s["entity_id"]: s for s in await client.get_states()}
     assert states["sensor.air_temperature"]["state"] == "14.5"
     assert (await client.get_state("switch.irrigation_pump"))["state"] == "off"
@@ -116,13 +117,17 @@ async def test_bad_token(ha: HaInstance, caplog: pytest.LogCaptureFixture) -> No
 
 
 async def test_nothing_listening(caplog: pytest.LogCaptureFixture) -> None:
-    async with HAClient(url=f"http://127.0.0.1:{_closed_port()}", token="t", request_timeout=2) as nowhere:
+    # A refused connection fails at once: all three calls together take less than one request timeout.
+    request_timeout = 30.0
+    async with HAClient(
+        url=f"http://127.0.0.1:{_closed_port()}", token="t", request_timeout=request_timeout
+    ) as nowhere:
         started = time.monotonic()
-        for call in (nowhere.get_states(), nowhere.ws_command("get_config"), nowhere.restart(timeout=5)):
+        for call in (nowhere.get_states(), nowhere.ws_command("get_config"), nowhere.restart(timeout=request_timeout)):
             with pytest.raises(HaUnavailable, match="connection refused") as caught:
                 await call
             assert caught.value.code is ErrorCode.UPSTREAM_UNAVAILABLE
-        assert time.monotonic() - started < 1.5
+        assert time.monotonic() - started < request_timeout
         assert not await nowhere.is_running()
         with pytest.raises(HaTimeout, match="not RUNNING within 0.5 s"):
             await nowhere.wait_running(timeout=0.5)
@@ -149,7 +154,7 @@ async def test_home_assistant_hung(tmp_path: Path, ha_reset: HaInstance) -> None
             assert (await host.ping("main"))["status"] == "success"
             with pytest.raises(HaTimeout):
                 await host.ha.ws_command("lovelace/dashboards/list")
-            assert time.monotonic() - started < 5
+            assert time.monotonic() - started < scaled(5)  # each waited its 1 s timeout, the pings nothing
         finally:
             os.kill(pid, signal.SIGCONT)
         on = {"entityId": "switch.irrigation_pump", "value": "on"}
@@ -186,6 +191,7 @@ def assert_token_nowhere(data_dir: Path, token: str, daemon: Daemon) -> None:
     assert token not in daemon.log()
 
 
+@pytest.mark.slow
 def test_daemon_home_assistant_down_and_back(tmp_path: Path, ha_reset: HaInstance) -> None:
     data_dir = make_data_dir(tmp_path / "data")
     daemon = Daemon(data_dir, env=clean_env(**ha_reset.env())).start()
@@ -200,7 +206,9 @@ def test_daemon_home_assistant_down_and_back(tmp_path: Path, ha_reset: HaInstanc
         ):  # fmt: skip
             down = ask(data_dir, "main", action, params)
             assert down["errorCode"] == "upstream_unavailable" and "unreachable" in down["error"], down
-            assert down["durationMs"] < 2000
+            # refused at once, not given up on after the request timeout (however long the machine takes)
+            assert "connection refused" in down["error"], down
+            assert down["durationMs"] < REQUEST_TIMEOUT * 1000, down
         assert ping(data_dir, "field")["status"] == "success"
         assert ping(data_dir, "main")["status"] == "success"
 
@@ -213,7 +221,11 @@ def test_daemon_home_assistant_down_and_back(tmp_path: Path, ha_reset: HaInstanc
     finally:
         assert daemon.stop() == 0, daemon.log()
     log = daemon.log()
-    assert log.count("is unreachable") == 1 and log.count("is reachable again") == 1, log
+    # The link's own warnings, once each. (Other lines may quote the error: the state collector's first refresh
+    # can still be running when HA stops on a busy machine, and it logs what it could not fetch.)
+    link = [line for line in log.splitlines() if "farmhost.farm.homeassistant:" in line]
+    assert sum("is unreachable" in line for line in link) == 1, log
+    assert sum("is reachable again" in line for line in link) == 1, log
     assert "Traceback" not in log, log
     assert_token_nowhere(data_dir, ha_reset.token, daemon)
     ha_reset.reset()

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from zoneinfo import ZoneInfo
 
 import pytest
+from farmhost_testing import scaled, wait_for_async
 from ha_core_support import farm_host, make_data_dir
 from ha_fixture import CALENDAR_ENTITY, HaInstance
 
@@ -38,18 +39,13 @@ ZONE = ZoneInfo(FARM_TZ)
 
 
 async def eventually(condition: Callable[[], T], *, timeout: float = 10.0, what: str = "") -> T:
-    """Poll `condition` (without blocking the event loop) until it is truthy, or fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
-        await asyncio.sleep(0.02)
-    return value
+    """Poll `condition` (without blocking the event loop) until it is truthy, or fail after `timeout` (scaled) s."""
+    return await wait_for_async(condition, timeout=timeout, interval=0.02, what=what)
 
 
 def settle(ha: HaInstance, entity_id: str, state: str) -> None:
     """Wait until HA shows `entity_id` in `state` (template entities follow their helper a moment later)."""
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + scaled(5)
     while ha.get_state(entity_id)["state"] != state:
         assert time.monotonic() < deadline, f"{entity_id} never became {state!r}: {ha.get_state(entity_id)}"
         time.sleep(0.02)
@@ -361,6 +357,7 @@ async def test_an_alert_survives_a_restart_with_its_original_since(
 # ---------------------------------------------------------------------------------------------- HA trouble
 
 
+@pytest.mark.slow
 async def test_while_ha_is_down_the_snapshot_stays_marked_stale_and_the_outage_is_logged_once(
     client: HAClient, layout: DataLayout, ha_reset: HaInstance, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -381,8 +378,10 @@ async def test_while_ha_is_down_the_snapshot_stays_marked_stale_and_the_outage_i
         for _ in range(3):
             started = time.monotonic()
             summary = await collector.refresh_now()
-            assert time.monotonic() - started < 5  # refused connections fail fast
+            # refused connections fail fast: well within one request timeout, however busy the machine
+            assert time.monotonic() - started < client.request_timeout
             assert not summary.ha_connected and isinstance(summary.error, HaUnavailable)
+            assert "connection refused" in summary.error.message, summary.error
             assert set(summary.files) == {"current.json", "alerts.json"}
         stale = read(current_file)
         assert stale["haConnected"] is False and stale["staleSince"] == good.generated_at

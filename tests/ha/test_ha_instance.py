@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from urllib.parse import quote
 
 import pytest
-from farmhost_testing import wait_for
+from farmhost_testing import scaled, wait_for
 from ha_fixture import (
     CALENDAR_ENTITY,
     FARM_DEFAULTS,
@@ -153,22 +153,24 @@ def test_the_farm_calendar_has_upcoming_events(ha_reset: HaInstance) -> None:
     assert "+" in events[0]["start"]["dateTime"] or events[0]["start"]["dateTime"].endswith("Z")
 
 
+@pytest.mark.slow
 def test_restart_through_the_api_brings_it_back_running_with_the_same_token(ha_reset: HaInstance) -> None:
     ha = ha_reset
     ha.set_state("switch.irrigation_pump", "on")
     old_pid = ha.hass_pid()
-    took = ha.restart(timeout=45)
+    took = ha.restart(timeout=scaled(45))
     assert ha.hass_pid() != old_pid  # a new hass process: the supervisor restarted it after exit code 100
     assert (ha.root / "hass.rc").read_text().strip() == "100"
     assert ha.running()
     assert ha.core_state() == "RUNNING"
-    assert took < 45
+    assert took < scaled(45)
     with ha.ws() as ws:
         assert ws.auth["type"] == "auth_ok"
     ha.check_entities()  # template, fan and the calendar's config entry are all back
     assert _state(ha, "input_boolean.pump_relay") == "off"  # helpers have `initial:`, so a restart resets them
 
 
+@pytest.mark.slow
 def test_stop_and_start_again_on_the_same_url_and_token(ha_reset: HaInstance) -> None:
     ha = ha_reset
     url, token = ha.url, ha.token
@@ -176,8 +178,8 @@ def test_stop_and_start_again_on_the_same_url_and_token(ha_reset: HaInstance) ->
     assert not ha.running()
     assert ha.core_state() is None  # nothing answers on the port
     started = time.monotonic()
-    ha.start()
-    assert time.monotonic() - started < 30
+    ha.start(timeout=scaled(60))
+    assert time.monotonic() - started < scaled(30)
     assert (ha.url, ha.token) == (url, token)
     assert ha.core_state() == "RUNNING"
     ha.check_entities()

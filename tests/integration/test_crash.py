@@ -16,7 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from farmhost_testing import FIELD_JID, MAIN_JID, Daemon, drop, quarantined, read_result, wait_for, wait_result
+import pytest
+from farmhost_testing import FIELD_JID, MAIN_JID, Daemon, drop, quarantined, read_result, scaled, wait_for, wait_result
 
 JIDS = {"main": MAIN_JID, "field": FIELD_JID}
 QUEUES = ("messages", "tasks", "actions")
@@ -93,6 +94,8 @@ def _db(data_dir: Path) -> sqlite3.Connection:
     return sqlite3.connect(f"file:{data_dir / 'farmhost.db'}?mode=ro", uri=True)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(240)  # 20 daemon starts and the drain after them; stretched further on a busy machine
 def test_kill9_under_load_loses_nothing_and_runs_nothing_twice(data_dir: Path) -> None:
     seed = int.from_bytes(os.urandom(4), "big")
     rng = random.Random(seed)
@@ -109,9 +112,13 @@ def test_kill9_under_load_loses_nothing_and_runs_nothing_twice(data_dir: Path) -
                     daemon.start()
                     time.sleep(rng.uniform(0.02, 0.9))
                 daemon.kill()
+        except BaseException:
+            if daemon.proc is not None:
+                daemon.kill()
+            raise
         finally:
             halt.set()
-        sent = writer.result(timeout=5)
+        sent = writer.result(timeout=scaled(5))
     assert len(sent) > 500, f"the writer only managed {len(sent)} requests"
 
     def unanswered() -> list[str]:
@@ -120,8 +127,24 @@ def test_kill9_under_load_loses_nothing_and_runs_nothing_twice(data_dir: Path) -
 
     daemon.start()
     try:
-        wait_for(lambda: not unanswered(), timeout=20, what=f"every result (seed {seed})")
-        wait_for(lambda: not _leftovers(data_dir), timeout=10, what="queues and spool to empty")
+        # The backlog of 20 dead spells drains at whatever pace the machine allows: wait while results keep
+        # coming, and fail only when none has come for a while (or after ten such spells in all).
+        wait_for(
+            lambda: not unanswered(),
+            timeout=20,
+            interval=0.05,
+            what=f"every result (seed {seed}, {len(sent)} requests)",
+            progress=lambda: len(unanswered()),
+            seen=lambda: (
+                f"{len(unanswered())} unanswered, e.g. {unanswered()[:5]}; leftovers {_leftovers(data_dir)[:5]}"
+            ),
+        )
+        wait_for(
+            lambda: not _leftovers(data_dir),
+            timeout=10,
+            what="queues and spool to empty",
+            seen=lambda: _leftovers(data_dir)[:10],
+        )
         _check_results(data_dir, sent, seed)
         _check_store(data_dir, sent, seed)
     finally:

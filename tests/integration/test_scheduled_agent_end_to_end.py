@@ -14,12 +14,15 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import pytest
 from farmagent.ipc.client import IpcClient
-from farmhost_testing import FIELD_JID, clean_env, farmhost, init_data_dir, running_daemon, wait_for
+from farmhost_testing import FIELD_JID, clean_env, farmhost, init_data_dir, running_daemon, scaled, wait_for
 from llm_stub import Recorded, Reply, ScriptedLLM, ToolCall
 
 from farmhost.store import outbox
 from farmhost.store.db import Database
+
+pytestmark = pytest.mark.slow  # end to end, many seconds each (make test-fast leaves it out)
 
 FARM_ZONE = "Europe/Lisbon"
 API_KEY = "sk-farm-e2e-secret"
@@ -78,7 +81,11 @@ def test_a_task_scheduled_by_an_agent_runs_a_bwrap_agent_that_searches_memory_an
 
         texts = wait_for(lambda: _outbox_texts(data_dir), timeout=45, interval=0.2, what="the agent's message")
         runs = wait_for(
-            lambda: [r for r in _task_runs(data_dir, task_id) if r["status"] != "running"], timeout=20, interval=0.3
+            lambda: [r for r in _task_runs(data_dir, task_id) if r["status"] != "running"],
+            timeout=20,
+            interval=0.3,
+            what=f"the run of task {task_id} to end",
+            seen=lambda: _task_runs(data_dir, task_id),
         )
         assert "Traceback" not in daemon.log()
 
@@ -89,7 +96,8 @@ def test_a_task_scheduled_by_an_agent_runs_a_bwrap_agent_that_searches_memory_an
     assert "reminded the crew" in run["summary"]
     assert datetime.fromisoformat(run["dueAt"]) == due.astimezone(UTC)
     started = datetime.fromisoformat(run["claimedAt"])
-    assert timedelta(0) <= started - due < timedelta(seconds=3)  # fired on time, not early
+    assert timedelta(0) <= started - due  # not early
+    assert started - due < timedelta(seconds=scaled(3))  # and on time, as far as this machine allows
 
     first, second, third = llm_stub.requests
     assert first.headers["authorization"] == f"Bearer {API_KEY}"  # added by the host's proxy

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from farmhost_testing import MAIN_JID, clean_env, running_daemon
 from ha_fixture import HaInstance
 from llm_stub import Recorded, Reply, ScriptedLLM, ToolCall
@@ -17,6 +18,8 @@ from telegram_stub import FakeTelegram
 
 from farmhost.store.db import Database
 from farmhost.store.transcripts import recent
+
+pytestmark = pytest.mark.slow  # end to end, many seconds each (make test-fast leaves it out)
 
 MAIN_CHAT = int(MAIN_JID.removeprefix("telegram:"))
 PUMP = "switch.irrigation_pump"

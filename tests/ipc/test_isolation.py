@@ -22,6 +22,7 @@ from farmhost_testing import (
     quarantined,
     read_result,
     wait_for,
+    wait_for_async,
     wait_result,
 )
 from ipc_support import (
@@ -266,12 +267,7 @@ def test_polling_mode_serves_and_defends_the_same(data_dir: Path) -> None:
 
 
 async def _until(condition: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not (value := condition()):
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
-    return value
+    return await wait_for_async(condition, timeout=timeout, interval=0.005, what=what)
 
 
 @contextlib.asynccontextmanager
@@ -395,7 +391,8 @@ async def test_request_that_breaks_the_host_does_not_block_its_queue(
 async def test_queue_directory_reopened_by_a_worker_first_is_still_watched(quick_data_dir: Path) -> None:
     """A swap seen first by a worker (it re-opens its queue while draining) must still get an inotify watch."""
     data_dir = quick_data_dir
-    async with _service(data_dir, _table()) as service:
+    # No periodic rescan within the test: only inotify on the new directory can wake the worker.
+    async with _service(data_dir, _table(), ipc_rescan_seconds=3600) as service:
         drop(data_dir, "field", "actions", {"type": "ping", "requestId": "before"})
         await _until(lambda: read_result(data_dir, "field", "before"), "the first ping")
         actions = data_dir / "ipc" / "field" / "actions"
@@ -404,6 +401,5 @@ async def test_queue_directory_reopened_by_a_worker_first_is_still_watched(quick
         service._groups["field"].gdir.queue_fd(Queue.ACTIONS)  # what a draining worker does before the event
         await asyncio.sleep(0.05)  # the group-directory events are handled now
         drop(data_dir, "field", "actions", {"type": "ping", "requestId": "after"})
-        # Well under the 5 s periodic rescan: only inotify on the new directory can have woken the worker.
-        answered = await _until(lambda: read_result(data_dir, "field", "after"), "the ping", timeout=2.0)
+        answered = await _until(lambda: read_result(data_dir, "field", "after"), "the ping (woken by inotify)")
         assert answered["status"] == "success"

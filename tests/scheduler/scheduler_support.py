@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from farmhost_testing import wait_for_async
+
 from farmhost.config import Settings
 from farmhost.scheduler.runs import RunReport, TaskRun
 from farmhost.scheduler.service import SchedulerService
@@ -179,11 +181,5 @@ def utc(*args: int) -> datetime:
 
 
 async def until(condition: Callable[[], Any], *, timeout: float = 10.0, what: str = "") -> Any:
-    """Await (letting the scheduler run) until `condition()` is truthy, or fail after `timeout` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not (value := condition()):
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
-        await asyncio.sleep(0.01)
-    return value
+    """Await (letting the scheduler run) until `condition()` is truthy, or fail after `timeout` (scaled) seconds."""
+    return await wait_for_async(condition, timeout=timeout, what=what)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from farmhost_testing import MAIN_JID, group_lookup, init_data_dir_in_process
+from farmhost_testing import MAIN_JID, group_lookup, init_data_dir_in_process, wait_for_async
 from telegram import Bot
 from telegram_stub import FakeTelegram
 
@@ -206,15 +206,8 @@ async def running(
 
 
 async def until(condition: Callable[[], Any], *, timeout: float = 10.0, what: str = "") -> Any:
-    """Poll `condition` on the event loop (the services run meanwhile) until it is truthy."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
-        await asyncio.sleep(0.02)
+    """Poll `condition` on the event loop (the services run meanwhile) until it is truthy (`timeout` scaled)."""
+    return await wait_for_async(condition, timeout=timeout, interval=0.02, what=what)
 
 
 async def wait_sent(tg: FakeTelegram, count: int, chat_id: int | None = None, timeout: float = 10.0) -> list[Any]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -12,7 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from farmhost_testing import farmhost
+from farmhost_testing import farmhost, wait_for_async
 from telegram import Bot
 from telegram_stub import Call, FakeTelegram
 
@@ -43,13 +42,8 @@ PNG = bytes.fromhex(
 
 
 async def until(condition: Callable[[], T], *, timeout: float = 5.0, what: str = "") -> T:
-    """Poll `condition` on the event loop (the delivery runs on it too) until it is truthy."""
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or condition}")
-        await asyncio.sleep(0.01)
-    return value
+    """Poll `condition` on the event loop (the delivery runs on it too) until it is truthy (`timeout` scaled)."""
+    return await wait_for_async(condition, timeout=timeout, what=what)
 
 
 @dataclass

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 import telegram
+from farmhost_testing import scaled, wait_for_async
 from telegram.error import BadRequest, Conflict, Forbidden, InvalidToken, NetworkError, RetryAfter, TelegramError
 from telegram_stub import FakeTelegram, parse_html
 
@@ -67,11 +68,12 @@ def test_raw_http_shapes(fake_telegram: FakeTelegram) -> None:
 
 
 async def test_long_poll_returns_when_a_message_arrives(fake_telegram: FakeTelegram, bot: telegram.Bot) -> None:
-    poll = asyncio.create_task(bot.get_updates(timeout=10))
-    await asyncio.sleep(0.2)
+    before = fake_telegram.polls_started()
+    poll = asyncio.create_task(bot.get_updates(timeout=30))
+    await wait_for_async(lambda: fake_telegram.polls_started() > before, what="the long poll to reach the fake")
     assert not poll.done()
     queued = fake_telegram.user_message(GROUP, "/status@farm_test_bot now, @ana", user_id=7, username="bob")
-    [update] = await asyncio.wait_for(poll, 5)
+    [update] = await asyncio.wait_for(poll, scaled(5))
     assert update.update_id == queued["update_id"]
     message = update.message
     assert message is not None and message.from_user is not None
@@ -125,20 +127,22 @@ async def test_private_chat_and_reply(fake_telegram: FakeTelegram, bot: telegram
 
 
 async def test_second_poller_ends_the_first_with_conflict(fake_telegram: FakeTelegram, bot: telegram.Bot) -> None:
-    first = asyncio.create_task(bot.get_updates(timeout=10))
-    await asyncio.sleep(0.2)
+    before = fake_telegram.polls_started()
+    first = asyncio.create_task(bot.get_updates(timeout=30))
+    await wait_for_async(lambda: fake_telegram.polls_started() > before, what="the first long poll to reach the fake")
     async with make_bot(fake_telegram) as other:
         await other.get_updates(timeout=0)
     with pytest.raises(Conflict, match="terminated by other getUpdates request"):
-        await asyncio.wait_for(first, 5)
+        await asyncio.wait_for(first, scaled(5))
 
 
 async def test_close_ends_a_waiting_long_poll(fake_telegram: FakeTelegram, bot: telegram.Bot) -> None:
+    before = fake_telegram.polls_started()
     poll = asyncio.create_task(bot.get_updates(timeout=30))
-    await asyncio.sleep(0.2)
+    await wait_for_async(lambda: fake_telegram.polls_started() > before, what="the long poll to reach the fake")
     await asyncio.to_thread(fake_telegram.close)
     with contextlib.suppress(NetworkError):  # the answer may lose the race with the closed socket
-        assert await asyncio.wait_for(poll, 5) == ()
+        assert await asyncio.wait_for(poll, scaled(5)) == ()
 
 
 # outbound text ---------------------------------------------------------------------------------------
