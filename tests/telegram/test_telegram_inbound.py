@@ -221,6 +221,8 @@ async def test_polling_survives_outages_and_loses_nothing(
     second = tg.user_message(FIELD_CHAT, "and another one")
     async with running(settings_for(root, tg)) as host:
         await until(lambda: host.offset() == second["update_id"] + 1, what="recovered")
+        # The host stores its offset before it confirms it to Telegram with the next getUpdates.
+        await until(lambda: tg.offsets[-1:] == [second["update_id"] + 1], what="offset confirmed to Telegram")
         assert host.inbound.polling
         transcript = host.transcript(FIELD)
     assert [t[2] for t in transcript] == ["sent during the outage", "and another one"]
