@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import os
@@ -141,16 +142,16 @@ class RequestProcessor:
                 write_json_atomic(results_fd, name, document, fsync_dir=fsync_dir)
             except IsADirectoryError:
                 # The agent planted a directory where the result goes; left there, it would block the queue.
-                self._quarantine.move(
-                    results_fd,
-                    name,
-                    folder=item.group.folder,
-                    queue=RESULTS_DIR,
-                    original_name=name,
-                    reason=f"a directory stood at {RESULTS_DIR}/{name}, where the host writes the result",
-                    code=ErrorCode.INVALID_REQUEST,
-                    at=self._clock(),
-                )
+                with contextlib.suppress(FileNotFoundError):
+                    self._quarantine.evict(
+                        results_fd,
+                        name,
+                        os.stat(name, dir_fd=results_fd, follow_symlinks=False),
+                        folder=item.group.folder,
+                        queue=RESULTS_DIR,
+                        reason=f"a directory stood at {RESULTS_DIR}/{name}, where the host writes the result",
+                        at=self._clock(),
+                    )
                 write_json_atomic(results_fd, name, document, fsync_dir=fsync_dir)
         except OSError as err:
             logger.error("group %s: cannot write result %s: %s", item.group.folder, request_id, err)

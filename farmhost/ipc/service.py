@@ -23,7 +23,7 @@ from farmhost.ipc.sweeper import sweep_host_temp, sweep_quarantine, sweep_result
 from farmhost.ipc.watcher import InotifyWatcher
 from farmhost.ipc.worker import QueueWorker
 from farmhost.layout import DataLayout
-from farmhost.protocol.codes import ErrorCode, Queue
+from farmhost.protocol.codes import Queue
 from farmhost.store import groups as group_store
 from farmhost.store import ledger
 from farmhost.store.db import Database, now_utc
@@ -225,23 +225,16 @@ class IpcService:
         if self._watcher is None:
             return
         for queue in Queue:
-            fd = attached.gdir.queue_fd(queue)
-            info = os.fstat(fd)
-            if attached.watched.get(queue) != (info.st_dev, info.st_ino):
-                self._watcher.watch(attached.group.folder, queue.value, fd)
-                attached.watched[queue] = (info.st_dev, info.st_ino)
+            with attached.gdir.lease(queue) as fd:
+                info = os.fstat(fd)
+                if attached.watched.get(queue) != (info.st_dev, info.st_ino):
+                    self._watcher.watch(attached.group.folder, queue.value, fd)
+                    attached.watched[queue] = (info.st_dev, info.st_ino)
 
-    def _evict(self, dir_fd: int, name: str, reason: str) -> None:
+    def _evict(self, dir_fd: int, name: str, seen: os.stat_result, reason: str) -> bool:
         folder = next((f for f, a in self._groups.items() if a.gdir.fd == dir_fd), "unknown")
-        Quarantine(self._errors_fd).move(
-            dir_fd,
-            name,
-            folder=folder,
-            queue=name,
-            original_name=name,
-            reason=reason,
-            code=ErrorCode.INVALID_REQUEST,
-            at=self._clock(),
+        return Quarantine(self._errors_fd).evict(
+            dir_fd, name, seen, folder=folder, queue=name, reason=reason, at=self._clock()
         )
 
     # events and timers -------------------------------------------------------------------------
@@ -384,5 +377,6 @@ def _write_all_sync(fds: list[int], name: str, document: object) -> list[bool]:
     return written
 
 
-def _no_evict(dir_fd: int, name: str, reason: str) -> None:
+def _no_evict(dir_fd: int, name: str, seen: os.stat_result, reason: str) -> bool:
     """Eviction needs the event loop's state; the write fails here and the caller retries on the loop."""
+    return False

@@ -70,7 +70,9 @@ def host_status(identity: HostIdentity, *, status: str, now: datetime) -> dict[s
     }
 
 
-def write_snapshot(group_fd: int, name: str, document: Any, *, evict: Callable[[int, str, str], None]) -> bool:
+def write_snapshot(
+    group_fd: int, name: str, document: Any, *, evict: Callable[[int, str, os.stat_result, str], bool]
+) -> bool:
     """Write one snapshot atomically into a group's IPC directory (by descriptor).
 
     An agent that put a directory where the snapshot goes has it moved to quarantine and the write retried.
@@ -81,7 +83,12 @@ def write_snapshot(group_fd: int, name: str, document: Any, *, evict: Callable[[
             write_json_atomic(group_fd, name, document)
             return True
         except IsADirectoryError:
-            evict(group_fd, name, f"{name} was replaced by a directory; the host moved it away")
+            try:
+                seen = os.stat(name, dir_fd=group_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if not evict(group_fd, name, seen, f"{name} was replaced by a directory; the host moved it away"):
+                return False
         except OSError as err:
             logger.debug("could not write %s: %s", name, os.strerror(err.errno or 0))
             return False

@@ -63,22 +63,24 @@ class QueueWorker:
                     return done  # results cannot be written now; the next rescan retries
                 done += 1
             while True:
-                # A parked name stays in the queue too: claiming it would replace the parked file in the spool.
-                names = [n for n in pending_names(self._gdir.queue_fd(self.queue)) if not self._parked(n)]
-                if not names:
-                    return done
-                queue_fd = self._gdir.queue_fd(self.queue)  # verified once per batch, not per file
-                for name in names:
-                    try:
-                        claimed = claim(queue_fd, name, self._spool_fd)
-                    except OSError as err:
-                        logger.error("group %s: cannot claim %s/%s: %s", self.group.folder, self.queue, name, err)
+                # One lease per batch: names are listed and claimed from the same directory, which stays open even
+                # if the agent swaps it meanwhile. A parked name stays in the queue too: claiming it would replace
+                # the parked file in the spool.
+                with self._gdir.lease(self.queue) as queue_fd:
+                    names = [n for n in pending_names(queue_fd) if not self._parked(n)]
+                    if not names:
                         return done
-                    if claimed:
-                        if not await self._process(name):
+                    for name in names:
+                        try:
+                            claimed = claim(queue_fd, name, self._spool_fd)
+                        except OSError as err:
+                            logger.error("group %s: cannot claim %s/%s: %s", self.group.folder, self.queue, name, err)
                             return done
-                        done += 1
-                    await asyncio.sleep(0)  # let other groups' workers run between requests
+                        if claimed:
+                            if not await self._process(name):
+                                return done
+                            done += 1
+                        await asyncio.sleep(0)  # let other groups' workers run between requests
 
     def _parked(self, name: str) -> bool:
         return self._failures.get(name, 0) >= MAX_ATTEMPTS

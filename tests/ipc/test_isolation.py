@@ -398,7 +398,8 @@ async def test_queue_directory_reopened_by_a_worker_first_is_still_watched(quick
         actions = data_dir / "ipc" / "field" / "actions"
         os.rename(actions, actions.with_name("actions-away"))
         os.mkdir(actions)
-        service._groups["field"].gdir.queue_fd(Queue.ACTIONS)  # what a draining worker does before the event
+        with service._groups["field"].gdir.lease(Queue.ACTIONS):  # what a draining worker does before the event
+            pass
         await asyncio.sleep(0.05)  # the group-directory events are handled now
         drop(data_dir, "field", "actions", {"type": "ping", "requestId": "after"})
         answered = await _until(lambda: read_result(data_dir, "field", "after"), "the ping (woken by inotify)")
