@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import logging
 import os
@@ -17,9 +15,9 @@ from farmhost.ipc.handlers import Effect
 from farmhost.ipc.quarantine import Quarantine
 from farmhost.ipc.reader import Refused, read_claimed
 from farmhost.ipc.requestlog import RequestLog
+from farmhost.ipc.results import ResultWriter, file_key
 from farmhost.ipc.router import Router
-from farmhost.ipc.writer import write_json_atomic
-from farmhost.protocol.codes import REQUEST_ID_RE, RESULTS_DIR, ErrorCode, Queue
+from farmhost.protocol.codes import REQUEST_ID_RE, ErrorCode, Queue
 from farmhost.protocol.decode import RequestRejected, decode_request
 from farmhost.protocol.envelope import Outcome, envelope, utc_stamp
 from farmhost.store import ledger
@@ -63,6 +61,7 @@ class RequestProcessor:
         self._max_bytes = max_request_bytes
         self._stale_before = stale_before
         self._clock = clock
+        self._results = ResultWriter(db=db, quarantine=quarantine, clock=clock)
 
     async def process(self, item: ClaimedFile) -> bool:
         """Answer one claimed request; returns False when it must stay in the spool to be retried."""
@@ -124,41 +123,7 @@ class RequestProcessor:
     async def _answer(
         self, item: ClaimedFile, request_id: str, document: dict[str, object], *, fsync_dir: bool
     ) -> bool:
-        try:
-            results_fd = item.gdir.results_fd()
-        except OSError as err:
-            logger.error("group %s: cannot open action_results/: %s", item.group.folder, err)
-            return False
-        # The write ends in fsync, which can take milliseconds on an SD card: in a thread, it never stalls another
-        # group's queue. The thread owns the descriptor, so a worker cancelled meanwhile cannot close it under it.
-        return await asyncio.to_thread(self._write_result_sync, item, results_fd, request_id, document, fsync_dir)
-
-    def _write_result_sync(
-        self, item: ClaimedFile, results_fd: int, request_id: str, document: dict[str, object], fsync_dir: bool
-    ) -> bool:
-        name = f"{request_id}.json"
-        try:
-            try:
-                write_json_atomic(results_fd, name, document, fsync_dir=fsync_dir)
-            except IsADirectoryError:
-                # The agent planted a directory where the result goes; left there, it would block the queue.
-                with contextlib.suppress(FileNotFoundError):
-                    self._quarantine.evict(
-                        results_fd,
-                        name,
-                        os.stat(name, dir_fd=results_fd, follow_symlinks=False),
-                        folder=item.group.folder,
-                        queue=RESULTS_DIR,
-                        reason=f"a directory stood at {RESULTS_DIR}/{name}, where the host writes the result",
-                        at=self._clock(),
-                    )
-                write_json_atomic(results_fd, name, document, fsync_dir=fsync_dir)
-        except OSError as err:
-            logger.error("group %s: cannot write result %s: %s", item.group.folder, request_id, err)
-            return False
-        finally:
-            os.close(results_fd)
-        return True
+        return await self._results.publish(item, request_id, document, fsync_dir=fsync_dir)
 
     async def give_up(self, item: ClaimedFile, attempts: int) -> None:
         """Quarantine a request the host itself failed on `attempts` times, answering `internal` under its stem."""
@@ -231,6 +196,4 @@ def _generated_id(item: ClaimedFile) -> str:
     A random id would make the ledger miss the earlier execution and run a STATE request twice. The inode and
     mtime survive the claim's rename and differ between two files written one after the other.
     """
-    info = os.stat(item.name, dir_fd=item.spool_fd, follow_symlinks=False)
-    key = os.fsencode(f"{item.queue.value}/{item.name}/{info.st_ino}/{info.st_mtime_ns}")  # any name, even not UTF-8
-    return f"gen-{hashlib.sha256(key).hexdigest()[:24]}"
+    return f"gen-{hashlib.sha256(file_key(item).encode()).hexdigest()[:24]}"

@@ -295,8 +295,13 @@ class IpcService:
             )
             temps += sweep_host_temp(attached.gdir.fd, older_than=wall - HOST_TEMP_GRACE_SECONDS)
             results_fd = attached.gdir.results_fd()
+            folder = attached.group.folder
             try:
-                temps += sweep_host_temp(results_fd, older_than=wall - HOST_TEMP_GRACE_SECONDS)
+                temps += sweep_host_temp(
+                    results_fd,
+                    older_than=wall - HOST_TEMP_GRACE_SECONDS,
+                    pending=lambda name: ledger.is_prepared_result(self._db.conn, folder, name),  # noqa: B023
+                )
             finally:
                 os.close(results_fd)
         quarantine = sweep_quarantine(

@@ -34,9 +34,14 @@ def sweep_results(results_fd: int, *, older_than: float) -> int:
         os.close(results_fd)
 
 
-def sweep_host_temp(dir_fd: int, *, older_than: float) -> int:
-    """Delete the host's own temp files (left by a kill -9 mid-write) last modified before `older_than`."""
-    return _sweep(dir_fd, lambda name, info: not HOST_TEMP_RE.match(name) or info.st_mtime >= older_than)
+def sweep_host_temp(dir_fd: int, *, older_than: float, pending: Callable[[str], bool] = lambda name: False) -> int:
+    """Delete the host's own temp files (left by a kill -9 mid-write) last modified before `older_than`.
+
+    `pending(name)` says a temp file is a prepared result a restart may still publish: it stays.
+    """
+    return _sweep(
+        dir_fd, lambda name, info: not HOST_TEMP_RE.match(name) or info.st_mtime >= older_than or pending(name)
+    )
 
 
 def sweep_quarantine(errors_fd: int, *, older_than: float) -> int:

@@ -23,6 +23,19 @@ def write_atomic(dir_fd: int, name: str, data: bytes, *, fsync_dir: bool = False
         fsync_dir: also fsync the directory so the rename itself survives a power cut.
         mode: permission bits of the new file.
     """
+    tmp = prepare_atomic(dir_fd, name, data, mode=mode)
+    try:
+        commit_atomic(dir_fd, tmp, name, fsync_dir=fsync_dir)
+    except BaseException:
+        discard(dir_fd, tmp)
+        raise
+
+
+def prepare_atomic(dir_fd: int, name: str, data: bytes, *, mode: int = 0o644) -> str:
+    """The first half of `write_atomic`: the complete content under a fresh temp name, fsync'd; returns that name.
+
+    Until `commit_atomic` renames it, the temp file's existence says the new file was not published yet.
+    """
     tmp = f".{name}.{secrets.token_hex(4)}.tmp"
     fd = os.open(tmp, _CREATE_FLAGS, mode, dir_fd=dir_fd)
     try:
@@ -30,13 +43,23 @@ def write_atomic(dir_fd: int, name: str, data: bytes, *, fsync_dir: bool = False
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp, dir_fd=dir_fd)
+        discard(dir_fd, tmp)
         raise
+    return tmp
+
+
+def commit_atomic(dir_fd: int, tmp: str, name: str, *, fsync_dir: bool = False) -> None:
+    """The second half of `write_atomic`: publish a prepared temp file under `name` (kept if that fails)."""
+    os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     if fsync_dir:
         os.fsync(dir_fd)
+
+
+def discard(dir_fd: int, tmp: str) -> None:
+    """Remove a prepared temp file that will not be published."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp, dir_fd=dir_fd)
 
 
 def dump_json(document: Any) -> bytes:

@@ -76,11 +76,51 @@ def record_done(
     )
 
 
+def mark_answering(
+    conn: sqlite3.Connection, *, folder: str, file_key: str, request_id: str, result_tmp: str, at: datetime
+) -> None:
+    """Record that the result of one claimed request file is prepared under `result_tmp`, about to be published.
+
+    Renaming the temp file publishes it atomically, so after a crash the temp file's existence tells whether it
+    was published: see `answering`.
+    """
+    conn.execute(
+        "INSERT OR REPLACE INTO answered_files (folder, file_key, request_id, result_tmp, answered_at)"
+        " VALUES (?, ?, ?, ?, ?)",
+        (folder, file_key, request_id, result_tmp, iso(at)),
+    )
+
+
+def answering(conn: sqlite3.Connection, folder: str, file_key: str) -> str | None:
+    """The prepared result's temp name of this very file (not merely its requestId), if it got that far.
+
+    A second file reusing a requestId has another key and gets the stored result; only the same file, left in
+    the spool by a kill -9, finds its row here.
+    """
+    row = conn.execute(
+        "SELECT result_tmp FROM answered_files WHERE folder = ? AND file_key = ?", (folder, file_key)
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def forget_answering(conn: sqlite3.Connection, folder: str, file_key: str) -> None:
+    """The prepared result could not be published: the next attempt prepares it again."""
+    conn.execute("DELETE FROM answered_files WHERE folder = ? AND file_key = ?", (folder, file_key))
+
+
+def is_prepared_result(conn: sqlite3.Connection, folder: str, result_tmp: str) -> bool:
+    """Whether a temp file in a results directory is a prepared result a restart may still publish."""
+    row = conn.execute(
+        "SELECT 1 FROM answered_files WHERE folder = ? AND result_tmp = ?", (folder, result_tmp)
+    ).fetchone()
+    return row is not None
+
+
 def prune(conn: sqlite3.Connection, *, older_than: datetime) -> int:
-    """Forget finished requests created before `older_than`; returns how many."""
-    return conn.execute(
-        "DELETE FROM request_ledger WHERE state = 'done' AND created_at < ?", (iso(older_than),)
-    ).rowcount
+    """Forget finished requests (and answered files) created before `older_than`; returns how many."""
+    cutoff = iso(older_than)
+    conn.execute("DELETE FROM answered_files WHERE answered_at < ?", (cutoff,))
+    return conn.execute("DELETE FROM request_ledger WHERE state = 'done' AND created_at < ?", (cutoff,)).rowcount
 
 
 def count_by_state(conn: sqlite3.Connection) -> dict[str, int]:

@@ -133,4 +133,18 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     ALTER TABLE outbox ADD COLUMN options TEXT;
     ALTER TABLE outbox ADD COLUMN telegram_message_id INTEGER
     """,
+    # 4: request files whose result was prepared (under result_tmp) before it was published, so a restart after a
+    # kill -9 publishes a prepared result at most once (the agent may already have read and deleted it)
+    """
+    CREATE TABLE answered_files (
+        folder TEXT NOT NULL,
+        file_key TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        result_tmp TEXT NOT NULL,
+        answered_at TEXT NOT NULL,
+        PRIMARY KEY (folder, file_key)
+    ) WITHOUT ROWID;
+    CREATE INDEX answered_files_age ON answered_files(answered_at);
+    CREATE INDEX answered_files_tmp ON answered_files(folder, result_tmp)
+    """,
 )

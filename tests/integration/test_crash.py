@@ -284,3 +284,75 @@ def test_restart_answers_what_the_dead_host_left_in_its_spool(data_dir: Path) ->
         assert wait_result(data_dir, "main", "ctl-died") == died
     finally:
         assert daemon.stop() == 0
+
+
+def _collect_until(halt: threading.Event, data_dir: Path, collected: Counter[str]) -> None:
+    """The agent's client: reads each result as it appears and deletes it, as farmagent does."""
+    results = data_dir / "ipc" / "main" / "action_results"
+    while True:
+        stopping = halt.is_set()
+        for path in results.glob("*.json"):
+            if path.name.startswith("."):
+                continue
+            try:
+                document = json.loads(path.read_bytes())
+                path.unlink()
+            except (FileNotFoundError, json.JSONDecodeError):
+                continue
+            collected[document["requestId"]] += 1
+        if stopping:
+            return
+        time.sleep(0.005)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_kill9_never_brings_back_a_result_the_agent_collected(data_dir: Path) -> None:
+    """A kill -9 between a durable result and the release of its spooled file: the restart writes no second copy.
+
+    The agent read and deleted that result; a second copy would be read as a new answer.
+    """
+    seed = int.from_bytes(os.urandom(4), "big")
+    rng = random.Random(seed)
+    daemon = Daemon(data_dir)
+    halt, stop_collecting = threading.Event(), threading.Event()
+    collected: Counter[str] = Counter()
+    sent: list[str] = []
+
+    def write() -> None:
+        n = 0
+        while not halt.is_set():
+            rid = f"ping-{n:05d}"
+            drop(data_dir, "main", "actions", {"type": "ping", "requestId": rid})
+            sent.append(rid)
+            n += 1
+            time.sleep(0.002)
+
+    with ThreadPoolExecutor(2) as pool:
+        writer = pool.submit(write)
+        collector = pool.submit(_collect_until, stop_collecting, data_dir, collected)
+        try:
+            for _ in range(KILLS // 2):
+                daemon.start()
+                time.sleep(rng.uniform(0.05, 0.6))
+                daemon.kill()
+        finally:
+            halt.set()
+            writer.result(timeout=scaled(5))
+        daemon.start()
+        try:
+            wait_for(
+                lambda: set(collected) >= set(sent) and not _leftovers(data_dir),
+                timeout=20,
+                what=f"every result collected and the spool empty (seed {seed}, {len(sent)} pings)",
+                progress=lambda: len(collected),
+                seen=lambda: f"{len(set(sent) - set(collected))} not collected; leftovers {_leftovers(data_dir)[:5]}",
+            )
+        finally:
+            stop_collecting.set()
+            collector.result(timeout=scaled(5))
+            code = daemon.stop()
+    assert code == 0
+    again = sorted(rid for rid, times in collected.items() if times > 1)
+    assert again == [], f"seed {seed}: {len(again)} of {len(sent)} results came back after they were collected"
+    assert _result_names(data_dir, "main") == []
