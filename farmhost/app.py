@@ -207,7 +207,7 @@ class App:
     async def _before_run(self, folder: str) -> None:
         """Rewrite the snapshots so the agent starts from the current tasks and groups (SPEC section 6)."""
         if self.ipc is not None:
-            self.ipc.write_snapshots({Change.TASKS, Change.GROUPS})
+            await self.ipc.refresh_snapshots(folder)
 
     def _tasks_changed(self) -> None:
         """The scheduler moved a task on (next_run, last_run, status): agents see it in current_tasks.json."""

@@ -6,7 +6,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -53,8 +53,10 @@ class RequestProcessor:
         max_request_bytes: int,
         stale_before: float,
         clock: Callable[[], datetime],
+        settle: Callable[[], Awaitable[None]],
     ) -> None:
         self._router = router
+        self._settle = settle
         self._db = db
         self._quarantine = quarantine
         self._log = request_log
@@ -88,6 +90,8 @@ class RequestProcessor:
         answer = await self._router.execute(
             item.group, item.queue, request, request_id, received_at=received, stale=mtime < self._stale_before
         )
+        if answer.effect is Effect.STATE:
+            await self._settle()  # an agent that reads a snapshot after its result sees the change in it
         if not await self._answer(item, request_id, answer.document, fsync_dir=answer.effect is not Effect.READ):
             return False
         os.unlink(item.name, dir_fd=item.spool_fd)

@@ -19,6 +19,7 @@ from farmhost.ipc.processor import RequestProcessor
 from farmhost.ipc.quarantine import Quarantine
 from farmhost.ipc.requestlog import RequestLog
 from farmhost.ipc.router import Router
+from farmhost.ipc.snapshot_writer import SnapshotWriter, write_all_sync
 from farmhost.ipc.sweeper import sweep_host_temp, sweep_quarantine, sweep_results
 from farmhost.ipc.watcher import InotifyWatcher
 from farmhost.ipc.worker import QueueWorker
@@ -84,6 +85,12 @@ class IpcService:
         self._watcher: InotifyWatcher | None = None
         self._processor: RequestProcessor | None = None
         self._change_listeners: list[Callable[[set[Change]], None]] = []
+        self._snapshots = SnapshotWriter(
+            db=db,
+            clock=clock,
+            targets=lambda: [(a.group, a.gdir.fd) for a in self._groups.values()],
+            fallback=self._write_named,
+        )
 
     # lifecycle ---------------------------------------------------------------------------------
 
@@ -102,6 +109,7 @@ class IpcService:
             max_request_bytes=self._settings.ipc_max_request_bytes,
             stale_before=started - self._settings.stale_request_seconds,
             clock=self._clock,
+            settle=self._snapshots.settle,
         )
         if self._settings.ipc_mode == "inotify":
             self._watcher = InotifyWatcher(
@@ -117,6 +125,8 @@ class IpcService:
         self._spawn("ipc:registry", self._every(REGISTRY_POLL_SECONDS, self._check_registry))
         self._spawn("ipc:heartbeat", self._every(self._settings.heartbeat_seconds, self._heartbeat))
         self._spawn("ipc:sweep", self._every(SWEEP_SECONDS, self._sweep))
+        await self._snapshots.settle()  # agents find current snapshots as soon as the host is up
+        await self._heartbeat()
 
     async def stop(self) -> None:
         """Stop every worker (the request in progress finishes or stays spooled) and say `stopped`."""
@@ -124,6 +134,7 @@ class IpcService:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        await self._snapshots.close()
         for folder in list(self._groups):
             await self._detach(self._groups.pop(folder), status="stopped")
         if self._watcher is not None:
@@ -150,7 +161,7 @@ class IpcService:
                 worker.wake()
 
     def add_change_listener(self, listener: Callable[[set[Change]], None]) -> None:
-        """Call `listener(changes)` after each request that changed state, once the snapshots are rewritten."""
+        """Call `listener(changes)` after each request that changed state (its snapshots are being rewritten)."""
         self._change_listeners.append(listener)
 
     # registry ----------------------------------------------------------------------------------
@@ -200,6 +211,7 @@ class IpcService:
         self._write_snapshot(
             attached, snapshots.HOST_STATUS, snapshots.host_status(self._identity, status=status, now=self._clock())
         )
+        self._snapshots.forget(folder)
         attached.gdir.close()
         for fd in attached.spool_fds.values():
             os.close(fd)
@@ -278,9 +290,10 @@ class IpcService:
         document = snapshots.host_status(self._identity, status="alive", now=self._clock())
         # Sixteen fsyncs would stall every queue for tens of milliseconds on an SD card: write them in a thread,
         # on duplicated descriptors that stay valid even if a group is detached meanwhile.
-        targets = [(attached, os.dup(attached.gdir.fd)) for attached in self._groups.values()]
-        written = await asyncio.to_thread(_write_all_sync, [fd for _, fd in targets], snapshots.HOST_STATUS, document)
-        for (attached, _), ok in zip(targets, written, strict=True):
+        targets = list(self._groups.values())
+        jobs = [(os.dup(attached.gdir.fd), snapshots.HOST_STATUS, document) for attached in targets]
+        written = await asyncio.to_thread(write_all_sync, jobs)
+        for attached, ok in zip(targets, written, strict=True):
             if not ok and attached.group.folder in self._groups:
                 self._write_snapshot(attached, snapshots.HOST_STATUS, document)  # evicts, logs once
             elif ok and (attached.group.folder, snapshots.HOST_STATUS) in self._failing_snapshots:
@@ -330,29 +343,28 @@ class IpcService:
                 logger.exception("change listener %r failed", listener)
 
     def write_snapshots(self, changes: set[Change]) -> None:
-        """Rewrite the snapshots `changes` affect (and the heartbeat) in every group's IPC directory."""
-        registered = self.groups
-        now = self._clock()
-        for attached in self._groups.values():
-            group = attached.group
-            if Change.TASKS in changes:
-                self._write_snapshot(attached, snapshots.CURRENT_TASKS, snapshots.tasks_snapshot(self._db, group))
-            if Change.GROUPS in changes:
-                document = snapshots.groups_snapshot(self._db, group, registered, now=now)
-                self._write_snapshot(attached, snapshots.AVAILABLE_GROUPS, document)
-        document = snapshots.host_status(self._identity, status="alive", now=now)
-        for attached in self._groups.values():
-            self._write_snapshot(attached, snapshots.HOST_STATUS, document)
+        """Rewrite, soon and off the loop, the snapshots `changes` affect, in the groups whose view changed."""
+        self._snapshots.request(changes)
 
-    def _write_snapshot(self, attached: _Attached, name: str, document: object) -> None:
+    async def refresh_snapshots(self, folder: str) -> None:
+        """Rewrite one group's snapshots now (before its agent runs) and wait until they are written."""
+        await self._snapshots.refresh(folder)
+
+    def _write_named(self, folder: str, name: str, document: object) -> bool:
+        attached = self._groups.get(folder)
+        return attached is not None and self._write_snapshot(attached, name, document)
+
+    def _write_snapshot(self, attached: _Attached, name: str, document: object) -> bool:
         key = (attached.group.folder, name)
         if snapshots.write_snapshot(attached.gdir.fd, name, document, evict=self._evict):
             if key in self._failing_snapshots:
                 self._failing_snapshots.discard(key)
                 logger.info("group %s: %s is written again", *key)
-        elif key not in self._failing_snapshots:  # log the failure once, not at every heartbeat
+            return True
+        if key not in self._failing_snapshots:  # log the failure once, not at every heartbeat
             self._failing_snapshots.add(key)
             logger.error("group %s: cannot write %s; agents will not see it until this is fixed", *key)
+        return False
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -369,19 +381,3 @@ class IpcService:
                     await pending
             except Exception:
                 logger.exception("periodic %s failed", getattr(tick, "__name__", tick))
-
-
-def _write_all_sync(fds: list[int], name: str, document: object) -> list[bool]:
-    """Write one snapshot into several group directories, closing each descriptor; runs in a thread."""
-    written = []
-    for fd in fds:
-        try:
-            written.append(snapshots.write_snapshot(fd, name, document, evict=_no_evict))
-        finally:
-            os.close(fd)
-    return written
-
-
-def _no_evict(dir_fd: int, name: str, seen: os.stat_result, reason: str) -> bool:
-    """Eviction needs the event loop's state; the write fails here and the caller retries on the loop."""
-    return False
