@@ -15,7 +15,8 @@ from ipc_support import Env, outbox, ping_ok, uid, wait_note, write_raw
 def _ask(env: Env, folder: str, queue: str, payload: dict[str, Any]) -> dict[str, Any]:
     rid = uid()
     drop(env.data_dir, folder, queue, {**payload, "requestId": rid})
-    return wait_result(env.data_dir, folder, rid)
+    result: dict[str, Any] = wait_result(env.data_dir, folder, rid)
+    return result
 
 
 def _refused(result: dict[str, Any], *words: str) -> str:
