@@ -5,18 +5,21 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Final
 
 from farmhost.errors import InvalidRequest, NotAllowed, NotFound
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+NAME_MAX: Final = 255  # bytes in one path component on Linux filesystems
 
 
 def split_relative(path: str) -> list[str]:
     """The components of a workspace-relative path.
 
     Raises:
-        InvalidRequest: absolute paths, `..`, empty or `.` components, backslashes, NUL, control characters.
+        InvalidRequest: absolute paths, `..`, empty or `.` components, backslashes, NUL, control characters,
+            a component longer than a file name can be.
     """
     if not path or "\x00" in path or any(ord(c) < 32 for c in path):
         raise InvalidRequest("path must be non-empty text without control characters")
@@ -27,6 +30,8 @@ def split_relative(path: str) -> list[str]:
     parts = path.split("/")
     if any(part in ("", ".", "..") for part in parts):
         raise InvalidRequest(f"path {path!r} must not contain empty, '.' or '..' parts")
+    if any(len(os.fsencode(part)) > NAME_MAX for part in parts):
+        raise InvalidRequest(f"path {path[:80]!r}... has a part over {NAME_MAX} bytes; no file can have that name")
     return parts
 
 

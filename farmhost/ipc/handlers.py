@@ -50,12 +50,17 @@ class RequestContext:
     now: datetime
     request_id: str
     changes: set[Change] = field(default_factory=set)
+    prepared: object = None  # what the handler's `prepare` step returned, for its `apply`
 
 
 AsyncHandler = Callable[[RequestContext, "AnyRequest"], Awaitable[Outcome]]
 # A STATE handler is synchronous on purpose: it runs inside the ledger's transaction and must not yield
 # to the event loop, or another group's writes would land in the same transaction.
 StateHandler = Callable[[RequestContext, "AnyRequest", sqlite3.Connection], Outcome]
+# Work a STATE handler needs before its transaction (file copies, anything slow): awaited first, off the
+# transaction, so it may run in a thread; it raises FarmhostError to refuse. Its result reaches `apply` as
+# `ctx.prepared`.
+Preparer = Callable[[RequestContext, "AnyRequest"], Awaitable[object]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,12 +70,15 @@ class HandlerSpec:
     effect: Effect
     run: AsyncHandler | None = None
     apply: StateHandler | None = None
+    prepare: Preparer | None = None
     main_only: bool = False
     timeout: float = DEFAULT_HANDLER_TIMEOUT
 
     def __post_init__(self) -> None:
         if (self.effect is Effect.STATE) != (self.apply is not None) or (self.run is None) == (self.apply is None):
             raise ValueError("a STATE handler has `apply`; READ/EXTERNAL handlers have `run`")
+        if self.prepare is not None and self.apply is None:
+            raise ValueError("only a STATE handler has a `prepare` step")
 
 
 def handler_key(kind: str, action: str | None) -> str:

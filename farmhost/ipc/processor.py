@@ -38,6 +38,7 @@ class ClaimedFile:
     queue: Queue
     spool_fd: int
     name: str
+    at_start: bool = False  # found when the host started serving the group: only such files can be stale
 
 
 class RequestProcessor:
@@ -88,7 +89,12 @@ class RequestProcessor:
             return True
         request_id = request.requestId or _generated_id(item)
         answer = await self._router.execute(
-            item.group, item.queue, request, request_id, received_at=received, stale=mtime < self._stale_before
+            item.group,
+            item.queue,
+            request,
+            request_id,
+            received_at=received,
+            stale=item.at_start and mtime < self._stale_before,
         )
         if answer.effect is Effect.STATE:
             await self._settle()  # an agent that reads a snapshot after its result sees the change in it
@@ -155,8 +161,10 @@ class RequestProcessor:
         answered = False
         # Answer before moving the file out of the spool: a crash in between re-runs this refusal (same answer)
         # instead of leaving the agent without one.
-        # An id whose earlier request succeeded keeps its stored result: a bad file must not overwrite it.
-        if request_id and ledger.get_entry(self._db.conn, item.group.folder, request_id) is None:
+        # An id already answered keeps its stored result (SPEC: the same id gets the earlier answer back); a bad
+        # file must not overwrite it, but the agent, who may have collected it already, gets it again.
+        entry = ledger.get_entry(self._db.conn, item.group.folder, request_id) if request_id else None
+        if request_id and entry is None:
             document = envelope(
                 request_id=request_id,
                 kind=kind or "unknown",
@@ -166,6 +174,8 @@ class RequestProcessor:
                 duration_ms=round((time.perf_counter() - started) * 1000),
             )
             answered = await self._answer(item, request_id, document, fsync_dir=False)
+        elif request_id and entry is not None and entry.result is not None:
+            answered = await self._answer(item, request_id, entry.result, fsync_dir=False)
         self._quarantine.move(
             item.spool_fd,
             item.name,

@@ -6,12 +6,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from farmhost.errors import FarmhostError
-from farmhost.ipc.handlers import Change, Effect, Handlers, HandlerSpec, RequestContext, handler_key
+from farmhost.ipc.handlers import Change, Effect, Handlers, HandlerSpec, Preparer, RequestContext, handler_key
 from farmhost.protocol.codes import ErrorCode
 from farmhost.protocol.envelope import Outcome, envelope
 from farmhost.store import ledger
@@ -121,7 +121,7 @@ class Router:
         if early is not None or spec is None:
             return self._finish(ctx, queue, request, early or _no_handler(request), effect, started)
         if spec.effect is Effect.STATE:
-            return self._apply_state(ctx, queue, request, spec, started)
+            return await self._apply_state(ctx, queue, request, spec, started)
         if spec.effect is Effect.EXTERNAL:
             with self._db.tx() as conn:
                 ledger.mark_started(
@@ -155,10 +155,15 @@ class Router:
             return Outcome.failure(ErrorCode.UNAUTHORIZED, f"{what} is only allowed from the main group")
         return None
 
-    def _apply_state(
+    async def _apply_state(
         self, ctx: RequestContext, queue: Queue, request: AnyRequest, spec: HandlerSpec, started: float
     ) -> Answer:
         assert spec.apply is not None
+        if spec.prepare is not None:
+            prepared = await self._run(ctx, request, spec, spec.prepare)
+            if isinstance(prepared, Outcome):
+                return self._finish(ctx, queue, request, prepared, spec.effect, started)
+            ctx = replace(ctx, prepared=prepared.value)
         try:
             with self._db.tx() as conn:
                 outcome = spec.apply(ctx, request, conn)
@@ -175,10 +180,23 @@ class Router:
             self._on_change(set(ctx.changes))
         return Answer(document=document, effect=spec.effect)
 
-    async def _run(self, ctx: RequestContext, request: AnyRequest, spec: HandlerSpec) -> Outcome:
-        assert spec.run is not None
+    @overload
+    async def _run(self, ctx: RequestContext, request: AnyRequest, spec: HandlerSpec) -> Outcome: ...
+
+    @overload
+    async def _run(
+        self, ctx: RequestContext, request: AnyRequest, spec: HandlerSpec, step: Preparer
+    ) -> Outcome | _Prepared: ...
+
+    async def _run(
+        self, ctx: RequestContext, request: AnyRequest, spec: HandlerSpec, step: Preparer | None = None
+    ) -> Outcome | _Prepared:
+        """Run the handler (or its `prepare` step) under its timeout; every failure becomes an Outcome."""
         try:
             async with asyncio.timeout(spec.timeout):
+                if step is not None:
+                    return _Prepared(value=await step(ctx, request))
+                assert spec.run is not None
                 return await spec.run(ctx, request)
         except FarmhostError as err:
             return Outcome.failure(err.code, err.message)
@@ -218,6 +236,11 @@ class Router:
             result=document,
             at=ctx.now,
         )
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    value: object
 
 
 def _replay(answer: Answer) -> Answer:

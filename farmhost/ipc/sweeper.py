@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
 from collections.abc import Callable
+from typing import Final
 
 from farmhost.ipc.groupdir import DIR_FLAGS
 
 # The temporary names farmhost.ipc.writer creates: ".<name>.<8 hex>.tmp". Only the host's own are removed.
 HOST_TEMP_RE = re.compile(r"^\..+\.[0-9a-f]{8}\.tmp$")
+# Entries one quarantine sweep may remove: it runs on the event loop, and a planted directory may hold a million.
+MAX_SWEEP_REMOVALS: Final = 10_000
 
 
 def _sweep(dir_fd: int, keep: Callable[[str, os.stat_result], bool]) -> int:
@@ -44,16 +48,80 @@ def sweep_host_temp(dir_fd: int, *, older_than: float, pending: Callable[[str], 
     )
 
 
-def sweep_quarantine(errors_fd: int, *, older_than: float) -> int:
-    """Delete quarantined regular files and their notes older than `older_than` in every group's quarantine."""
+def sweep_quarantine(errors_fd: int, *, older_than: float, budget: int = MAX_SWEEP_REMOVALS) -> int:
+    """Delete quarantined entries and their notes older than `older_than` in every group's quarantine.
+
+    Quarantine holds whatever an agent planted: regular files, but also symlinks, FIFOs, sockets and whole
+    directories. Each goes by descriptor, never following a link; a sweep removes at most `budget` entries
+    (counting those inside directories), and what is left goes at the next sweep. Returns the number of
+    quarantined entries (and notes) removed.
+    """
     removed = 0
+    left = [budget]
     for folder in os.listdir(errors_fd):
         try:
             fd = os.open(folder, DIR_FLAGS, dir_fd=errors_fd)
         except OSError:
             continue
         try:
-            removed += _sweep(fd, lambda name, info: info.st_mtime >= older_than)
+            for name in os.listdir(fd):
+                if left[0] <= 0:
+                    return removed
+                try:
+                    info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    if info.st_mtime >= older_than:
+                        continue
+                    if stat.S_ISDIR(info.st_mode):
+                        gone = _remove_tree(fd, name, left)
+                        if not gone:  # partly emptied: keep its age, or the rest would wait another retention period
+                            with contextlib.suppress(OSError):
+                                os.utime(name, ns=(info.st_atime_ns, info.st_mtime_ns), dir_fd=fd)
+                        removed += gone
+                    else:
+                        os.unlink(name, dir_fd=fd)
+                        left[0] -= 1
+                        removed += 1
+                except FileNotFoundError:
+                    continue
         finally:
             os.close(fd)
     return removed
+
+
+def _remove_tree(parent_fd: int, name: str, left: list[int]) -> int:
+    """Remove the directory `name` and everything in it, spending `left[0]`; returns 1 if it is gone, else 0.
+
+    Iterative (an agent's tree may be deeper than Python's recursion limit) and by descriptor: each directory is
+    opened with O_NOFOLLOW relative to its parent, and a link inside is unlinked, never followed.
+    """
+    try:
+        top = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
+    except OSError:
+        return 0
+    opened: list[tuple[int, str]] = [(top, name)]  # each open directory with its name in the one before it
+    try:
+        while opened:
+            fd = opened[-1][0]
+            subdir = None
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    if left[0] <= 0:
+                        return 0
+                    if entry.is_dir(follow_symlinks=False):
+                        subdir = entry.name
+                        break
+                    os.unlink(entry.name, dir_fd=fd)
+                    left[0] -= 1
+            if subdir is not None:
+                opened.append((os.open(subdir, DIR_FLAGS, dir_fd=fd), subdir))
+                continue
+            done_fd, done_name = opened.pop()
+            os.close(done_fd)
+            os.rmdir(done_name, dir_fd=opened[-1][0] if opened else parent_fd)
+            left[0] -= 1
+        return 1
+    except OSError:
+        return 0
+    finally:
+        for fd, _ in opened:
+            os.close(fd)

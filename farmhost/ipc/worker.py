@@ -34,6 +34,7 @@ class QueueWorker:
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._failures: dict[str, int] = {}
+        self._first_pass = True  # spool leftovers and the first scan are what was there when serving started
 
     def start(self) -> None:
         """Start draining; the first pass recovers the spool and scans the queue."""
@@ -56,10 +57,11 @@ class QueueWorker:
         """Process the spool leftovers, then everything in the queue until it is empty; returns the count."""
         async with self._lock:
             done = 0
+            at_start, self._first_pass = self._first_pass, False
             for name in pending_names(self._spool_fd):
                 if self._parked(name):
                     continue
-                if not await self._process(name):
+                if not await self._process(name, at_start=at_start):
                     return done  # results cannot be written now; the next rescan retries
                 done += 1
             while True:
@@ -77,18 +79,19 @@ class QueueWorker:
                             logger.error("group %s: cannot claim %s/%s: %s", self.group.folder, self.queue, name, err)
                             return done
                         if claimed:
-                            if not await self._process(name):
+                            if not await self._process(name, at_start=at_start):
                                 return done
                             done += 1
                         await asyncio.sleep(0)  # let other groups' workers run between requests
+                at_start = False  # what a later listing finds arrived while the host was running
 
     def _parked(self, name: str) -> bool:
         return self._failures.get(name, 0) >= MAX_ATTEMPTS
 
-    async def _process(self, name: str) -> bool:
+    async def _process(self, name: str, *, at_start: bool) -> bool:
         """Process one spooled request; a failure of the host itself is retried, then the request is parked."""
         try:
-            answered = await self._processor.process(self._item(name))
+            answered = await self._processor.process(self._item(name, at_start=at_start))
         except Exception:
             attempts = self._failures[name] = self._failures.get(name, 0) + 1
             where = f"group {self.group.folder}: {self.queue}/{name}"
@@ -106,8 +109,10 @@ class QueueWorker:
         self._failures.pop(name, None)
         return answered
 
-    def _item(self, name: str) -> ClaimedFile:
-        return ClaimedFile(group=self.group, gdir=self._gdir, queue=self.queue, spool_fd=self._spool_fd, name=name)
+    def _item(self, name: str, *, at_start: bool = False) -> ClaimedFile:
+        return ClaimedFile(
+            group=self.group, gdir=self._gdir, queue=self.queue, spool_fd=self._spool_fd, name=name, at_start=at_start
+        )
 
     async def _loop(self) -> None:
         while True:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from farmhost.protocol.codes import DASHBOARD_RE, FOLDER_RE, REQUEST_ID_RE, Queue, folder_problem
 
@@ -15,6 +15,34 @@ DashboardName = Annotated[str, StringConstraints(pattern=DASHBOARD_RE.pattern)]
 ChatJid = Annotated[str, StringConstraints(min_length=3, max_length=256, pattern=r"^[a-z][a-z0-9_-]*:\S+$")]
 EntityId = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+\.[a-z0-9_]+$", max_length=255)]
 Domain = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+$", max_length=64)]
+
+_NUL_PROBLEM: Final = "contains a NUL character (\\u0000); remove it, no chat, task or Home Assistant can use it"
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError(_NUL_PROBLEM)
+    return value
+
+
+def _no_nul_inside(value: dict[str, Any]) -> dict[str, Any]:
+    """Refuse NUL in any string of a params document (keys too), without recursion: depth is the agent's."""
+    pending: list[Any] = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            _no_nul(item)
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return value
+
+
+# Text that reaches Telegram, the database, an agent's prompt or Home Assistant.
+NoNul = AfterValidator(_no_nul)
+Params = Annotated[dict[str, Any], AfterValidator(_no_nul_inside)]
 
 MAX_TEXT_CHARS: Final = 65_536  # a message over 16 Telegram chunks is a runaway agent, not a reply
 MAX_PROMPT_CHARS: Final = 16_384
@@ -51,7 +79,7 @@ class MessageRequest(_Request):
 
     type: Literal["message"]
     chatJid: ChatJid
-    text: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT_CHARS)]
+    text: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT_CHARS), NoNul]
     groupFolder: str | None = None
 
 
@@ -61,7 +89,7 @@ class FileRequest(_Request):
     type: Literal["file"]
     chatJid: ChatJid
     path: Annotated[str, StringConstraints(min_length=1, max_length=1024)]
-    caption: Annotated[str, StringConstraints(max_length=1024)] | None = None
+    caption: Annotated[str, StringConstraints(max_length=1024), NoNul] | None = None
     groupFolder: str | None = None
 
 
@@ -72,9 +100,9 @@ class ScheduleTaskRequest(_Request):
     """Create a cron/interval/once task."""
 
     type: Literal["schedule_task"]
-    prompt: Annotated[str, StringConstraints(min_length=1, max_length=MAX_PROMPT_CHARS)]
+    prompt: Annotated[str, StringConstraints(min_length=1, max_length=MAX_PROMPT_CHARS), NoNul]
     schedule_type: Literal["cron", "interval", "once"]
-    schedule_value: Annotated[str, StringConstraints(min_length=1, max_length=200)] | int
+    schedule_value: Annotated[str, StringConstraints(min_length=1, max_length=200), NoNul] | int
     context_mode: Literal["isolated", "group"] = "isolated"
     groupFolder: FolderName | None = None
     taskId: RequestId | None = None
@@ -100,12 +128,12 @@ class RegisterGroupRequest(_Request):
 
     type: Literal["register_group"]
     jid: ChatJid
-    name: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    name: Annotated[str, StringConstraints(min_length=1, max_length=200), NoNul]
     # The pattern is for the exported schema only: `_folder_is_valid` checks it with the contract's own message.
     folder: Annotated[
         str, StringConstraints(min_length=1, max_length=64), Field(json_schema_extra={"pattern": FOLDER_RE.pattern})
     ]
-    trigger: Annotated[str, StringConstraints(min_length=1, max_length=100)] | None = None
+    trigger: Annotated[str, StringConstraints(min_length=1, max_length=100), NoNul] | None = None
     requiresTrigger: bool = True
     groupFolder: str | None = None
 
@@ -144,7 +172,7 @@ class FarmActionRequest(_Request):
 
     type: Literal["farm_action"]
     action: FarmActionName
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: Params = Field(default_factory=dict)
     groupFolder: str | None = None
 
     @property
@@ -165,7 +193,7 @@ class MemoryActionRequest(_Request):
 
     type: Literal["memory_action"]
     action: Literal["memory_search", "memory_get"]
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: Params = Field(default_factory=dict)
     groupFolder: str | None = None
 
     @property

@@ -5,6 +5,10 @@ day-of-month and day-of-week are restricted a day matches if either does. Across
 that does not exist (spring forward) fires once, one hour later on the wall clock; a local time that occurs
 twice (fall back) fires once, at its first occurrence, unless the hour field is a wildcard (``*``, ``*/2``),
 in which case both occurrences fire. Naive ``once`` times are read in the farm timezone with ``fold=0``.
+
+Every computation here is bounded, because an agent chooses the schedule: a cron whose day/month combination
+can never exist (Feb 30, Apr 31) is refused by looking at its fields, not by searching for a fire time, and every
+search stops at ``SEARCH_HORIZON``; a schedule whose first run lies beyond it is refused as too far in the future.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta, tzinfo
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final
 
 from apscheduler.triggers.cron import CronTrigger
 
@@ -21,6 +25,10 @@ _MAX_INTERVAL_MS = 366 * 24 * 3600 * 1000
 _TICK = timedelta(microseconds=1)
 _DST_LOOKBACK = timedelta(hours=3)
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+_LEAP_YEAR = 2000  # month/day combinations are checked on a leap year, so Feb 29 counts as existing
+# Ten years: Feb 29 recurs at most 8 years apart (2096 -> 2104), so every cron that can fire fires within it; the
+# search walks month by month, so even a cron that never matches costs about 120 steps, not 96,000 (to year 9999).
+SEARCH_HORIZON: Final = timedelta(days=3653)
 _DOW_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")  # index == crontab weekday number
 
 
@@ -81,20 +89,24 @@ def first_run(spec: ScheduleSpec, *, tz: tzinfo, now: datetime) -> datetime:
     if spec.type == ScheduleType.INTERVAL:
         return now_utc + timedelta(milliseconds=_parse_interval(spec.value))
     if spec.type == ScheduleType.ONCE:
-        at = _parse_once(spec.value, tz).astimezone(UTC)
+        at = _once_utc(_parse_once(spec.value, tz), spec.value)
         if at <= now_utc:
             raise ScheduleError(f"once time {spec.value} is in the past (now is {now_utc.isoformat()})")
+        if at > now_utc + SEARCH_HORIZON:
+            raise ScheduleError(f"once time {spec.value}: the first run is too far in the future ({_horizon_text()})")
         return at
     fire = _next_cron(spec.value, tz, now_utc)
     if fire is None:
-        raise ScheduleError(f"cron expression {spec.value!r} never fires again")
+        raise ScheduleError(
+            f"cron expression {spec.value!r}: the first run is too far in the future ({_horizon_text()})"
+        )
     return fire
 
 
 def next_run_after(spec: ScheduleSpec, *, tz: tzinfo, anchor: datetime, now: datetime) -> datetime | None:
     """Return the next due time strictly after ``now`` (aware, UTC), or None if there is none.
 
-    Cron: the next fire time after ``now``. Interval: ``anchor + k * interval`` for the smallest ``k >= 1``
+    Cron: the next fire time after ``now`` (None beyond ``SEARCH_HORIZON``). Interval: ``anchor + k * interval`` for the smallest ``k >= 1``
     that is after ``now`` (no drift). Once: None, a once task has no next run.
 
     Raises:
@@ -115,6 +127,20 @@ def _aware_utc(value: datetime, name: str) -> datetime:
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(f"{name} must be a timezone-aware datetime, got naive {value!r}")
     return value.astimezone(UTC)
+
+
+def _horizon_text() -> str:
+    return f"more than {SEARCH_HORIZON.days // 365} years ahead; schedule it closer"
+
+
+def _once_utc(at: datetime, value: str) -> datetime:
+    try:
+        return at.astimezone(UTC)
+    except OverflowError:  # year 1 or 9999 with an offset: the instant falls outside what datetime holds
+        raise ScheduleError(
+            f"once time {value!r} is outside the supported date range (years 1-9999 in UTC); give a date-time "
+            "such as '2026-05-01T09:00'"
+        ) from None
 
 
 def _parse_interval(value: str | int) -> int:
@@ -145,7 +171,9 @@ def _parse_once(value: str | int, tz: tzinfo) -> datetime:
         at = datetime.fromisoformat(value)
     except ValueError:
         raise ScheduleError(f"once time {value!r} is not an ISO-8601 date-time {example}") from None
-    return at.replace(tzinfo=tz, fold=0) if at.tzinfo is None else at
+    at = at.replace(tzinfo=tz, fold=0) if at.tzinfo is None else at
+    _once_utc(at, value)
+    return at
 
 
 def _parse_cron(value: str | int, tz: tzinfo) -> str:
@@ -161,12 +189,25 @@ def _parse_cron(value: str | int, tz: tzinfo) -> str:
         )
     normalised = " ".join(fields)
     try:
-        fire = _next_cron(normalised, tz, _EPOCH)
+        triggers = _cron_triggers(normalised, tz, end=_EPOCH)
     except ValueError as exc:
         raise ScheduleError(f"invalid cron expression {normalised!r}: {exc}") from None
-    if fire is None:
-        raise ScheduleError(f"cron expression {normalised!r} never fires (no date matches it)")
+    if not any(_day_exists(trigger) for trigger in triggers):
+        raise ScheduleError(
+            f"cron expression {normalised!r} never fires: day {fields[2]} does not occur in month {fields[3]}; "
+            "pick days that exist in those months (e.g. 1-28, or 'last')"
+        )
     return normalised
+
+
+def _day_exists(trigger: Any) -> bool:
+    """Whether some month the trigger allows has a day it allows (hours, minutes and weekdays always occur)."""
+    month_field, day_field = trigger.fields[1], trigger.fields[2]
+    for month in range(1, 13):
+        first = datetime(_LEAP_YEAR, month, 1)
+        if month_field.get_next_value(first) == month and day_field.get_next_value(first) is not None:
+            return True
+    return False
 
 
 def _crontab_weekdays(field: str) -> str:
@@ -195,7 +236,7 @@ def _weekday_number(text: str, item: str) -> int:
     raise ValueError(f"day-of-week {item!r} is not valid (use 0-7 or sun-sat, ranges a-b, steps /n)")
 
 
-def _cron_triggers(value: str, tz: tzinfo) -> list[Any]:
+def _cron_triggers(value: str, tz: tzinfo, *, end: datetime) -> list[Any]:
     minute, hour, dom, month, dow = value.split()
     weekdays = _crontab_weekdays(dow)
     if "/" in month and any(char.isalpha() for char in month):  # APScheduler silently drops these steps
@@ -204,7 +245,15 @@ def _cron_triggers(value: str, tz: tzinfo) -> list[Any]:
         exprs = [f"{minute} {hour} {dom} {month} {weekdays}"]
     else:  # crontab: with both day fields restricted, a day matches if either matches
         exprs = [f"{minute} {hour} {dom} {month} *", f"{minute} {hour} * {month} {weekdays}"]
-    return [CronTrigger.from_crontab(expr, timezone=tz) for expr in exprs]
+    triggers = []
+    for expr in exprs:  # what CronTrigger.from_crontab builds, plus the end that bounds every search
+        minute_f, hour_f, day_f, month_f, dow_f = expr.split()
+        triggers.append(
+            CronTrigger(
+                minute=minute_f, hour=hour_f, day=day_f, month=month_f, day_of_week=dow_f, timezone=tz, end_date=end
+            )
+        )
+    return triggers
 
 
 def _is_repeated_wall_time(fire: datetime) -> bool:
@@ -217,7 +266,7 @@ def _next_cron(value: str, tz: tzinfo, now_utc: datetime) -> datetime | None:
     if start.astimezone(tz).utcoffset() == now_utc.astimezone(tz).utcoffset():
         start = now_utc
     best: datetime | None = None
-    for trigger in _cron_triggers(value, tz):
+    for trigger in _cron_triggers(value, tz, end=now_utc + SEARCH_HORIZON):
         cursor = start
         while (fire := trigger.get_next_fire_time(None, cursor + _TICK)) is not None:
             fire_utc: datetime = fire.astimezone(UTC)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
 import shutil
 import sqlite3
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 from typing import Final
 
 from farmhost.errors import InvalidRequest, NotAllowed, Unauthorized
@@ -18,6 +22,7 @@ from farmhost.workspace import open_workspace_file
 
 # Telegram bots may upload documents up to 50 MB; a larger file could never be delivered.
 MAX_FILE_BYTES: Final = 50 * 1024 * 1024
+_SUFFIX_RE: Final = re.compile(r"\.[a-z0-9]{1,10}")
 
 
 def authorised_target(conn: sqlite3.Connection, source: Group, chat_jid: str) -> Group:
@@ -53,27 +58,27 @@ def apply_message(ctx: RequestContext, request: AnyRequest, conn: sqlite3.Connec
     return Outcome(result={"queued": True, "chatJid": request.chatJid, "chunks": len(chunks)})
 
 
-def apply_file(ctx: RequestContext, request: AnyRequest, conn: sqlite3.Connection) -> Outcome:
-    """Copy a workspace file into the host's outbox store and queue it."""
+@dataclass(frozen=True, kw_only=True)
+class _FileCopy:
+    """The host's private copy of a workspace file, made before the outbox transaction."""
+
+    path: Path
+    size: int
+
+
+async def prepare_file(ctx: RequestContext, request: AnyRequest) -> _FileCopy:
+    """Authorise, then copy the workspace file into the host's outbox store in a thread (it may be 50 MB)."""
     assert isinstance(request, FileRequest)
-    authorised_target(conn, ctx.group, request.chatJid)
-    source_fd = open_workspace_file(ctx.layout.workspace(ctx.group.folder), request.path)
-    try:
-        size = os.fstat(source_fd).st_size
-        if size > MAX_FILE_BYTES:
-            raise NotAllowed(f"{request.path!r} is {size} bytes; Telegram accepts files up to {MAX_FILE_BYTES} bytes")
-        if size == 0:
-            raise InvalidRequest(f"{request.path!r} is empty; nothing to send")
-        # A private copy: the agent may change or delete its file before delivery.
-        target_dir = ctx.layout.outbox_files / ctx.group.folder
-        target_dir.mkdir(parents=True, exist_ok=True)
-        target = target_dir / f"{ctx.request_id}-{request.path.rsplit('/', 1)[-1]}"
-        with os.fdopen(os.dup(source_fd), "rb") as src, open(target, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-            dst.flush()
-            os.fsync(dst.fileno())
-    finally:
-        os.close(source_fd)
+    authorised_target(ctx.db.conn, ctx.group, request.chatJid)
+    workspace = ctx.layout.workspace(ctx.group.folder)
+    target = ctx.layout.outbox_files / ctx.group.folder / f"{ctx.request_id}{_suffix(request.path)}"
+    return await asyncio.to_thread(_copy_sync, workspace, request.path, target)
+
+
+def apply_file(ctx: RequestContext, request: AnyRequest, conn: sqlite3.Connection) -> Outcome:
+    """Queue the copy `prepare_file` made."""
+    assert isinstance(request, FileRequest) and isinstance(ctx.prepared, _FileCopy)
+    authorised_target(conn, ctx.group, request.chatJid)  # again inside the transaction: the registry may change
     outbox.enqueue(
         conn,
         message_key=f"ipc:{ctx.group.folder}:{ctx.request_id}",
@@ -82,14 +87,39 @@ def apply_file(ctx: RequestContext, request: AnyRequest, conn: sqlite3.Connectio
         chunks=[request.caption or ""],
         at=ctx.now,
         kind="file",
-        file_path=str(target),
+        file_path=str(ctx.prepared.path),
         options={"file_name": request.path.rsplit("/", 1)[-1]},
     )
     ctx.changes.add(Change.OUTBOX)
-    return Outcome(result={"queued": True, "chatJid": request.chatJid, "bytes": size})
+    return Outcome(result={"queued": True, "chatJid": request.chatJid, "bytes": ctx.prepared.size})
+
+
+def _suffix(path: str) -> str:
+    """The file's extension when it is a plain one (it decides photo or document); the name itself is the host's."""
+    suffix = PurePosixPath(path).suffix.lower()
+    return suffix if _SUFFIX_RE.fullmatch(suffix) else ""
+
+
+def _copy_sync(workspace: Path, path: str, target: Path) -> _FileCopy:
+    source_fd = open_workspace_file(workspace, path)
+    try:
+        size = os.fstat(source_fd).st_size
+        if size > MAX_FILE_BYTES:
+            raise NotAllowed(f"{path!r} is {size} bytes; Telegram accepts files up to {MAX_FILE_BYTES} bytes")
+        if size == 0:
+            raise InvalidRequest(f"{path!r} is empty; nothing to send")
+        # A private copy: the agent may change or delete its file before delivery.
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with os.fdopen(os.dup(source_fd), "rb") as src, open(target, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+            dst.flush()
+            os.fsync(dst.fileno())
+    finally:
+        os.close(source_fd)
+    return _FileCopy(path=target, size=size)
 
 
 HANDLERS: Final[Handlers] = {
     "message": HandlerSpec(effect=Effect.STATE, apply=apply_message),
-    "file": HandlerSpec(effect=Effect.STATE, apply=apply_file),
+    "file": HandlerSpec(effect=Effect.STATE, prepare=prepare_file, apply=apply_file),
 }

@@ -79,15 +79,16 @@ def test_bad_file_reusing_an_earlier_id_does_not_overwrite_its_result(env: Env) 
         note = wait_note(data_dir, "field", name)
         assert note["errorCode"] == "invalid_request"
         [record] = wait_logged(data_dir, file=name, status="quarantined")
-        assert record["requestId"] == rid and record["answered"] is False
-        assert result_path(data_dir, "field", rid).read_bytes() == stored
+        # Answered with the stored result again (SPEC: the same id gets the earlier answer back), not the refusal.
+        assert record["requestId"] == rid and record["answered"] is True
+        assert json.loads(result_path(data_dir, "field", rid).read_bytes()) == json.loads(stored)
     # Refused unread (a symlink named after the id): the stored result stays too.
     tmp = queue / ".link.tmp"
     os.symlink("/etc/hostname", tmp)
     os.rename(tmp, queue / f"{rid}.json")
     wait_note(data_dir, "field", f"{rid}.json", reason="request file is a symlink")
     ping_ok(data_dir, "field")
-    assert result_path(data_dir, "field", rid).read_bytes() == stored
+    assert json.loads(result_path(data_dir, "field", rid).read_bytes()) == json.loads(stored)
 
 
 # expiry ---------------------------------------------------------------------------------------------------------

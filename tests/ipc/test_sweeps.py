@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import tempfile
 import time
 from pathlib import Path
 
@@ -51,3 +53,50 @@ def test_start_up_sweep_removes_only_what_is_old_and_ours(data_dir: Path) -> Non
     assert agent_temp.exists(), "an agent's own temp file in its queue is never touched"
     assert recent_quarantine.exists()
     assert "swept 1 uncollected results, 1 abandoned temp files, 1 old quarantined files" in daemon.log()
+
+
+def test_start_up_sweep_removes_old_quarantined_links_fifos_sockets_and_directories(data_dir: Path) -> None:
+    errors = data_dir / "ipc" / "errors" / "field"
+    errors.mkdir(parents=True)
+    outside = data_dir.parent / "outside.txt"
+    outside.write_text("must survive")
+    (outside_dir := data_dir.parent / "outside-dir").mkdir()
+    (outside_dir / "keep.txt").write_text("must survive")
+    stamp = "20200101T000000.000000Z-actions-"
+    link = errors / f"{stamp}link.json"
+    link.symlink_to(outside)
+    fifo = errors / f"{stamp}fifo.json"
+    os.mkfifo(fifo)
+    sock_path = errors / f"{stamp}sock.json"
+    short = Path(tempfile.mkdtemp(prefix="fh-"))  # a socket path must fit in 108 bytes: bind short, then move it
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(short / "s"))
+    os.rename(short / "s", sock_path)
+    short.rmdir()
+    tree = errors / f"{stamp}dir.json"
+    deep = tree
+    for level in range(200):  # deeper than anyone would recurse for, by descriptor all the way
+        deep = deep / f"d{level}"
+    deep.mkdir(parents=True)
+    (deep / "x.json").write_text("{}")
+    (deep / "escape").symlink_to(outside_dir)
+    (tree / "fifo").parent.mkdir(exist_ok=True)
+    os.mkfifo(tree / "fifo")
+    for entry in (link, fifo, sock_path, tree):
+        then = time.time() - 31 * 86400
+        os.utime(entry, (then, then), follow_symlinks=False)
+    recent = errors / "20261101T000000.000000Z-actions-recent.json"
+    recent.mkdir()
+
+    daemon = Daemon(data_dir).start()
+    try:
+        assert (
+            wait_result(data_dir, "field", drop(data_dir, "field", "actions", {"type": "ping"}))["status"] == "success"
+        )
+    finally:
+        assert daemon.stop() == 0
+    for entry in (link, fifo, sock_path, tree):
+        assert not os.path.lexists(entry), entry
+    assert recent.is_dir(), "a recent quarantined directory stays"
+    assert outside.read_text() == "must survive" and (outside_dir / "keep.txt").read_text() == "must survive"
+    assert "4 old quarantined files" in daemon.log()

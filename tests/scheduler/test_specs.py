@@ -126,7 +126,8 @@ def test_cron_whitespace_is_normalised() -> None:
         ("0 6 * * */0", "day-of-week '*/0' is not valid"),
         ("0 6 * * 1,,2", "day-of-week '' is not valid"),
         ("0 0 1 jan-mar/2 *", "month 'jan-mar/2': steps need month numbers, e.g. 1-12/3"),
-        ("0 0 31 2 *", "cron expression '0 0 31 2 *' never fires (no date matches it)"),
+        ("0 0 31 2 *", "cron expression '0 0 31 2 *' never fires: day 31 does not occur in month 2"),
+        ("0 0 30,31 2 *", "never fires: day 30,31 does not occur in month 2"),
     ],
 )
 def test_cron_invalid(value: Any, message: str) -> None:
@@ -247,11 +248,19 @@ def test_once_in_the_past(now: str) -> None:
         ("", "is not an ISO-8601 date-time"),
         ("2026-05-01", "once time '2026-05-01' has no time of day"),
         (1746090000, "once time must be an ISO-8601 date-time string"),
+        ("0001-01-01T00:00:00+14:00", "is outside the supported date range (years 1-9999 in UTC)"),
+        ("9999-12-31T23:59:59-14:00", "is outside the supported date range (years 1-9999 in UTC)"),
     ],
 )
 def test_once_invalid(value: Any, message: str) -> None:
     with pytest.raises(ScheduleError, match=re.escape(message)):
         parse_schedule("once", value, tz=LISBON)
+
+
+def test_once_too_far_ahead_is_refused() -> None:
+    spec = parse_schedule("once", "9999-12-31T23:59:59", tz=LISBON)
+    with pytest.raises(ScheduleError, match="the first run is too far in the future"):
+        first_run(spec, tz=LISBON, now=utc("2026-05-01T08:00"))
 
 
 # --- general --------------------------------------------------------------------------------------------------------

@@ -117,7 +117,7 @@ def test_context_mode_defaults_to_isolated(farm: Path) -> None:
         ("cron", "0 9 * * * *", "cron expression must have 5 fields (minute hour day month weekday), got 6"),
         ("cron", "@daily", "shortcuts like @daily are not supported, write e.g. '0 0 * * *'"),
         ("cron", "61 9 * * *", "invalid cron expression '61 9 * * *'"),
-        ("cron", "0 0 31 2 *", "cron expression '0 0 31 2 *' never fires (no date matches it)"),
+        ("cron", "0 0 31 2 *", "cron expression '0 0 31 2 *' never fires: day 31 does not occur in month 2"),
         ("interval", "0", "interval must be a whole number of milliseconds > 0, got 0"),
         ("interval", "-60000", "interval must be a whole number of milliseconds such as '3600000', got '-60000'"),
         ("interval", "1h", "interval must be a whole number of milliseconds such as '3600000', got '1h'"),
