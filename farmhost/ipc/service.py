@@ -175,10 +175,12 @@ class IpcService:
                 self._spawn(f"ipc:detach:{folder}", self._detach(self._groups.pop(folder), status="stopped"))
             elif current[folder] != self._groups[folder].group:
                 self._groups[folder].update(current[folder])
-        for folder, group in current.items():
-            if folder not in self._groups:
-                self._attach(group)
+        added = [group for folder, group in current.items() if folder not in self._groups]
+        for group in added:
+            self._attach(group)
         self.write_snapshots({Change.TASKS, Change.GROUPS})
+        if added and self._tasks:  # a group added while running says "alive" now, not at the next heartbeat
+            self._spawn("ipc:heartbeat-new", self._heartbeat())
 
     def _attach(self, group: Group) -> None:
         assert self._processor is not None
