@@ -25,6 +25,7 @@ from farmhost.ipc.ping import ping_handlers
 from farmhost.ipc.service import IpcService
 from farmhost.ipc.snapshots import HostIdentity
 from farmhost.layout import DataLayout
+from farmhost.loop_monitor import LoopMonitor
 from farmhost.memory.search import MemoryService, memory_handlers
 from farmhost.scheduler.requests import HANDLERS as TASK_HANDLERS
 from farmhost.scheduler.runs import RunReport, TaskRun
@@ -71,6 +72,7 @@ class App:
         self.scheduler: SchedulerService | None = None
         self.runtime: AgentRuntime | None = None
         self.telegram: TelegramService | None = None  # set in start() when TELEGRAM_BOT_TOKEN is set
+        self.loop_monitor = LoopMonitor(self.layout.logs)
 
     async def start(self) -> None:
         """Take the data-dir lock, open the store, start IPC, the agent runtime, Telegram and the scheduler."""
@@ -79,6 +81,7 @@ class App:
         if seeded := self.layout.seed_global_memory():
             logger.info("global memory: copied %d starting file(s) into %s", seeded, self.layout.workspace("global"))
         self.db = Database.open(self.settings.data_dir)
+        self.loop_monitor.start()
         farm = FarmDeps(settings=self.settings, layout=self.layout, ha=None, dashboards_dir=self.layout.dashboards)
         if self.settings.ha_url and self.settings.ha_token:
             self.ha = HAClient(url=self.settings.ha_url, token=self.settings.ha_token)
@@ -156,6 +159,7 @@ class App:
         if self.db is not None:
             self.db.close()
             self.db = None
+        await self.loop_monitor.stop()
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
