@@ -45,7 +45,7 @@ debian:
 
 ## ha: the Home Assistant the demo and the tests run, cached in ~/.cache/farmhost-ha (first time ~90 s, with progress)
 ha: install
-	.venv/bin/python tests/ha/ha_harness.py install
+	.venv/bin/python -m farmhost.localha.harness install
 
 lint:
 	.venv/bin/ruff check farmhost container tests bench

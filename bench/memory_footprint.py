@@ -36,7 +36,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "ha"))
 
 from farmhost_testing import Daemon, clean_env, drop, register_in_process, wait_for, wait_result
 from llm_stub import Reply, ScriptedLLM, ToolCall
@@ -149,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         ha = None
         if not args.no_ha:
-            from ha_harness import HaInstance, install
+            from farmhost.localha.harness import HaInstance, install
 
             install()
             ha = HaInstance(root / "ha")

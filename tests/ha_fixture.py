@@ -1,6 +1,6 @@
 """Pytest plugin: the session's real Home Assistant (`ha`), the env to point farmhost at it (`ha_env`), `ha_reset`.
 
-Registered from tests/conftest.py (`pytest_plugins = ["ha_fixture"]`). The machinery lives in tests/ha/ha_harness.py;
+Registered from tests/conftest.py (`pytest_plugins = ["ha_fixture"]`). The machinery lives in farmhost/localha/harness.py;
 what it installs and where is in tests/ha/README.md.
 
 - `ha` (session): a fresh HA 2025.4.4 with the simulated farm, started on first use (about 5 s with the venv cached)
@@ -15,15 +15,10 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
-_HARNESS_DIR = str(Path(__file__).resolve().parent / "ha")
-if _HARNESS_DIR not in sys.path:
-    sys.path.insert(0, _HARNESS_DIR)
-
-from ha_harness import (
+from farmhost.localha.harness import (
     CALENDAR_ENTITY,
     DRIVERS,
     FARM_DEFAULTS,

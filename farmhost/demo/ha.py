@@ -1,13 +1,12 @@
 """DemoHa: the demo's real Home Assistant with the simulated farm in `<data>/ha/`, started or reused, and its login.
 
-The test suite's harness (`tests/ha/ha_harness.py`, stdlib only) stays the one implementation of installing HA,
-writing the farm configuration, seeding the owner's token and supervising `hass`; this module loads it by path
-from the source checkout (the demo needs a checkout anyway: the farm configuration lives in `tests/ha/farm/`).
-So the demo's farm is exactly the tests' farm.
+The local-HA harness (`farmhost/localha/harness.py`, stdlib only, shared with the test suite) stays the one
+implementation of installing HA, writing the farm configuration (`farmhost/localha/farm/`), seeding the owner's
+token and supervising `hass`. So the demo's farm is exactly the tests' farm, and a wheel install has it too.
 
 Files in `<data>/ha/` (the harness's layout): `config/` (HA's config dir, fresh at every start), `hass.log`,
 `supervisor.pid`, `hass.pid`, `hass.rc`, and `ha.env` (HA_URL, HA_TOKEN, HA_WS_URL, HA_CONFIG_DIR; mode 0600),
-the same file `ha_harness.py start --dir <data>/ha` writes. A supervisor alive with a `ha.env` whose token HA
+the same file `python -m farmhost.localha.harness start --dir <data>/ha` writes. A supervisor alive with a `ha.env` whose token HA
 accepts is reused instead of starting another HA; `--keep-ha` leaves the instance running for the next demo.
 
 The browser login is a second HA user, `demo` (administrator, local network only), created through HA's own
@@ -18,22 +17,17 @@ password is set again (`admin_change_password`), so the printed login always wor
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import signal
 import socket
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Final
 
 from farmhost.errors import ConfigError
-from farmhost.layout import REPO_ROOT
+from farmhost.localha import harness as ha_harness
 
-HARNESS_PATH: Final = REPO_ROOT / "tests" / "ha" / "ha_harness.py"
-_MODULE_NAME: Final = "farmhost_demo_ha_harness"
 DEFAULT_PORT: Final = 8123
 DEMO_USERNAME: Final = "demo"
 DEMO_PASSWORD: Final = "demo-farm"  # HA listens on 127.0.0.1 only, and the user is local-only
@@ -46,33 +40,6 @@ Log = Callable[[str], None]
 
 class HaProblem(RuntimeError):
     """Home Assistant could not be installed, started or reached; the message says why and what to do."""
-
-
-def load_harness() -> ModuleType:
-    """The harness module, loaded once from the source checkout.
-
-    Raises:
-        ConfigError: farmhost does not run from a source checkout (a wheel install has no tests/ha/).
-    """
-    loaded = sys.modules.get(_MODULE_NAME)
-    if loaded is not None:
-        return loaded
-    if not HARNESS_PATH.is_file():
-        raise ConfigError(
-            f"farmhost demo needs a source checkout of farmhost: {HARNESS_PATH} (the simulated farm's Home Assistant) "
-            "is missing; run it from a git clone with `make demo`"
-        )
-    spec = importlib.util.spec_from_file_location(_MODULE_NAME, HARNESS_PATH)
-    if spec is None or spec.loader is None:
-        raise ConfigError(f"cannot load {HARNESS_PATH}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[_MODULE_NAME] = module  # dataclasses look their module up while the class is being made
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(_MODULE_NAME, None)
-        raise
-    return module
 
 
 def _pid_alive(path: Path) -> int | None:
@@ -123,7 +90,7 @@ class DemoHa:
         self.requested_port = port
         self.keep = keep
         self._log = log
-        self._harness = load_harness()
+        self._harness = ha_harness
         self._instance: Any = None  # the harness's HaInstance
         self._adopted_pid: int | None = None  # the supervisor of a reused instance (not our child)
         self.reused = False
@@ -279,7 +246,7 @@ class DemoHa:
         return self.requested_port
 
     def _adopt(self) -> bool:
-        """Take over an instance left running in `root` (by `--keep-ha` or `ha_harness.py start`), if HA accepts us."""
+        """Take over an instance left running in `root` (by `--keep-ha` or `harness.py start`), if HA accepts us."""
         supervisor = _pid_alive(self.root / "supervisor.pid")
         env = read_env_file(self.env_path)
         url, token = env.get("HA_URL", ""), env.get("HA_TOKEN", "")

@@ -28,7 +28,7 @@ SUMMARY_LINE = re.compile(r"^  ([A-Z][A-Za-z ]+):\s+(.*)$")
 def require_cached_ha() -> None:
     """The demo installs HA itself when it is missing; in a test that would take 90 s, so demand the cache."""
     assert installed_version() == HA_VERSION, (
-        f"Home Assistant {HA_VERSION} is not installed in the cache: run `python3 tests/ha/ha_harness.py install`"
+        f"Home Assistant {HA_VERSION} is not installed in the cache: run `make ha`"
     )
 
 
@@ -166,7 +166,7 @@ def _is_home_assistant(pid: int) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except FileNotFoundError:
         return False
-    return b"homeassistant" in cmdline or b"ha_harness.py" in cmdline
+    return b"homeassistant" in cmdline or b"farmhost/localha/harness.py" in cmdline
 
 
 def png_size(path: Path) -> tuple[int, int]:

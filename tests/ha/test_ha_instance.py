@@ -19,7 +19,8 @@ from ha_fixture import (
     HaInstance,
     WsSession,
 )
-from ha_harness import http_json
+
+from farmhost.localha.harness import http_json
 
 
 def _state(ha: HaInstance, entity_id: str) -> str:

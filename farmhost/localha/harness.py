@@ -2,12 +2,12 @@
 
 Command line (any Python >= 3.11; `.venv/bin/python` or the system `python3`):
 
-    python3 tests/ha/ha_harness.py install            # create/refresh the cached venv (no-op when up to date)
-    python3 tests/ha/ha_harness.py start [--dir D]    # fresh config in D, start HA detached, write D/ha.env
-    python3 tests/ha/ha_harness.py status [--dir D]   # print D/ha.env if the instance runs (exit 1 if not)
-    python3 tests/ha/ha_harness.py stop [--dir D]     # SIGTERM to the supervisor (KILL only if it hangs)
+    .venv/bin/python -m farmhost.localha.harness install            # create/refresh the cached venv (no-op when up to date)
+    .venv/bin/python -m farmhost.localha.harness start [--dir D]    # fresh config in D, start HA detached, write D/ha.env
+    .venv/bin/python -m farmhost.localha.harness status [--dir D]   # print D/ha.env if the instance runs (exit 1 if not)
+    .venv/bin/python -m farmhost.localha.harness stop [--dir D]     # SIGTERM to the supervisor (KILL only if it hangs)
 
-The pytest plugin `tests/ha_fixture.py` uses the same code (`install()`, `HaInstance`). See tests/ha/README.md.
+The pytest plugin `tests/ha_fixture.py` uses the same code (`install()`, `HaInstance`). See tests/ha/README.md (in the source checkout).
 """
 
 from __future__ import annotations
@@ -78,10 +78,12 @@ def cache_dir() -> Path:
 
 
 def venv_dir() -> Path:
+    """The cached venv of this HA version."""
     return cache_dir() / f"venv-{HA_VERSION}"
 
 
 def venv_python() -> Path:
+    """The interpreter of that venv."""
     return venv_dir() / "bin" / "python"
 
 
@@ -227,6 +229,7 @@ def _packages_installed() -> int:
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
@@ -314,7 +317,7 @@ def seed_auth(config_dir: Path) -> str:
 
 
 def write_config(config_dir: Path, port: int) -> None:
-    """Copy the farm configuration (tests/ha/farm/) into `config_dir`, with the HTTP port filled in."""
+    """Copy the farm configuration (farmhost/localha/farm/) into `config_dir`, with the HTTP port filled in."""
     for src in sorted(FARM_CONFIG.rglob("*")):
         dst = config_dir / src.relative_to(FARM_CONFIG)
         if src.is_dir():
@@ -470,6 +473,7 @@ class WsSession:
         return data
 
     def send(self, message: dict[str, Any]) -> None:
+        """Send one JSON message (a masked text frame)."""
         payload = json.dumps(message).encode()
         header = bytearray([0x81])  # FIN + text
         if len(payload) < 126:
@@ -482,6 +486,7 @@ class WsSession:
         self._sock.sendall(bytes(header) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
 
     def recv(self) -> dict[str, Any]:
+        """The next JSON message from HA."""
         message = b""
         while True:
             first, second = self._read(2)
@@ -511,6 +516,7 @@ class WsSession:
                 return answer
 
     def close(self) -> None:
+        """Say goodbye (a close frame) and close the socket."""
         with contextlib.suppress(OSError):
             self._sock.sendall(b"\x88\x82" + b"\x00\x00\x00\x00" + struct.pack("!H", 1000))
         self._sock.close()
@@ -556,7 +562,9 @@ class HaInstance:
             self.prepare()
         python = venv_python()
         if not python.exists():
-            raise HaSetupError(f"no HA venv at {venv_dir()}: run `python3 tests/ha/ha_harness.py install`")
+            raise HaSetupError(
+                f"no HA venv at {venv_dir()}: run `.venv/bin/python -m farmhost.localha.harness install`"
+            )
         started = time.monotonic()
         cmd = [
             sys.executable,
@@ -649,6 +657,7 @@ class HaInstance:
         return time.monotonic() - started
 
     def log_tail(self, lines: int = 40) -> str:
+        """The last lines of hass.log (for error messages)."""
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except FileNotFoundError:
@@ -678,6 +687,7 @@ class HaInstance:
         self.check_entities()
 
     def wait_entities(self, entity_ids: list[str], *, timeout: float) -> None:
+        """Wait until HA has all these entities."""
         deadline = time.monotonic() + timeout
         while missing := sorted(set(entity_ids) - {s["entity_id"] for s in self.get_states()}):
             if time.monotonic() > deadline:
@@ -716,6 +726,7 @@ class HaInstance:
         return WsSession(self.ws_url, self.token)
 
     def get_states(self) -> list[dict[str, Any]]:
+        """Every entity state (REST /api/states)."""
         states: list[dict[str, Any]] = self.api("GET", "/api/states")
         return states
 
@@ -769,6 +780,7 @@ class HaInstance:
             self.set_state(entity_id, value)
 
     def env(self) -> dict[str, str]:
+        """HA_URL and HA_TOKEN for a farmhost talking to this instance."""
         return {"HA_URL": self.url, "HA_TOKEN": self.token}
 
 
@@ -868,6 +880,7 @@ def _read_pid(path: Path) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line: install, start, status, stop, supervise."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("install", help="create or refresh the cached HA venv")
