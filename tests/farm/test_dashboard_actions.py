@@ -378,7 +378,9 @@ async def test_names_that_are_not_names_are_refused(host: FarmHost) -> None:
             ("ha_dashboard_patch", {"dashboard": name, "operations": ops}),
             ("ha_apply_dashboard", {"dashboard": name}),
         ):
-            refused(await host.ask("main", action, params), "invalid_request", "is not a valid name")
+            # NUL is refused in any params before a handler sees them
+            why = "NUL character" if isinstance(name, str) and "\x00" in name else "is not a valid name"
+            refused(await host.ask("main", action, params), "invalid_request", why)
     assert not (host.data_dir / "dashboards").exists() or list((host.data_dir / "dashboards").iterdir()) == []
     assert not (host.data_dir.parent / "x.yaml").exists() and not (host.data_dir / "x.yaml").exists()
 
