@@ -27,7 +27,7 @@ STORM_SECONDS = 5.0
 @pytest.fixture
 def storm_env(tmp_path: Path) -> Iterator[Env]:
     data_dir = make_data_dir(tmp_path / "data")
-    (data_dir / "groups" / "main" / "MEMORY.md").write_text("main-only knowledge: the safe code is 4711\n")
+    (data_dir / "groups" / "main" / "MEMORY.md").write_text("main-only knowledge: the safe code is zebra-quartz\n")
     daemon = Daemon(data_dir).start()
     yield Env(data_dir=data_dir, daemon=daemon)
     assert daemon.stop() == 0, daemon.log()
@@ -122,7 +122,7 @@ def test_swap_storm_never_crosses_groups_and_loses_nothing(storm_env: Env) -> No
             for rid in batch:
                 result = wait_result(data_dir, "main", rid, timeout=scaled(10))
                 assert result["status"] == "success", result
-                assert "4711" in json.dumps(result), result
+                assert "zebra-quartz" in json.dumps(result), result
             main_ids.extend(batch)
     finally:
         out, _ = storm.communicate(timeout=scaled(30))
@@ -143,7 +143,7 @@ def test_swap_storm_never_crosses_groups_and_loses_nothing(storm_env: Env) -> No
             assert "main-work" not in path.name, f"{path}: main's result in field's tree"
             if path.is_file() and not path.is_symlink():
                 content = path.read_bytes()
-                assert b"main-work" not in content and b"4711" not in content, f"{path}: main's data"
+                assert b"main-work" not in content and b"zebra-quartz" not in content, f"{path}: main's data"
     for rid in main_ids:
         assert read_result(data_dir, "field", rid) is None
     # Every quarantined entry of field is one of its planted links, never a real directory with requests in it.
