@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from farmhost_testing import Daemon, drop, read_result, scaled, wait_result
+from farmhost_testing import Daemon, drop, read_result, scaled, wait_for, wait_result
 from ipc_support import Env, make_data_dir, ping_ok, uid, write_raw
 
 STORM_SECONDS = 5.0
@@ -87,6 +87,15 @@ for _ in range(100):
         break
 print(json.dumps({"rounds": rounds, "own": own}))
 """
+
+
+def _moved(src: Path, dst: Path) -> bool:
+    """Rename `src` to `dst` if `src` is there now."""
+    try:
+        os.rename(src, dst)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _clear(path: Path) -> None:
@@ -165,7 +174,8 @@ def test_an_evicted_link_is_only_what_was_seen(storm_env: Env) -> None:
     pending = []
     for _ in range(200):
         rid = uid("kept")
-        os.rename(actions, actions.with_name("actions.real"))
+        # While the host puts back a directory it caught by mistake, `actions` is briefly away: the agent waits.
+        wait_for(lambda: _moved(actions, actions.with_name("actions.real")), timeout=scaled(10), what="actions/ back")
         write_raw(actions.with_name("actions.real"), f"{rid}.json", json.dumps({"type": "ping"}).encode())
         pending.append(rid)
         with contextlib.suppress(FileExistsError):
