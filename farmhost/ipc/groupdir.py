@@ -56,6 +56,7 @@ class GroupDir:
         self._evict = evict
         self.fd = os.open(folder, DIR_FLAGS, dir_fd=ipc_root_fd)
         self._queues: dict[str, _Held] = {}
+        self.reopens = 0  # queue directories found replaced and opened anew, since the group was attached
 
     def close(self) -> None:
         """Close every descriptor (a leased one when its lease ends)."""
@@ -101,6 +102,7 @@ class GroupDir:
         fresh = _Held(fd=fd, ident=(info.st_dev, info.st_ino))
         self._queues[name] = fresh
         if held is not None:
+            self.reopens += 1
             held.retired = True
             held.release()
         return fresh

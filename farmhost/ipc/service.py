@@ -13,6 +13,8 @@ from typing import Any
 
 from farmhost.config import Settings
 from farmhost.ipc import snapshots
+from farmhost.ipc.admission import FairAdmission
+from farmhost.ipc.churn import ChurnGate
 from farmhost.ipc.groupdir import DIR_FLAGS, GroupDir
 from farmhost.ipc.handlers import Change, Handlers
 from farmhost.ipc.processor import RequestProcessor
@@ -46,6 +48,11 @@ class _Attached:
     spool_fds: dict[Queue, int]
     workers: dict[Queue, QueueWorker] = field(default_factory=dict)
     watched: dict[Queue, tuple[int, int]] = field(default_factory=dict)  # (st_dev, st_ino) under each watch
+    churn: ChurnGate = field(init=False)
+    check: asyncio.Handle | None = None  # the pending check of its directories, if one is scheduled
+
+    def __post_init__(self) -> None:
+        self.churn = ChurnGate(self.group.folder)
 
     def update(self, group: Group) -> None:
         """The registry changed this group's fields (name, trigger): serve it with the new ones."""
@@ -77,6 +84,7 @@ class IpcService:
         )
         self._request_log = RequestLog(layout.logs, max_bytes=settings.request_log_max_bytes)
         self._groups: dict[str, _Attached] = {}
+        self._admission = FairAdmission()
         self._tasks: list[asyncio.Task[None]] = []
         self._unknown_dirs: set[str] = set()
         self._failing_snapshots: set[tuple[str, str]] = set()
@@ -195,7 +203,12 @@ class IpcService:
         attached = _Attached(group=group, gdir=gdir, spool_fds=spool_fds)
         for queue in Queue:
             worker = QueueWorker(
-                group=group, gdir=gdir, queue=queue, spool_fd=spool_fds[queue], processor=self._processor
+                group=group,
+                gdir=gdir,
+                queue=queue,
+                spool_fd=spool_fds[queue],
+                processor=self._processor,
+                admission=self._admission,
             )
             attached.workers[queue] = worker
         self._groups[group.folder] = attached
@@ -206,6 +219,8 @@ class IpcService:
 
     async def _detach(self, attached: _Attached, *, status: str) -> None:
         folder = attached.group.folder
+        if attached.check is not None:
+            attached.check.cancel()
         await asyncio.gather(*(w.stop() for w in attached.workers.values()))
         if self._watcher is not None and folder not in self._groups:
             for queue in (None, *Queue):
@@ -255,18 +270,35 @@ class IpcService:
 
     def _queue_event(self, folder: str, queue: str) -> None:
         attached = self._groups.get(folder)
-        if attached is not None:
+        if attached is None:
+            return
+        if attached.churn.throttled:
+            self._group_event(folder)  # its workers are woken by the deferred check of its directories
+        else:
             attached.workers[Queue(queue)].wake()
 
     def _group_event(self, folder: str) -> None:
+        """Something happened to a group's directory: check it once, soon (later if the group keeps swapping)."""
         attached = self._groups.get(folder)
-        if attached is None:
-            return
+        if attached is None or attached.check is not None:
+            return  # events of one read, and of a throttled group, share one check
+        loop = asyncio.get_running_loop()
+        delay = attached.churn.next_delay(loop.time(), attached.gdir.reopens)
+        attached.check = (
+            loop.call_later(delay, self._check_group, attached)
+            if delay
+            else loop.call_soon(self._check_group, attached)
+        )
+
+    def _check_group(self, attached: _Attached) -> None:
+        attached.check = None
+        if self._groups.get(attached.group.folder) is not attached:
+            return  # detached meanwhile
         try:
             attached.gdir.refresh()
             self._rewatch(attached)
         except OSError as err:
-            logger.error("group %s: cannot re-open its IPC directories: %s", folder, err)
+            logger.error("group %s: cannot re-open its IPC directories: %s", attached.group.folder, err)
         for worker in attached.workers.values():
             worker.wake()
 
