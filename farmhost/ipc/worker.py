@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 
+from farmhost.ipc.admission import FairAdmission
 from farmhost.ipc.groupdir import GroupDir
 from farmhost.ipc.processor import ClaimedFile, RequestProcessor
 from farmhost.ipc.reader import claim, pending_names
@@ -23,9 +24,17 @@ class QueueWorker:
     """One task per (group, queue): requests of a queue run one after another, queues and groups in parallel."""
 
     def __init__(
-        self, *, group: Group, gdir: GroupDir, queue: Queue, spool_fd: int, processor: RequestProcessor
+        self,
+        *,
+        group: Group,
+        gdir: GroupDir,
+        queue: Queue,
+        spool_fd: int,
+        processor: RequestProcessor,
+        admission: FairAdmission,
     ) -> None:
         self.group = group
+        self._admission = admission
         self.queue = queue
         self._gdir = gdir
         self._spool_fd = spool_fd
@@ -91,7 +100,8 @@ class QueueWorker:
     async def _process(self, name: str, *, at_start: bool) -> bool:
         """Process one spooled request; a failure of the host itself is retried, then the request is parked."""
         try:
-            answered = await self._processor.process(self._item(name, at_start=at_start))
+            async with self._admission.turn(self.group.folder, exempt=self.group.is_main):
+                answered = await self._processor.process(self._item(name, at_start=at_start))
         except Exception:
             attempts = self._failures[name] = self._failures.get(name, 0) + 1
             where = f"group {self.group.folder}: {self.queue}/{name}"
