@@ -62,9 +62,15 @@ class Settings(BaseSettings):
     telegram_media_max_bytes: int = Field(
         default=20 * 1024 * 1024, ge=0, validation_alias="FARMHOST_TELEGRAM_MEDIA_MAX_BYTES"
     )
+    # Unsent file copies one group may keep in the outbox: without it a group could fill the disk while offline.
+    outbox_group_max_bytes: int = Field(
+        default=200 * 1024 * 1024, ge=0, validation_alias="FARMHOST_OUTBOX_GROUP_MAX_BYTES"
+    )
     outbox_max_attempts: int = Field(default=8, ge=1, le=100, validation_alias="FARMHOST_OUTBOX_MAX_ATTEMPTS")
     # Scheduler: a run missed while the host was down still runs at start if it is at most this late.
     task_grace_seconds: float = Field(default=900.0, ge=0, validation_alias="FARMHOST_TASK_GRACE_SECONDS")
+    # Each task is a job in the scheduler and a line in main's current_tasks.json, rewritten at every change.
+    tasks_per_group_max: int = Field(default=100, ge=1, le=10000, validation_alias="FARMHOST_TASKS_PER_GROUP")
     task_failure_alert_after: int = Field(default=3, ge=1, le=100, validation_alias="FARMHOST_TASK_FAILURE_ALERT_AFTER")
     ipc_max_request_bytes: int = Field(
         default=DEFAULT_MAX_REQUEST_BYTES, ge=1024, validation_alias="FARMHOST_IPC_MAX_REQUEST_BYTES"

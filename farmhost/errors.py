@@ -53,5 +53,11 @@ class Unavailable(FarmhostError):
     code = ErrorCode.UPSTREAM_UNAVAILABLE
 
 
+class RateLimited(FarmhostError):
+    """The group asked for more than its share (of the outbox, of actuator time); it may try again later."""
+
+    code = ErrorCode.RATE_LIMITED
+
+
 class ConfigError(FarmhostError):
     """The operator's configuration is wrong; the message names the setting."""

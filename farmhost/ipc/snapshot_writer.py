@@ -108,12 +108,13 @@ class SnapshotWriter:
         registered = [g for g, _ in self._targets()]
         now = self._clock()
         due: list[tuple[Group, int, str, object, bytes]] = []
+        tasks = snapshots.tasks_snapshots(self._db, [g for g, _ in targets]) if Change.TASKS in changes else {}
         for group, fd in targets:
             for change in sorted(changes):
                 name = _SNAPSHOTS[change]
                 document: Any
                 if change is Change.TASKS:
-                    document = snapshots.tasks_snapshot(self._db, group)
+                    document = tasks[group.folder]
                     view = dump_json(document)
                 else:
                     document = snapshots.groups_snapshot(self._db, group, registered, now=now)

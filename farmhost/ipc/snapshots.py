@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -31,10 +31,15 @@ class HostIdentity:
     started_at: datetime
 
 
-def tasks_snapshot(db: Database, group: Group) -> list[dict[str, Any]]:
-    """`current_tasks.json` of a group: main sees every task, others their own."""
-    rows = tasks.list_tasks(db.conn, folder=None if group.is_main else group.folder)
-    return [task.to_snapshot() for task in rows]
+def tasks_snapshots(db: Database, targets: Iterable[Group]) -> dict[str, list[dict[str, Any]]]:
+    """`current_tasks.json` of each group, by folder, from one read: main sees every task, others their own."""
+    every: list[dict[str, Any]] = []
+    by_folder: dict[str, list[dict[str, Any]]] = {}
+    for task in tasks.list_tasks(db.conn):
+        document = task.to_snapshot()
+        every.append(document)
+        by_folder.setdefault(task.group_folder, []).append(document)
+    return {group.folder: every if group.is_main else by_folder.get(group.folder, []) for group in targets}
 
 
 def groups_snapshot(db: Database, group: Group, registered: list[Group], *, now: datetime) -> dict[str, Any]:

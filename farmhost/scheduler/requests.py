@@ -8,7 +8,7 @@ import time
 from datetime import datetime
 from typing import Final
 
-from farmhost.errors import Conflict, InvalidRequest, NotFound, Unauthorized
+from farmhost.errors import Conflict, InvalidRequest, NotAllowed, NotFound, Unauthorized
 from farmhost.ipc.handlers import Change, Effect, Handlers, HandlerSpec, RequestContext
 from farmhost.protocol.envelope import Outcome
 from farmhost.protocol.requests import AnyRequest, ScheduleTaskRequest, TaskIdRequest
@@ -43,6 +43,12 @@ def apply_schedule(ctx: RequestContext, request: AnyRequest, conn: sqlite3.Conne
     task_id = request.taskId or f"task-{time.time_ns()}-{secrets.token_hex(3)}"
     if tasks.get_task(conn, task_id) is not None:
         raise Conflict(f"a task with id {task_id!r} already exists")
+    limit = ctx.settings.tasks_per_group_max
+    if tasks.count_scheduled(conn, folder) >= limit:
+        raise NotAllowed(
+            f"group {folder!r} already has {limit} active or paused tasks (the limit); cancel one first "
+            "(see current_tasks.json)"
+        )
     task = Task(
         id=task_id,
         group_folder=folder,

@@ -147,4 +147,9 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     CREATE INDEX answered_files_age ON answered_files(answered_at);
     CREATE INDEX answered_files_tmp ON answered_files(folder, result_tmp)
     """,
+    # 5: the tasks that are not cancelled, which every snapshot pass and scheduler sync reads: cancelled ones pile
+    # up (a group may schedule and cancel in a loop) and must not make those reads slower
+    """
+    CREATE INDEX tasks_live ON tasks(group_folder, next_run) WHERE status != 'cancelled'
+    """,
 )

@@ -108,8 +108,16 @@ def advance(
 
 def list_tasks(conn: sqlite3.Connection, *, folder: str | None = None, include_cancelled: bool = False) -> list[Task]:
     """Tasks of one group (or all), by next run."""
-    sql = "SELECT * FROM tasks WHERE (? IS NULL OR group_folder = ?)"
+    where = ["group_folder = ?"] if folder is not None else []
     if not include_cancelled:
-        sql += " AND status != 'cancelled'"
+        where.append("status != 'cancelled'")  # served by the partial index tasks_live
+    sql = "SELECT * FROM tasks" + (" WHERE " + " AND ".join(where) if where else "")
     sql += " ORDER BY next_run IS NULL, next_run, id"
-    return [_task(row) for row in conn.execute(sql, (folder, folder))]
+    return [_task(row) for row in conn.execute(sql, () if folder is None else (folder,))]
+
+
+def count_scheduled(conn: sqlite3.Connection, folder: str) -> int:
+    """How many tasks of a group are active or paused."""
+    sql = "SELECT COUNT(*) FROM tasks WHERE group_folder = ? AND status != 'cancelled' AND status != 'completed'"
+    row = conn.execute(sql, (folder,)).fetchone()
+    return int(row[0])

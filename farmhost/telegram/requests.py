@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Final
 
-from farmhost.errors import InvalidRequest, NotAllowed, Unauthorized
+from farmhost.errors import InvalidRequest, NotAllowed, RateLimited, Unauthorized
 from farmhost.ipc.handlers import Change, Effect, Handlers, HandlerSpec, RequestContext
 from farmhost.protocol.envelope import Outcome
 from farmhost.protocol.requests import AnyRequest, FileRequest, MessageRequest
@@ -72,7 +72,8 @@ async def prepare_file(ctx: RequestContext, request: AnyRequest) -> _FileCopy:
     authorised_target(ctx.db.conn, ctx.group, request.chatJid)
     workspace = ctx.layout.workspace(ctx.group.folder)
     target = ctx.layout.outbox_files / ctx.group.folder / f"{ctx.request_id}{_suffix(request.path)}"
-    return await asyncio.to_thread(_copy_sync, workspace, request.path, target)
+    limit = ctx.settings.outbox_group_max_bytes
+    return await asyncio.to_thread(_copy_sync, workspace, request.path, target, limit)
 
 
 def apply_file(ctx: RequestContext, request: AnyRequest, conn: sqlite3.Connection) -> Outcome:
@@ -100,7 +101,16 @@ def _suffix(path: str) -> str:
     return suffix if _SUFFIX_RE.fullmatch(suffix) else ""
 
 
-def _copy_sync(workspace: Path, path: str, target: Path) -> _FileCopy:
+def _unsent_bytes(folder: Path) -> int:
+    """Bytes of the copies in one group's outbox folder that are not delivered yet (a sent copy is deleted)."""
+    try:
+        with os.scandir(folder) as entries:
+            return sum(entry.stat(follow_symlinks=False).st_size for entry in entries if entry.is_file())
+    except FileNotFoundError:
+        return 0
+
+
+def _copy_sync(workspace: Path, path: str, target: Path, limit: int) -> _FileCopy:
     source_fd = open_workspace_file(workspace, path)
     try:
         size = os.fstat(source_fd).st_size
@@ -108,6 +118,12 @@ def _copy_sync(workspace: Path, path: str, target: Path) -> _FileCopy:
             raise NotAllowed(f"{path!r} is {size} bytes; Telegram accepts files up to {MAX_FILE_BYTES} bytes")
         if size == 0:
             raise InvalidRequest(f"{path!r} is empty; nothing to send")
+        unsent = _unsent_bytes(target.parent)
+        if unsent + size > limit:
+            raise RateLimited(
+                f"this group's unsent files already take {unsent // 2**20} MiB of the outbox (the limit is "
+                f"{limit // 2**20} MiB); send this file once those are delivered"
+            )
         # A private copy: the agent may change or delete its file before delivery.
         target.parent.mkdir(parents=True, exist_ok=True)
         with os.fdopen(os.dup(source_fd), "rb") as src, open(target, "wb") as dst:

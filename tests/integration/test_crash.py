@@ -17,7 +17,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from farmhost_testing import FIELD_JID, MAIN_JID, Daemon, drop, quarantined, read_result, scaled, wait_for, wait_result
+from farmhost_testing import (
+    FIELD_JID,
+    MAIN_JID,
+    Daemon,
+    clean_env,
+    drop,
+    quarantined,
+    read_result,
+    scaled,
+    wait_for,
+    wait_result,
+)
 
 JIDS = {"main": MAIN_JID, "field": FIELD_JID}
 QUEUES = ("messages", "tasks", "actions")
@@ -99,7 +110,8 @@ def _db(data_dir: Path) -> sqlite3.Connection:
 def test_kill9_under_load_loses_nothing_and_runs_nothing_twice(data_dir: Path) -> None:
     seed = int.from_bytes(os.urandom(4), "big")
     rng = random.Random(seed)
-    daemon = Daemon(data_dir)
+    # Hundreds of tasks per group: far more than the per-group limit, which is not what this test is about.
+    daemon = Daemon(data_dir, env=clean_env(FARMHOST_TASKS_PER_GROUP="10000"))
     halt = threading.Event()
     with ThreadPoolExecutor(1) as pool:
         writer = pool.submit(write_until, halt, data_dir, seed)
@@ -314,7 +326,8 @@ def test_kill9_never_brings_back_a_result_the_agent_collected(data_dir: Path) ->
     """
     seed = int.from_bytes(os.urandom(4), "big")
     rng = random.Random(seed)
-    daemon = Daemon(data_dir)
+    # Hundreds of tasks per group: far more than the per-group limit, which is not what this test is about.
+    daemon = Daemon(data_dir, env=clean_env(FARMHOST_TASKS_PER_GROUP="10000"))
     halt, stop_collecting = threading.Event(), threading.Event()
     collected: Counter[str] = Counter()
     sent: list[str] = []

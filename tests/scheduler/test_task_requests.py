@@ -257,3 +257,19 @@ def test_current_tasks_snapshot_main_sees_all_others_their_own(farm: Path) -> No
     assert snapshot(farm, "main")["snap-field"]["status"] == snapshot(farm, "field")["snap-field"]["status"] == "paused"
     ok(change(farm, "main", "cancel_task", "snap-field"))
     assert "snap-field" not in snapshot(farm, "main") and "snap-field" not in snapshot(farm, "field")
+
+
+def test_a_group_has_a_limited_number_of_scheduled_tasks(tmp_path: Path) -> None:
+    """Every task is a scheduler job and a line in main's snapshot: a group cannot create them without end."""
+    data_dir = init_data_dir(tmp_path / "data")
+    with running_daemon(data_dir, env=clean_env(FARMHOST_TASKS_PER_GROUP="3")):
+        ids = [ok(schedule(data_dir, "field", "interval", 3_600_000))["taskId"] for _ in range(3)]
+        sentence = failed(schedule(data_dir, "field", "interval", 3_600_000), "not_allowed")
+        assert "already has 3 active or paused tasks" in sentence and "cancel one first" in sentence
+        assert set(snapshot(data_dir, "field")) == set(ids)
+        ok(change(data_dir, "field", "pause_task", ids[0]))  # paused tasks still count
+        failed(schedule(data_dir, "field", "interval", 3_600_000), "not_allowed")
+        ok(change(data_dir, "field", "cancel_task", ids[0]))
+        ok(schedule(data_dir, "field", "interval", 3_600_000))
+        ok(schedule(data_dir, "main", "interval", 3_600_000))  # the limit is per group
+        failed(schedule(data_dir, "main", "interval", 3_600_000, groupFolder="field"), "not_allowed")

@@ -15,6 +15,7 @@ import pytest
 from farmhost_testing import (
     FIELD_JID,
     MAIN_JID,
+    clean_env,
     drop,
     farmhost,
     init_data_dir,
@@ -224,3 +225,22 @@ def test_file_authorisation_is_the_same_as_for_text(farm: Path, folder: str, jid
     rid, result = send(farm, *_file(folder, jid, "report.txt"))
     assert result["errorCode"] == code
     assert len(outbox_rows(farm, folder, rid)) == (1 if code is None else 0)
+
+
+def test_a_group_cannot_fill_the_disk_with_unsent_files(tmp_path: Path) -> None:
+    """Offline (no Telegram), copies pile up: past its share of the outbox a group is refused, others are not."""
+    data_dir = init_data_dir(tmp_path / "data")
+    mib = 1024 * 1024
+    for folder in ("field", "main"):
+        (data_dir / "groups" / folder / "log.bin").write_bytes(os.urandom(mib))
+    with running_daemon(data_dir, env=clean_env(FARMHOST_OUTBOX_GROUP_MAX_BYTES=str(3 * mib))):
+        for _ in range(3):
+            _, result = send(data_dir, *_file("field", FIELD_JID, "log.bin"))
+            assert result["status"] == "success", result
+        rid, result = send(data_dir, *_file("field", FIELD_JID, "log.bin"))
+        assert result["errorCode"] == "rate_limited", result
+        assert "unsent files already take 3 MiB" in result["error"] and "limit is 3 MiB" in result["error"], result
+        assert outbox_rows(data_dir, "field", rid) == []
+        assert sum(p.stat().st_size for p in (data_dir / "outbox-files" / "field").iterdir()) == 3 * mib
+        _, result = send(data_dir, *_file("main", MAIN_JID, "log.bin"))  # the share is per group
+        assert result["status"] == "success", result
