@@ -66,6 +66,10 @@ class Settings(BaseSettings):
     outbox_group_max_bytes: int = Field(
         default=200 * 1024 * 1024, ge=0, validation_alias="FARMHOST_OUTBOX_GROUP_MAX_BYTES"
     )
+    # All groups' file copies into the outbox together; an SD card writes 10-40 MB/s, a Telegram upload is slower.
+    file_copy_bytes_per_second: int = Field(
+        default=32 * 1024 * 1024, ge=0, validation_alias="FARMHOST_FILE_COPY_BYTES_PER_SECOND"
+    )
     outbox_max_attempts: int = Field(default=8, ge=1, le=100, validation_alias="FARMHOST_OUTBOX_MAX_ATTEMPTS")
     # Scheduler: a run missed while the host was down still runs at start if it is at most this late.
     task_grace_seconds: float = Field(default=900.0, ge=0, validation_alias="FARMHOST_TASK_GRACE_SECONDS")

@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
 import sqlite3
 from dataclasses import dataclass
+from io import FileIO
 from pathlib import Path, PurePosixPath
-from typing import Final
+from typing import BinaryIO, Final
 
 from farmhost.errors import InvalidRequest, NotAllowed, RateLimited, Unauthorized
 from farmhost.ipc.handlers import Change, Effect, Handlers, HandlerSpec, RequestContext
+from farmhost.pacing import BytePacer
 from farmhost.protocol.envelope import Outcome
 from farmhost.protocol.requests import AnyRequest, FileRequest, MessageRequest
 from farmhost.store import groups, outbox
@@ -22,6 +23,9 @@ from farmhost.workspace import open_workspace_file
 
 # Telegram bots may upload documents up to 50 MB; a larger file could never be delivered.
 MAX_FILE_BYTES: Final = 50 * 1024 * 1024
+_COPY_CHUNK: Final = 1024 * 1024
+# One budget for every group's copies (farmhost/pacing.py).
+_COPIES: Final = BytePacer()
 _SUFFIX_RE: Final = re.compile(r"\.[a-z0-9]{1,10}")
 
 
@@ -72,8 +76,8 @@ async def prepare_file(ctx: RequestContext, request: AnyRequest) -> _FileCopy:
     authorised_target(ctx.db.conn, ctx.group, request.chatJid)
     workspace = ctx.layout.workspace(ctx.group.folder)
     target = ctx.layout.outbox_files / ctx.group.folder / f"{ctx.request_id}{_suffix(request.path)}"
-    limit = ctx.settings.outbox_group_max_bytes
-    return await asyncio.to_thread(_copy_sync, workspace, request.path, target, limit)
+    limit, rate = ctx.settings.outbox_group_max_bytes, ctx.settings.file_copy_bytes_per_second
+    return await asyncio.to_thread(_copy_sync, workspace, request.path, target, limit, rate)
 
 
 def apply_file(ctx: RequestContext, request: AnyRequest, conn: sqlite3.Connection) -> Outcome:
@@ -110,7 +114,13 @@ def _unsent_bytes(folder: Path) -> int:
         return 0
 
 
-def _copy_sync(workspace: Path, path: str, target: Path, limit: int) -> _FileCopy:
+def _copy_paced(src: BinaryIO, dst: FileIO, bytes_per_second: float) -> None:
+    while chunk := src.read(_COPY_CHUNK):
+        _COPIES.take(len(chunk), bytes_per_second)
+        dst.write(chunk)
+
+
+def _copy_sync(workspace: Path, path: str, target: Path, limit: int, rate: float) -> _FileCopy:
     source_fd = open_workspace_file(workspace, path)
     try:
         size = os.fstat(source_fd).st_size
@@ -126,9 +136,8 @@ def _copy_sync(workspace: Path, path: str, target: Path, limit: int) -> _FileCop
             )
         # A private copy: the agent may change or delete its file before delivery.
         target.parent.mkdir(parents=True, exist_ok=True)
-        with os.fdopen(os.dup(source_fd), "rb") as src, open(target, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-            dst.flush()
+        with os.fdopen(os.dup(source_fd), "rb") as src, open(target, "wb", buffering=0) as dst:
+            _copy_paced(src, dst, rate)
             os.fsync(dst.fileno())
     finally:
         os.close(source_fd)

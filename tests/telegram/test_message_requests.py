@@ -6,6 +6,7 @@ import itertools
 import json
 import os
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
@@ -244,3 +245,19 @@ def test_a_group_cannot_fill_the_disk_with_unsent_files(tmp_path: Path) -> None:
         assert sum(p.stat().st_size for p in (data_dir / "outbox-files" / "field").iterdir()) == 3 * mib
         _, result = send(data_dir, *_file("main", MAIN_JID, "log.bin"))  # the share is per group
         assert result["status"] == "success", result
+
+
+def test_file_copies_are_paced_so_they_never_saturate_the_disk(tmp_path: Path) -> None:
+    """All groups' copies share one write budget: 4 MiB at 2 MiB/s takes at least 1.5 s (the first MiB is free)."""
+    data_dir = init_data_dir(tmp_path / "data")
+    mib = 1024 * 1024
+    content = os.urandom(4 * mib)
+    (data_dir / "groups" / "field" / "harvest.bin").write_bytes(content)
+    with running_daemon(data_dir, env=clean_env(FARMHOST_FILE_COPY_BYTES_PER_SECOND=str(2 * mib))):
+        started = time.monotonic()
+        rid, result = send(data_dir, *_file("field", FIELD_JID, "harvest.bin"))
+        elapsed = time.monotonic() - started
+        assert result["status"] == "success", result
+        assert elapsed >= 1.5, f"a 4 MiB copy took {elapsed:.2f} s at 2 MiB/s"
+        [row] = outbox_rows(data_dir, "field", rid)
+        assert Path(row["file_path"]).read_bytes() == content
