@@ -95,28 +95,50 @@ def percentile(sorted_ms: list[float], q: float) -> float:
     return sorted_ms[max(0, math.ceil(q * len(sorted_ms)) - 1)]
 
 
+class Pinger:
+    """One group's agent side sending pings one at a time and timing each round trip."""
+
+    def __init__(self, group_dir: str, *, fsync: bool) -> None:
+        self.group_dir = group_dir
+        self._actions = os.path.join(group_dir, "actions")
+        self._waiter = ResultWaiter(os.path.join(group_dir, "action_results"))
+        self._fsync = fsync
+        self._prefix = f"s{os.getpid()}x{time.monotonic_ns()}"
+        self._sent = 0
+
+    def close(self) -> None:
+        """Release the result watch."""
+        self._waiter.close()
+
+    def ping(self, *, timeout: float = ANSWER_TIMEOUT_S) -> tuple[float, bool] | None:
+        """One round trip: (milliseconds, whether it succeeded), or None when no answer came within `timeout`."""
+        request_id = f"{self._prefix}-{self._sent:07d}"
+        self._sent += 1
+        name = f"{request_id}.json"
+        started = time.perf_counter()
+        write_request(self._actions, request_id, ping(request_id), fsync=self._fsync)
+        if not self._waiter.arrived((name,), deadline=started + timeout):
+            return None
+        ok = self._waiter.collect(name)
+        return (time.perf_counter() - started) * 1000, ok
+
+
 def sequential(group_dir: str, *, n: int, warmup: int, gap: Callable[[], float], fsync: bool) -> Latency:
     """`warmup` + `n` ping round trips one after another; the first `warmup` are not counted."""
-    actions, waiter = os.path.join(group_dir, "actions"), ResultWaiter(os.path.join(group_dir, "action_results"))
+    pinger = Pinger(group_dir, fsync=fsync)
     samples: list[float] = []
     errors = 0
-    prefix = f"s{os.getpid()}x{time.monotonic_ns()}"
     try:
         for i in range(warmup + n):
-            request_id = f"{prefix}-{i:07d}"
-            name = f"{request_id}.json"
-            started = time.perf_counter()
-            write_request(actions, request_id, ping(request_id), fsync=fsync)
-            if not waiter.arrived((name,), deadline=started + ANSWER_TIMEOUT_S):
-                raise RuntimeError(f"no answer to {name} in {group_dir} within {ANSWER_TIMEOUT_S:g} s")
-            ok = waiter.collect(name)
-            elapsed_ms = (time.perf_counter() - started) * 1000
+            answer = pinger.ping()
+            if answer is None:
+                raise RuntimeError(f"no answer to a ping in {group_dir} within {ANSWER_TIMEOUT_S:g} s")
             if i >= warmup:
-                samples.append(elapsed_ms)
-                errors += not ok
+                samples.append(answer[0])
+                errors += not answer[1]
             time.sleep(gap())
     finally:
-        waiter.close()
+        pinger.close()
     samples.sort()
     return Latency(
         n=len(samples),

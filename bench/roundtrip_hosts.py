@@ -80,9 +80,14 @@ def _farmhost_cli(data_dir: Path, *args: str) -> None:
         raise RuntimeError(f"farmhost {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
 
 
+def chat_jid(index: int) -> str:
+    """The chat of the index-th benchmark group."""
+    return f"telegram:{1000 + index}"
+
+
 def _add_group(data_dir: Path, index: int) -> None:
     main = ("--main",) if index == 0 else ()
-    jid, name = f"telegram:{1000 + index}", f"Bench {index}"
+    jid, name = chat_jid(index), f"Bench {index}"
     _farmhost_cli(data_dir, "group", "add", "--jid", jid, "--name", name, "--folder", folder_name(index), *main)
 
 
@@ -112,9 +117,11 @@ def make_data_dir(root: Path, groups: int, *, template: Path | None = None) -> P
 class FarmhostDaemon:
     """`python -m farmhost run --data-dir D` as a subprocess."""
 
-    def __init__(self, data_dir: Path, *, mode: str = "inotify", poll_seconds: float | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, *, mode: str = "inotify", poll_seconds: float | None = None, **settings: str
+    ) -> None:
         self.data_dir = data_dir
-        env = _clean_env(FARMHOST_IPC_MODE=mode)
+        env = _clean_env(FARMHOST_IPC_MODE=mode, **settings)
         if poll_seconds is not None:
             env["FARMHOST_IPC_POLL_SECONDS"] = str(poll_seconds)
         self.log_path = data_dir.parent / f"daemon-{mode}.log"
