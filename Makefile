@@ -12,7 +12,7 @@ export UV_PROJECT_ENVIRONMENT := .venv
 # without this every agent run compiles openai & co. from source (0.82 s -> 0.58 s per import).
 export UV_COMPILE_BYTECODE := 1
 
-.PHONY: demo run test test-fast install debian ha lint typecheck pytest pytest-fast bench clean
+.PHONY: demo run test test-fast install debian ha lint typecheck pytest pytest-fast bench bench-attack clean
 
 ## demo: install farmhost and the local Home Assistant, then the live demo farm in ./demo-data: HA with the simulated
 ## farm, farmhost with the farm dashboard and a screenshot, a terminal chat with the agent (Ctrl-C stops it all)
@@ -63,6 +63,10 @@ pytest-fast:
 ## bench: the IPC round-trip benchmark (figures in docs/performance.md)
 bench: install
 	.venv/bin/python bench/ipc_roundtrip.py
+
+## bench-attack: main's ping and the event loop's lag while other groups attack the host (docs/performance.md)
+bench-attack: install
+	.venv/bin/python bench/ipc_under_attack.py
 
 clean:
 	rm -rf .venv .tools .mypy_cache .ruff_cache .pytest_cache
