@@ -226,12 +226,8 @@ async def test_a_hostile_page_on_the_ha_origin_reaches_nothing_and_every_block_i
     assert servers.udp_packets == [], "no STUN packet left the browser"
     assert ("POST", "/api/services/switch/turn_on") not in servers.requests
     assert not any(p.startswith(("/sw.js", "/stolen")) for _, p in servers.requests)
-    assert (reports["post"], reports["cross"], reports["redirect"], reports["crossws"]) == (
-        "failed",
-        "failed",
-        "failed",
-        "closed",
-    )
+    assert (reports["post"], reports["cross"], reports["redirect"]) == ("failed", "failed", "failed")
+    assert reports["crossws"] in ("closed", "timeout"), "the socket to the other origin never opened"
     assert reports["sw"] == "refused" and not reports["webrtc"].startswith("gathered"), reports
     sent = [m for frame in servers.ws_frames for m in _messages(frame)]
     assert sent == [{"type": "auth", "access_token": TOKEN}, {"id": 6, "type": "get_states"}], (
