@@ -51,6 +51,8 @@ class Settings(BaseSettings):
     )
     agent_memory_mb: int = Field(default=1024, ge=64, le=65536, validation_alias="FARMHOST_AGENT_MEMORY_MB")
     agent_pids: int = Field(default=256, ge=8, le=65536, validation_alias="FARMHOST_AGENT_PIDS")
+    agent_tmp_mb: int = Field(default=256, ge=1, le=65536, validation_alias="FARMHOST_AGENT_TMP_MB")
+    agent_workspace_mb: int = Field(default=1024, ge=1, le=1048576, validation_alias="FARMHOST_AGENT_WORKSPACE_MB")
     agent_output_bytes: int = Field(default=1 << 20, ge=4096, validation_alias="FARMHOST_AGENT_OUTPUT_BYTES")
     agent_max_turns: int = Field(default=12, ge=1, le=100, validation_alias="FARMHOST_AGENT_MAX_TURNS")
     agent_python: Path | None = Field(default=None, validation_alias="FARMHOST_AGENT_PYTHON")

@@ -23,6 +23,8 @@ class LimitsOverride(BaseModel):
     memoryMb: int | None = Field(default=None, ge=64, le=65536)
     pids: int | None = Field(default=None, ge=8, le=65536)
     maxTurns: int | None = Field(default=None, ge=1, le=100)
+    tmpMb: int | None = Field(default=None, ge=1, le=65536)
+    workspaceMb: int | None = Field(default=None, ge=1, le=1048576)
 
     def apply(self, limits: RunLimits) -> RunLimits:
         """`limits` with the values this override sets."""
@@ -31,6 +33,8 @@ class LimitsOverride(BaseModel):
             memory_mb=self.memoryMb if self.memoryMb is not None else limits.memory_mb,
             pids=self.pids if self.pids is not None else limits.pids,
             max_turns=self.maxTurns if self.maxTurns is not None else limits.max_turns,
+            tmp_mb=self.tmpMb if self.tmpMb is not None else limits.tmp_mb,
+            workspace_mb=self.workspaceMb if self.workspaceMb is not None else limits.workspace_mb,
         )
 
 
@@ -50,6 +54,8 @@ def default_limits(settings: Settings) -> RunLimits:
         memory_mb=settings.agent_memory_mb,
         pids=settings.agent_pids,
         max_turns=settings.agent_max_turns,
+        tmp_mb=settings.agent_tmp_mb,
+        workspace_mb=settings.agent_workspace_mb,
     )
 
 

@@ -9,7 +9,14 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
-from farmhost.agents.backends import SandboxBackend, SandboxError, cleanup_orphans, create_backend, ensure_no_secrets
+from farmhost.agents.backends import (
+    SandboxBackend,
+    SandboxError,
+    cleanup_orphans,
+    create_backend,
+    ensure_no_secrets,
+    run_identity,
+)
 from farmhost.agents.backends.base import LaunchPlan
 from farmhost.agents.inputs import AgentResult, agent_input, parse_result, trim_memory
 from farmhost.agents.jobs import AgentJob, AgentOutcome, Status
@@ -18,7 +25,7 @@ from farmhost.agents.limits import LimitsReader, default_limits
 from farmhost.agents.proxy import REQUESTS_PER_TURN, LlmProxy
 from farmhost.agents.queue import CHAT, SCHEDULED, QueueClosed, RunQueue
 from farmhost.agents.runlog import RunRecord, log_name, write_run_log_sync
-from farmhost.agents.sandbox import create_mount_sources, sandbox_spec
+from farmhost.agents.sandbox import after_run_sync, prepare_mounts_sync, sandbox_spec
 from farmhost.config import Settings
 from farmhost.layout import DataLayout
 from farmhost.store.db import now_utc
@@ -199,7 +206,7 @@ class AgentRuntime:
         try:
             plan = self._backend.plan(spec)
             ensure_no_secrets(plan, self._secrets())
-            await asyncio.to_thread(create_mount_sources, spec)
+            await asyncio.to_thread(prepare_mounts_sync, spec, run_identity(self._backend))
         except (SandboxError, OSError) as err:
             return await self._failed(record, started, f"cannot prepare the sandbox: {err}")
         record.command = plan.argv
@@ -218,6 +225,8 @@ class AgentRuntime:
                 run = await self._launch(job.run_id, plan, json.dumps(document).encode(), limits.timeout_seconds)
         except OSError as err:
             return await self._failed(record, started, f"cannot start the agent: {err}")
+        finally:
+            await asyncio.to_thread(after_run_sync, spec)
         return await self._finish(record, run, started)
 
     async def _prepare(self, folder: str) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from farmhost.agents.backends.base import Mount, RunLimits, SandboxSpec
+from farmhost.agents.backends.base import Mount, RunLimits, SandboxError, SandboxSpec
+from farmhost.agents.identity import AgentIdentity, clear_setid_sync, hand_over_sync
 from farmhost.agents.proxy import SOCKET_NAME
 from farmhost.layout import GLOBAL_MEMORY_FOLDER, DataLayout
 
@@ -72,7 +73,28 @@ def sandbox_spec(
     )
 
 
-def create_mount_sources(spec: SandboxSpec) -> None:
-    """Create the host directories behind the mounts (an engine would otherwise create them as root, or fail)."""
+def prepare_mounts_sync(spec: SandboxSpec, identity: AgentIdentity | None) -> None:
+    """Create the host directories behind the mounts, give the writable ones to the agent's uid, check the quota.
+
+    Blocking (it walks the workspace): call it in a thread, while no run of the group is active.
+
+    Raises:
+        SandboxError: the workspace is over its size limit.
+    """
     for mount in spec.mounts:
         mount.source.mkdir(parents=True, exist_ok=True)
+    writable = [m for m in spec.mounts if not m.read_only]
+    trees = [m.source for m in writable if m.target != IPC_DIR]  # the workspace first
+    tops = [m.source for m in writable if m.target == IPC_DIR]  # the host's own files in it stay the host's
+    sizes = hand_over_sync(identity, trees, tops)
+    used_mb, limit_mb = sizes[0] / 2**20, spec.limits.workspace_mb
+    if used_mb > limit_mb:
+        raise SandboxError(
+            f"the group's workspace holds {used_mb:.0f} MiB, over its limit of {limit_mb} MiB "
+            "(agent-limits.json workspaceMb); delete files from it before the next run"
+        )
+
+
+def after_run_sync(spec: SandboxSpec) -> int:
+    """Clear setuid/setgid bits the run set in its writable directories; returns how many."""
+    return clear_setid_sync([m.source for m in spec.mounts if not m.read_only])

@@ -25,6 +25,7 @@ from typing import Final, cast
 
 from farmhost.agents.backends.base import SandboxError
 from farmhost.agents.backends.host import PYTHON_PROBE_TIMEOUT, find_python_install_sync
+from farmhost.agents.identity import agent_identity
 from farmhost.agents.limits import LimitsFile, default_limits, explain
 from farmhost.cli.hostchecks import (
     Check,
@@ -39,6 +40,7 @@ from farmhost.cli.hostchecks import (
     timezone_check,
 )
 from farmhost.config import Settings
+from farmhost.errors import ConfigError
 from farmhost.farm.policy import load_profile, profile_report
 from farmhost.layout import DataLayout
 from farmhost.store import groups, outbox
@@ -369,11 +371,29 @@ def _agent_limits(settings: Settings) -> Check:
     try:
         parsed = LimitsFile.model_validate(json.loads(path.read_bytes()))
     except FileNotFoundError:
-        return Check("agent limits", "ok", f"every group: {defaults} (no {path.name})")
+        return _enforcement(settings, Check("agent limits", "ok", f"every group: {defaults} (no {path.name})"))
     except (OSError, ValueError) as err:
         fix = f"correct {path} (docs/agent-runtime.md); until then every group runs with the defaults"
         return Check("agent limits", "broken", f"{path}: {explain(err)}", fix)
-    return Check("agent limits", "ok", f"defaults {defaults}; {len(parsed.groups)} group override(s) in {path.name}")
+    detail = f"defaults {defaults}; {len(parsed.groups)} group override(s) in {path.name}"
+    return _enforcement(settings, Check("agent limits", "ok", detail))
+
+
+def _enforcement(settings: Settings, check: Check) -> Check:
+    """Say which of the limits the kernel holds on this host and which it does not (docs/agent-runtime.md)."""
+    if settings.runtime != "bwrap":
+        return check
+    try:
+        identity = agent_identity(settings)
+    except ConfigError as err:
+        return Check("agent limits", "broken", err.message, "set FARMHOST_AGENT_UID to an unprivileged uid")
+    held = (
+        f"runs as {identity.describe()}; held: wall time, memory per process, processes (per uid, shared by "
+        "its runs at once), /tmp and /dev/shm sizes, workspace size (before each run)"
+    )
+    missing = "not held: memory summed over a run's processes, CPU share (no cgroup)"
+    fix = "docs/agent-runtime.md#limits says what each needs"
+    return Check(check.part, "warn", f"{check.detail}; {held}; {missing}", fix)
 
 
 def _llm(settings: Settings) -> Check:

@@ -141,8 +141,15 @@ class GroupDir:
             self._mkdir(name)
 
     def _mkdir(self, name: str) -> None:
-        with contextlib.suppress(FileExistsError):
+        try:
             os.mkdir(name, 0o775, dir_fd=self.fd)
+        except FileExistsError:
+            return
+        owner = os.fstat(self.fd)
+        if (owner.st_uid, owner.st_gid) != (os.geteuid(), os.getegid()):
+            # The group's directory was handed to its agent's uid: so is what the host recreates in it.
+            with contextlib.suppress(FileNotFoundError):
+                os.chown(name, owner.st_uid, owner.st_gid, dir_fd=self.fd, follow_symlinks=False)
 
 
 def _kind(mode: int) -> str:

@@ -154,6 +154,52 @@ if "spam_bytes" in todo:
         sys.stderr.buffer.write(line)
     sys.stdout.flush()
 
+if "setid_file" in todo:
+    path = todo["setid_file"]
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\nid\n")
+    try:
+        os.chmod(path, 0o6755)
+        report["setid_mode"] = oct(os.stat(path).st_mode & 0o7777)
+    except OSError as err:
+        report["setid_mode"] = why(err)
+
+fills = {}
+for path, mb in todo.get("fill", {}).items():
+    written = 0
+    try:
+        with open(path, "wb") as f:
+            chunk = b"x" * (1024 * 1024)
+            for _ in range(mb):
+                f.write(chunk)
+                f.flush()
+                written += len(chunk)
+        fills[path] = ["ok", written]
+    except OSError as err:
+        fills[path] = [why(err), written]
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+report["fill"] = fills
+
+if "forks" in todo:
+    children, failed = [], None
+    for _ in range(todo["forks"]):
+        try:
+            pid = os.fork()
+        except OSError as err:
+            failed = why(err)
+            break
+        if pid == 0:
+            time.sleep(30)
+            os._exit(0)
+        children.append(pid)
+    for pid in children:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    report["forks"] = [len(children), failed]
+
 time.sleep(todo.get("sleep", 0))
 for line in todo.get("stderr", []):
     print(line, file=sys.stderr)

@@ -27,6 +27,7 @@ from farmhost.agents.backends import (
 )
 from farmhost.agents.backends.docker import cli_env
 from farmhost.agents.backends.host import find_python_install_sync, minimal_paths
+from farmhost.agents.identity import AgentIdentity
 from farmhost.agents.sandbox import sandbox_spec
 from farmhost.layout import REPO_ROOT, DataLayout
 
@@ -175,13 +176,18 @@ async def test_the_process_agent_sees_no_secret(root: Path, monkeypatch: pytest.
     assert not any(secret in str(seen["env"]) for secret in SECRETS.values())
 
 
+AS_USER = AgentIdentity(uid=1000, gid=1000, switch=False)  # a daemon that is not root: runs keep its uid
+AS_ROOT = AgentIdentity(uid=65534, gid=65534, switch=True)  # a root daemon: runs drop to nobody
+
+
 def test_bwrap_mounts_only_the_run_and_the_interpreter(root: Path) -> None:
     python = find_python_install_sync(None)
-    backend = BwrapBackend(bwrap="/usr/bin/bwrap", python=python, system=())
+    backend = BwrapBackend(bwrap="/usr/bin/bwrap", python=python, system=(), identity=AS_USER, setpriv=None)
     plan = backend.plan(spec(root, "main", is_main=True))
     argv = list(plan.argv)
-    assert argv[:11] == [
-        "/usr/bin/bwrap", "--unshare-all", "--unshare-user", "--cap-drop", "ALL", "--die-with-parent",
+    namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+    assert argv[:15] == [
+        "/usr/bin/bwrap", *namespaces, "--unshare-user", "--cap-drop", "ALL", "--die-with-parent",
         "--new-session", "--clearenv", "--hostname", "farmagent", "--setenv",
     ]  # fmt: skip
     binds = [(arg, argv[i + 1], argv[i + 2]) for i, arg in enumerate(argv) if arg in ("--bind", "--ro-bind")]
@@ -195,11 +201,32 @@ def test_bwrap_mounts_only_the_run_and_the_interpreter(root: Path) -> None:
         ("--ro-bind", str(layout.group_run("main")), "/workspace/run"),
         ("--bind", str(layout.dashboards), "/workspace/dashboard"),
     ]
+    tmpfs = [tuple(argv[i - 4 : i + 2]) for i, arg in enumerate(argv) if arg == "--tmpfs"]
+    size = str(256 * 2**20)
+    assert tmpfs == [("--perms", "1777", "--size", size, "--tmpfs", path) for path in ("/tmp", "/dev/shm")]
     assert argv[-8:] == [
         "--remount-ro", "/", "--chdir", "/workspace/group", "--", str(python.executable), "-m", "farmagent.run",
     ]  # fmt: skip
     assert plan.env == {"PATH": os.defpath}  # bwrap's helper keeps its environment, readable in /proc/1/environ
     assert plan.signal_leader is False
+
+
+def test_bwrap_under_root_drops_to_the_agent_uid_before_the_agent_starts(root: Path) -> None:
+    python = find_python_install_sync(None)
+    backend = BwrapBackend(bwrap="/usr/bin/bwrap", python=python, system=(), identity=AS_ROOT, setpriv="/usr/bin/sp")
+    argv = list(backend.plan(spec(root, "field", is_main=False)).argv)
+    assert "--unshare-user" not in argv, "uid 0 in a namespace root made is host root for files"
+    caps = [argv[i + 1] for i, arg in enumerate(argv) if arg in ("--cap-add", "--cap-drop")]
+    assert caps == ["ALL", "CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"]
+    end = argv.index("--remount-ro") + 5
+    assert argv[end : end + 8] == [
+        "/usr/bin/sp", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all",
+        "--no-new-privs", "--",
+    ]  # fmt: skip
+    assert argv[end + 8 :] == [str(python.executable), "-m", "farmagent.run"]
+    without = BwrapBackend(bwrap="/usr/bin/bwrap", python=python, system=(), identity=AS_ROOT, setpriv=None)
+    with pytest.raises(SandboxError, match="setpriv"):
+        without.plan(spec(root, "field", is_main=False))
 
 
 def test_the_interpreter_paths_are_its_prefixes_and_farmagent_only() -> None:

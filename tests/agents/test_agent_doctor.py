@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -55,3 +57,16 @@ def test_the_limits_file_is_validated(data_dir: Path) -> None:
     path.write_text(json.dumps({"default": {"timeoutSeconds": 120}, "groups": {"field": {"pids": 32}}}))
     limits = checks(data_dir, FARMHOST_AGENT_RUNTIME="process")["agent limits"]
     assert limits["state"] == "ok" and "1 group override(s)" in limits["detail"]
+
+
+def test_the_doctor_says_which_limits_hold_under_bwrap(data_dir: Path) -> None:
+    limits = checks(data_dir, FARMHOST_AGENT_RUNTIME="bwrap", FARMHOST_AGENT_PYTHON=sys.executable)["agent limits"]
+    assert limits["state"] == "warn", limits
+    found = re.search(r"runs as uid (\d+) \(", limits["detail"])
+    assert found is not None, limits
+    uid = int(found[1])
+    assert uid != 0 if os.geteuid() == 0 else uid == os.geteuid(), "a root daemon's runs are never uid 0"
+    assert "held: wall time, memory per process, processes" in limits["detail"]
+    assert "/tmp and /dev/shm sizes, workspace size" in limits["detail"]
+    assert "not held: memory summed over a run's processes, CPU share" in limits["detail"]
+    assert "docs/agent-runtime.md" in limits["fix"]

@@ -24,6 +24,7 @@ from farmhost.agents.backends.docker import DockerBackend, cli_env
 from farmhost.agents.backends.host import find_python_install_sync, system_entries
 from farmhost.agents.backends.podman import PodmanBackend
 from farmhost.agents.backends.process import ProcessBackend
+from farmhost.agents.identity import AgentIdentity, agent_identity, unprivileged_identity
 from farmhost.config import Settings
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "cleanup_orphans",
     "create_backend",
     "ensure_no_secrets",
+    "run_identity",
 ]
 
 logger = logging.getLogger(__name__)
@@ -49,11 +51,22 @@ ENGINE_TIMEOUT: Final = 30.0
 
 
 def container_user(settings: Settings) -> tuple[int, int]:
-    """The uid:gid of docker/podman runs: FARMHOST_AGENT_UID, else the owner of the data directory."""
+    """The uid:gid of docker/podman runs: FARMHOST_AGENT_UID, else the data directory's owner unless that is root."""
     info = os.stat(settings.data_dir)
-    if settings.agent_uid is not None:
-        return settings.agent_uid, settings.agent_uid
+    if settings.agent_uid is not None or info.st_uid == 0:
+        identity = unprivileged_identity(settings)
+        return identity.uid, identity.gid
     return info.st_uid, info.st_gid
+
+
+def run_identity(backend: SandboxBackend) -> AgentIdentity | None:
+    """Who the backend's agent processes are on the host (None: the daemon itself, the `process` runtime)."""
+    if isinstance(backend, BwrapBackend):
+        return backend.identity
+    if isinstance(backend, DockerBackend):  # podman too
+        uid, gid = backend.user
+        return AgentIdentity(uid=uid, gid=gid, switch=os.geteuid() == 0 and uid != 0)
+    return None
 
 
 async def create_backend(settings: Settings) -> SandboxBackend:
@@ -73,10 +86,12 @@ async def create_backend(settings: Settings) -> SandboxBackend:
         python = await asyncio.to_thread(find_python_install_sync, settings.agent_python)
         if python.farmagent is None:
             logger.error("the agent interpreter %s cannot import farmagent; agent runs will fail", python.executable)
-        return BwrapBackend(bwrap=binary, python=python, system=system_entries())
+        identity = agent_identity(settings)
+        setpriv = shutil.which("setpriv")
+        if identity.switch:
+            logger.info("agent runs drop to %s (the daemon is root)", identity.describe())
+        return BwrapBackend(bwrap=binary, python=python, system=system_entries(), identity=identity, setpriv=setpriv)
     user = container_user(settings)
-    if user[0] == 0:
-        logger.warning("agent containers run as uid 0 (the data dir is owned by root); set FARMHOST_AGENT_UID")
     image, root, environ = settings.agent_image, str(settings.data_dir), cli_env(os.environ)
     if runtime == "podman":
         return PodmanBackend(image=image, user=user, data_root=root, environ=environ, rootless=os.geteuid() != 0)

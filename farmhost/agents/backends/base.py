@@ -32,6 +32,8 @@ class RunLimits:
     memory_mb: int
     pids: int
     max_turns: int
+    tmp_mb: int = 256  # each of the run's /tmp and /dev/shm
+    workspace_mb: int = 1024  # the group's workspace, checked before each run
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Final
 
-from farmhost.agents.backends.base import LaunchPlan, SandboxSpec, rlimits_for
+from farmhost.agents.backends.base import LaunchPlan, SandboxError, SandboxSpec, rlimits_for
 from farmhost.agents.backends.host import PythonInstall, SystemEntry
+from farmhost.agents.identity import AgentIdentity
 
 RUNNER: Final = ("-m", "farmagent.run")
 HOSTNAME: Final = "farmagent"
@@ -21,23 +22,15 @@ class BwrapBackend:
     bwrap: str
     python: PythonInstall
     system: tuple[SystemEntry, ...]
+    identity: AgentIdentity
+    setpriv: str | None  # util-linux's setpriv, inside the sandbox at the same path (under /usr)
     name: str = "bwrap"
     isolated: bool = True
 
     def plan(self, spec: SandboxSpec) -> LaunchPlan:
         """The bwrap command line (the order matters: later mounts go on top of earlier ones)."""
-        argv: list[str] = [
-            self.bwrap,
-            "--unshare-all",  # user, ipc, pid, net, uts, cgroup namespaces: no network at all
-            "--unshare-user",  # even under root, so that the agent holds no capability on the host
-            "--cap-drop",
-            "ALL",
-            "--die-with-parent",
-            "--new-session",
-            "--clearenv",
-            "--hostname",
-            HOSTNAME,
-        ]
+        argv: list[str] = [self.bwrap, *self._namespaces(), "--die-with-parent", "--new-session", "--clearenv"]
+        argv += ["--hostname", HOSTNAME]
         for key, value in sorted(spec.env.items()):
             argv += ["--setenv", key, value]
         for entry in self.system:
@@ -46,13 +39,27 @@ class BwrapBackend:
                 if entry.link is not None
                 else ["--ro-bind", entry.path, entry.path]
             )
-        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-        for path in self.python.ro_paths:
-            if not any(path == Path(e.path) or Path(e.path) in path.parents for e in self.system if e.link is None):
-                argv += ["--ro-bind", str(path), str(path)]
+        tmp_bytes = str(spec.limits.tmp_mb * 1024 * 1024)
+        argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", tmp_bytes, "--tmpfs", "/tmp"]
+        argv += ["--perms", "1777", "--size", tmp_bytes, "--tmpfs", "/dev/shm"]  # else part of /dev, uncapped
+        binds = [
+            path
+            for path in self.python.ro_paths
+            if not any(path == Path(e.path) or Path(e.path) in path.parents for e in self.system if e.link is None)
+        ]
+        # Directories bwrap creates on the way to a mount copy the host's modes (/root is 0700): traversable here.
+        made: set[str] = set()
+        for target in [*(str(path) for path in binds), *(mount.target for mount in spec.mounts)]:
+            for parent in reversed(PurePosixPath(target).parents[:-1]):
+                if str(parent) not in made:
+                    made.add(str(parent))
+                    argv += ["--perms", "0755", "--dir", str(parent)]
+        for path in binds:
+            argv += ["--ro-bind", str(path), str(path)]
         for mount in spec.mounts:
             argv += ["--ro-bind" if mount.read_only else "--bind", str(mount.source), mount.target]
         argv += ["--remount-ro", "/", "--chdir", spec.workdir, "--"]
+        argv += self._drop()
         argv += spec.argv if spec.argv is not None else (str(self.python.executable), *RUNNER)
         return LaunchPlan(
             argv=tuple(argv),
@@ -60,3 +67,22 @@ class BwrapBackend:
             rlimits=rlimits_for(spec.limits),
             signal_leader=False,
         )
+
+    def _namespaces(self) -> list[str]:
+        # ipc, pid, net, uts and cgroup namespaces always: no network at all.
+        unshare = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+        if not self.identity.switch:
+            # Not root: a user namespace in which the agent holds no capability on the host.
+            return [*unshare, "--unshare-user", "--cap-drop", "ALL"]
+        # Root: uid 0 in a user namespace root made is host root for files. bwrap sets the sandbox up as root
+        # without one, keeping only what setpriv needs to become the agent's uid, which then has nothing.
+        keep = ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+        return [*unshare, "--cap-drop", "ALL", *keep]
+
+    def _drop(self) -> list[str]:
+        if not self.identity.switch:
+            return []
+        if self.setpriv is None:
+            raise SandboxError("setpriv (util-linux) is needed to run agents as an unprivileged user under root")
+        ids = [f"--reuid={self.identity.uid}", f"--regid={self.identity.gid}", "--clear-groups"]
+        return [self.setpriv, *ids, "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
