@@ -53,6 +53,12 @@ class Settings(BaseSettings):
     agent_pids: int = Field(default=256, ge=8, le=65536, validation_alias="FARMHOST_AGENT_PIDS")
     agent_tmp_mb: int = Field(default=256, ge=1, le=65536, validation_alias="FARMHOST_AGENT_TMP_MB")
     agent_workspace_mb: int = Field(default=1024, ge=1, le=1048576, validation_alias="FARMHOST_AGENT_WORKSPACE_MB")
+    agent_cpu_percent: int = Field(default=100, ge=1, le=6400, validation_alias="FARMHOST_AGENT_CPU_PERCENT")
+    # Where the host cannot hold memory, process and CPU limits per run (no cgroup for the daemon), runs are
+    # refused unless the operator allows them to start with only the limits that do hold.
+    agent_unenforced_limits: Literal["refuse", "allow"] = Field(
+        default="refuse", validation_alias="FARMHOST_AGENT_UNENFORCED_LIMITS"
+    )
     agent_output_bytes: int = Field(default=1 << 20, ge=4096, validation_alias="FARMHOST_AGENT_OUTPUT_BYTES")
     agent_max_turns: int = Field(default=12, ge=1, le=100, validation_alias="FARMHOST_AGENT_MAX_TURNS")
     agent_python: Path | None = Field(default=None, validation_alias="FARMHOST_AGENT_PYTHON")

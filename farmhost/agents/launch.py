@@ -15,6 +15,7 @@ from typing import Final
 
 from farmhost.agents.backends.base import LaunchPlan
 from farmhost.agents.capture import OutputCapture
+from farmhost.agents.cgroups import joiner
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +40,11 @@ class Exit:
 class Launch:
     """Runs one LaunchPlan; `cancel()` from elsewhere ends it early (SIGTERM, then SIGKILL after a grace)."""
 
-    def __init__(self, plan: LaunchPlan, *, output_bytes: int, term_grace: float) -> None:
+    def __init__(
+        self, plan: LaunchPlan, *, output_bytes: int, term_grace: float, cgroup_procs: tuple[str, ...] = ()
+    ) -> None:
         self._plan = plan
+        self._cgroup_procs = cgroup_procs
         self._term_grace = term_grace
         self._cancel = asyncio.Event()
         self._cancel_grace = term_grace
@@ -68,7 +72,7 @@ class Launch:
             env=dict(self._plan.env),
             cwd=self._plan.cwd,
             start_new_session=True,  # its own process group: the whole run can be signalled at once
-            preexec_fn=_rlimit_setter(self._plan.rlimits) if self._plan.rlimits else None,
+            preexec_fn=_preexec(self._plan.rlimits, self._cgroup_procs),
         )
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         feeding = asyncio.create_task(_feed(proc.stdin, stdin), name="agent:stdin")
@@ -133,10 +137,14 @@ async def _feed(writer: asyncio.StreamWriter, data: bytes) -> None:
         writer.close()
 
 
-def _rlimit_setter(limits: tuple[tuple[int, int], ...]) -> Callable[[], None]:
-    """The function the child runs between fork and exec: only setrlimit calls, nothing that takes a lock."""
+def _preexec(limits: tuple[tuple[int, int], ...], cgroup_procs: tuple[str, ...]) -> Callable[[], None] | None:
+    """The function the child runs between fork and exec: setrlimit and joining the run's cgroup, no locks."""
+    if not limits and not cgroup_procs:
+        return None
+    join = joiner(cgroup_procs)
 
     def apply() -> None:
+        join()
         for which, value in limits:
             _soft, hard = resource.getrlimit(which)
             limit = value if hard == resource.RLIM_INFINITY else min(value, hard)

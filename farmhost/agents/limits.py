@@ -25,6 +25,7 @@ class LimitsOverride(BaseModel):
     maxTurns: int | None = Field(default=None, ge=1, le=100)
     tmpMb: int | None = Field(default=None, ge=1, le=65536)
     workspaceMb: int | None = Field(default=None, ge=1, le=1048576)
+    cpuPercent: int | None = Field(default=None, ge=1, le=6400)
 
     def apply(self, limits: RunLimits) -> RunLimits:
         """`limits` with the values this override sets."""
@@ -35,6 +36,7 @@ class LimitsOverride(BaseModel):
             max_turns=self.maxTurns if self.maxTurns is not None else limits.max_turns,
             tmp_mb=self.tmpMb if self.tmpMb is not None else limits.tmp_mb,
             workspace_mb=self.workspaceMb if self.workspaceMb is not None else limits.workspace_mb,
+            cpu_percent=self.cpuPercent if self.cpuPercent is not None else limits.cpu_percent,
         )
 
 
@@ -56,6 +58,7 @@ def default_limits(settings: Settings) -> RunLimits:
         max_turns=settings.agent_max_turns,
         tmp_mb=settings.agent_tmp_mb,
         workspace_mb=settings.agent_workspace_mb,
+        cpu_percent=settings.agent_cpu_percent,
     )
 
 

@@ -115,6 +115,7 @@ class RunRecord:
         self.usage: ProxyUsage | None = None
         self.exit: Exit | None = None
         self.result: AgentResult | None = None
+        self.out_of_memory = False  # the kernel killed one of its processes at the cgroup memory limit
 
     @property
     def kind(self) -> str:

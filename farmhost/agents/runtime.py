@@ -18,6 +18,8 @@ from farmhost.agents.backends import (
     run_identity,
 )
 from farmhost.agents.backends.base import LaunchPlan
+from farmhost.agents.backends.bwrap import BwrapBackend
+from farmhost.agents.cgroups import CgroupSupport, detect_sync, open_run_cgroup_sync
 from farmhost.agents.inputs import AgentResult, agent_input, parse_result, trim_memory
 from farmhost.agents.jobs import AgentJob, AgentOutcome, Status
 from farmhost.agents.launch import Exit, Launch
@@ -96,6 +98,7 @@ class AgentRuntime:
         self._finished: set[asyncio.Future[None]] = set()
         self._started = False
         self._stopping = False
+        self._cgroups: CgroupSupport | None = None
 
     @property
     def backend(self) -> SandboxBackend | None:
@@ -112,6 +115,19 @@ class AgentRuntime:
                 logger.error("agent runs are off: %s", err.message)
         if self._backend is not None:
             await cleanup_orphans(self._backend)
+        if isinstance(self._backend, BwrapBackend):  # docker and podman hold their limits themselves
+            self._cgroups = await asyncio.to_thread(detect_sync)
+            if self._cgroups.available:
+                logger.info("agent runs get a cgroup v%d each (memory, processes, CPU)", self._cgroups.version)
+            else:
+                allowed = self._settings.agent_unenforced_limits == "allow"
+                logger.warning(
+                    "agent runs cannot get a cgroup here: %s; %s",
+                    self._cgroups.reason,
+                    "they run with rlimits only (FARMHOST_AGENT_UNENFORCED_LIMITS=allow)"
+                    if allowed
+                    else "they are refused until cgroups are delegated or FARMHOST_AGENT_UNENFORCED_LIMITS=allow",
+                )
         await self._proxy.start()
         self._started = True
         logger.info(
@@ -207,6 +223,10 @@ class AgentRuntime:
             plan = self._backend.plan(spec)
             ensure_no_secrets(plan, self._secrets())
             await asyncio.to_thread(prepare_mounts_sync, spec, run_identity(self._backend))
+            allow = self._settings.agent_unenforced_limits == "allow"
+            cgroup = await asyncio.to_thread(
+                open_run_cgroup_sync, self._cgroups, job.run_id, limits, allow_without=allow
+            )
         except (SandboxError, OSError) as err:
             return await self._failed(record, started, f"cannot prepare the sandbox: {err}")
         record.command = plan.argv
@@ -222,10 +242,15 @@ class AgentRuntime:
             budget = REQUESTS_PER_TURN * limits.max_turns
             async with self._proxy.serve(job.folder, job.run_id, max_requests=budget) as usage:
                 record.usage = usage
-                run = await self._launch(job.run_id, plan, json.dumps(document).encode(), limits.timeout_seconds)
+                procs = cgroup.procs_files if cgroup is not None else ()
+                stdin = json.dumps(document).encode()
+                run = await self._launch(job.run_id, plan, stdin, limits.timeout_seconds, procs)
         except OSError as err:
             return await self._failed(record, started, f"cannot start the agent: {err}")
         finally:
+            if cgroup is not None:
+                record.out_of_memory = cgroup.hit_memory_limit()
+                await asyncio.to_thread(cgroup.close_sync)
             await asyncio.to_thread(after_run_sync, spec)
         return await self._finish(record, run, started)
 
@@ -246,8 +271,11 @@ class AgentRuntime:
             return []
         return trim_memory(hits, budget)
 
-    async def _launch(self, run_id: str, plan: LaunchPlan, stdin: bytes, timeout: float) -> Exit:
-        launch = Launch(plan, output_bytes=self._settings.agent_output_bytes, term_grace=self._term_grace)
+    async def _launch(
+        self, run_id: str, plan: LaunchPlan, stdin: bytes, timeout: float, cgroup_procs: tuple[str, ...]
+    ) -> Exit:
+        output = self._settings.agent_output_bytes
+        launch = Launch(plan, output_bytes=output, term_grace=self._term_grace, cgroup_procs=cgroup_procs)
         self._active[run_id] = launch
         try:
             if self._stopping:
@@ -275,6 +303,9 @@ class AgentRuntime:
             else:
                 status = "error"
                 error = f"{result} (exit code {run.exit_code}); see logs/{log} in the group's workspace"
+        if record.out_of_memory and status != "ok":
+            killed = f"the run reached its memory limit ({record.limits.memory_mb} MB) and the kernel killed a process"
+            error = f"{killed}; {error}" if error else killed
         record.exit = run
         outcome = self._outcome(job, status, answer=answer, error=error, started=started, exit_code=run.exit_code)
         await self._write_log(record, outcome)

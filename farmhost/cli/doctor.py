@@ -25,6 +25,7 @@ from typing import Final, cast
 
 from farmhost.agents.backends.base import SandboxError
 from farmhost.agents.backends.host import PYTHON_PROBE_TIMEOUT, find_python_install_sync
+from farmhost.agents.cgroups import detect_sync
 from farmhost.agents.identity import agent_identity
 from farmhost.agents.limits import LimitsFile, default_limits, explain
 from farmhost.cli.hostchecks import (
@@ -388,12 +389,20 @@ def _enforcement(settings: Settings, check: Check) -> Check:
     except ConfigError as err:
         return Check("agent limits", "broken", err.message, "set FARMHOST_AGENT_UID to an unprivileged uid")
     held = (
-        f"runs as {identity.describe()}; held: wall time, memory per process, processes (per uid, shared by "
-        "its runs at once), /tmp and /dev/shm sizes, workspace size (before each run)"
+        f"runs as {identity.describe()}; held: wall time, memory per process, /tmp and /dev/shm sizes, "
+        "workspace size (before each run)"
     )
-    missing = "not held: memory summed over a run's processes, CPU share (no cgroup)"
-    fix = "docs/agent-runtime.md#limits says what each needs"
-    return Check(check.part, "warn", f"{check.detail}; {held}; {missing}", fix)
+    support = detect_sync()
+    if support.available:
+        cgroup = f"memory summed over a run's processes and its tmpfs, processes and CPU share per run (cgroup v{support.version})"
+        return Check(check.part, "ok", f"{check.detail}; {held}, {cgroup}")
+    if settings.agent_unenforced_limits == "allow":
+        missing = f"not held: memory summed over a run's processes, processes per run, CPU share ({support.reason})"
+        fix = "delegate cgroups to farmhost (docs/agent-runtime.md#limits); runs start anyway (FARMHOST_AGENT_UNENFORCED_LIMITS=allow)"
+        return Check(check.part, "warn", f"{check.detail}; {held}; {missing}", fix)
+    refused = f"agent runs are refused: no cgroup for them ({support.reason})"
+    fix = "delegate cgroups to farmhost (docs/agent-runtime.md#limits), or set FARMHOST_AGENT_UNENFORCED_LIMITS=allow"
+    return Check(check.part, "broken", f"{check.detail}; {refused}", fix)
 
 
 def _llm(settings: Settings) -> Check:

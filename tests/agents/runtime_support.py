@@ -200,6 +200,44 @@ if "forks" in todo:
         os.waitpid(pid, 0)
     report["forks"] = [len(children), failed]
 
+def children(count, work):
+    pids = []
+    for _ in range(count):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                work()
+            finally:
+                os._exit(0)
+        pids.append(pid)
+    return [os.waitpid(pid, 0)[1] for pid in pids]
+
+if "mem_children" in todo:
+    count, mb = todo["mem_children"]
+    def hold():
+        block = b"\x01" * (mb * 1024 * 1024)  # written, so every page is really used
+        time.sleep(2)
+    report["mem_children"] = children(count, hold)
+
+if "shm_child" in todo:
+    def fill_shm():
+        with open("/dev/shm/big", "wb") as f:
+            for _ in range(todo["shm_child"]):
+                f.write(b"x" * (1024 * 1024))
+    statuses = children(1, fill_shm)
+    report["shm_child"] = [statuses[0], os.path.getsize("/dev/shm/big")]
+
+if "cpu_children" in todo:
+    count, seconds = todo["cpu_children"]
+    def spin():
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            pass
+    begun = time.monotonic()
+    children(count, spin)
+    used = os.times()
+    report["cpu_children"] = [used.children_user + used.children_system, time.monotonic() - begun]
+
 time.sleep(todo.get("sleep", 0))
 for line in todo.get("stderr", []):
     print(line, file=sys.stderr)

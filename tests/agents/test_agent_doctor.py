@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from farmhost_testing import clean_env, farmhost, init_data_dir_in_process
 
+from farmhost.agents.cgroups import detect_sync
+
 
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
@@ -61,12 +63,15 @@ def test_the_limits_file_is_validated(data_dir: Path) -> None:
 
 def test_the_doctor_says_which_limits_hold_under_bwrap(data_dir: Path) -> None:
     limits = checks(data_dir, FARMHOST_AGENT_RUNTIME="bwrap", FARMHOST_AGENT_PYTHON=sys.executable)["agent limits"]
-    assert limits["state"] == "warn", limits
     found = re.search(r"runs as uid (\d+) \(", limits["detail"])
     assert found is not None, limits
     uid = int(found[1])
     assert uid != 0 if os.geteuid() == 0 else uid == os.geteuid(), "a root daemon's runs are never uid 0"
-    assert "held: wall time, memory per process, processes" in limits["detail"]
-    assert "/tmp and /dev/shm sizes, workspace size" in limits["detail"]
-    assert "not held: memory summed over a run's processes, CPU share" in limits["detail"]
-    assert "docs/agent-runtime.md" in limits["fix"]
+    assert "held: wall time, memory per process, /tmp and /dev/shm sizes, workspace size" in limits["detail"]
+    support = detect_sync()  # what this host offers, found the way the daemon finds it
+    if support.available:
+        assert limits["state"] == "ok", limits
+        assert f"processes and CPU share per run (cgroup v{support.version})" in limits["detail"]
+    else:
+        assert limits["state"] == "broken" and "agent runs are refused: no cgroup" in limits["detail"], limits
+        assert support.reason in limits["detail"] and "FARMHOST_AGENT_UNENFORCED_LIMITS=allow" in limits["fix"]

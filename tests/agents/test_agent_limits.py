@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import stat
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,8 @@ import pytest
 from farmhost_testing import init_data_dir_in_process
 from runtime_support import make_runtime, probe_job, report, settings_for
 
+from farmhost.agents.backends.base import RunLimits, SandboxError
+from farmhost.agents.cgroups import CgroupSupport, detect_sync, open_run_cgroup_sync, own_paths
 from farmhost.agents.runtime import AgentRuntime
 from farmhost.agents.sandbox import GROUP_DIR
 
@@ -69,3 +72,52 @@ async def test_processes_are_capped(root: Path) -> None:
     outcome, _ = await _run(root, FARMHOST_AGENT_PIDS=32, todo={"forks": 300})
     forked, error = report(outcome)["forks"]
     assert forked < 32 and error == "error:EAGAIN", (forked, error)
+
+
+async def test_memory_is_summed_over_a_runs_processes(root: Path) -> None:
+    """Each of 3 processes stays under the per-process limit; together they are over it: the kernel kills."""
+    outcome, _ = await _run(root, FARMHOST_AGENT_MEMORY_MB=256, todo={"mem_children": [3, 150]})
+    statuses = report(outcome)["mem_children"]
+    assert any(os.WIFSIGNALED(s) and os.WTERMSIG(s) == signal.SIGKILL for s in statuses), statuses
+
+
+async def test_shared_memory_counts_against_the_run(root: Path) -> None:
+    """Pages in /dev/shm outlive the process that wrote them; the run is charged for them and ended at its limit."""
+    outcome, _ = await _run(root, FARMHOST_AGENT_MEMORY_MB=128, FARMHOST_AGENT_TMP_MB=1024, todo={"shm_child": 400})
+    assert outcome.status == "error", outcome
+    assert outcome.error is not None and outcome.error.startswith(
+        "the run reached its memory limit (128 MB) and the kernel killed a process"
+    ), outcome.error
+
+
+async def test_a_run_gets_its_cpu_share(root: Path) -> None:
+    outcome, _ = await _run(root, FARMHOST_AGENT_CPU_PERCENT=50, todo={"cpu_children": [2, 1.5]})
+    used, wall = report(outcome)["cpu_children"]
+    # Two spinning processes would use 2 s of CPU per second of wall time on two free cores; the run gets half
+    # a core. A busy machine gives them less, never more.
+    assert used <= 0.5 * wall * 1.25 + 0.2, (used, wall)
+
+
+def test_without_cgroups_a_run_starts_only_if_the_operator_allowed_it(tmp_path: Path) -> None:
+    limits = RunLimits(timeout_seconds=10, memory_mb=256, pids=32, max_turns=1)
+    lacking = CgroupSupport(version=None, reason="/sys/fs/cgroup/x is not delegated to the daemon")
+    with pytest.raises(SandboxError, match="not delegated to the daemon.*FARMHOST_AGENT_UNENFORCED_LIMITS=allow"):
+        open_run_cgroup_sync(lacking, "r1", limits, allow_without=False)
+    assert open_run_cgroup_sync(lacking, "r1", limits, allow_without=True) is None
+
+
+def test_detection_names_what_a_cgroup_v2_host_lacks(tmp_path: Path) -> None:
+    own = own_paths(Path("/proc/self/cgroup").read_text()).get("", "/").lstrip("/")
+    mine = tmp_path / own
+    mine.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (mine / "cgroup.controllers").write_text("cpu io\n")
+    assert "does not offer the memory, pids controller(s)" in detect_sync(tmp_path).reason
+    (mine / "cgroup.controllers").write_text("cpu io memory pids\n")
+    (mine / "cgroup.subtree_control").write_text("")
+    os.chmod(mine / "cgroup.subtree_control", 0o444)
+    support = detect_sync(tmp_path)
+    if os.geteuid() != 0:  # root may write any file: for it the read-only file is no obstacle
+        assert "is not delegated to the daemon (systemd: Delegate=yes" in support.reason
+    else:
+        assert support.version == 2 and (mine / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"

@@ -108,7 +108,12 @@ def test_the_installed_farmhost_runs_and_its_doctor_passes_as_the_daemon_user(in
     # The data dir belongs to the daemon's user and was initialised by it.
     owner = pwd.getpwnam(USER).pw_uid
     assert installed.data_dir.stat().st_uid == owner and (installed.data_dir / "farmhost.db").stat().st_uid == owner
-    doctor = _run_as_user(installed, "doctor", "--json")
+    # Installed without systemd, an unprivileged daemon gets no delegated cgroup: the doctor says runs would be
+    # refused, and what to do; with the operator's leave (FARMHOST_AGENT_UNENFORCED_LIMITS=allow) it passes.
+    refused = {c["part"]: c for c in json.loads(_run_as_user(installed, "doctor", "--json").stdout)}["agent limits"]
+    assert refused["state"] == "broken" and "agent runs are refused: no cgroup" in refused["detail"], refused
+    assert "FARMHOST_AGENT_UNENFORCED_LIMITS=allow" in refused["fix"]
+    doctor = _run_as_user(installed, "doctor", "--json", env=clean_env(FARMHOST_AGENT_UNENFORCED_LIMITS="allow"))
     checks = {c["part"]: c for c in json.loads(doctor.stdout)}
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert checks["sandbox"]["state"] == "ok", checks["sandbox"]
@@ -202,6 +207,7 @@ def test_an_agent_runs_in_bwrap_from_the_installed_prefix_as_the_daemon_user(
         FARMHOST_LLM_MODEL="farm-model",
         FARMHOST_LLM_API_KEY="sk-install-test",
         FARMHOST_HEARTBEAT_SECONDS="1",
+        FARMHOST_AGENT_UNENFORCED_LIMITS="allow",  # no systemd here to delegate a cgroup to the daemon's user
     )
     added = _run_as_user(
         installed, "group", "add", "--jid", MAIN_JID, "--name", "Farm office", "--folder", "main", "--main", env=env

@@ -34,6 +34,7 @@ class RunLimits:
     max_turns: int
     tmp_mb: int = 256  # each of the run's /tmp and /dev/shm
     workspace_mb: int = 1024  # the group's workspace, checked before each run
+    cpu_percent: int = 100  # CPU time per wall time, 100 = one core (in the run's cgroup)
 
 
 @dataclass(frozen=True, kw_only=True)
