@@ -177,7 +177,7 @@ async def test_the_process_agent_sees_no_secret(root: Path, monkeypatch: pytest.
 
 def test_bwrap_mounts_only_the_run_and_the_interpreter(root: Path) -> None:
     python = find_python_install_sync(None)
-    backend = BwrapBackend(bwrap="/usr/bin/bwrap", python=python, system=())
+    backend = BwrapBackend(bwrap="/usr/bin/bwrap", python=python, system=(), seccomp=None)
     plan = backend.plan(spec(root, "main", is_main=True))
     argv = list(plan.argv)
     assert argv[:11] == [

@@ -24,6 +24,7 @@ from farmhost.agents.backends.docker import DockerBackend, cli_env
 from farmhost.agents.backends.host import find_python_install_sync, system_entries
 from farmhost.agents.backends.podman import PodmanBackend
 from farmhost.agents.backends.process import ProcessBackend
+from farmhost.agents.seccomp import SeccompUnavailable, filter_for
 from farmhost.config import Settings
 
 __all__ = [
@@ -60,7 +61,8 @@ async def create_backend(settings: Settings) -> SandboxBackend:
     """The backend of `settings.runtime`, with what it needs of the host looked up once.
 
     Raises:
-        SandboxError: the runtime's program is missing, or the agent interpreter cannot be inspected.
+        SandboxError: the runtime's program is missing, the agent interpreter cannot be inspected, or bwrap's
+            seccomp filter cannot be built while FARMHOST_SANDBOX_SECCOMP is `required`.
     """
     runtime = settings.runtime
     if runtime == "process":
@@ -73,7 +75,14 @@ async def create_backend(settings: Settings) -> SandboxBackend:
         python = await asyncio.to_thread(find_python_install_sync, settings.agent_python)
         if python.farmagent is None:
             logger.error("the agent interpreter %s cannot import farmagent; agent runs will fail", python.executable)
-        return BwrapBackend(bwrap=binary, python=python, system=system_entries())
+        try:
+            seccomp = await asyncio.to_thread(filter_for, settings.sandbox_seccomp)
+        except SeccompUnavailable as err:
+            raise SandboxError(err.message) from err
+        if seccomp is not None:
+            logger.info("bwrap runs get a seccomp filter: %s", seccomp.describe())
+        bpf = seccomp.bpf if seccomp is not None else None
+        return BwrapBackend(bwrap=binary, python=python, system=system_entries(), seccomp=bpf)
     user = container_user(settings)
     if user[0] == 0:
         logger.warning("agent containers run as uid 0 (the data dir is owned by root); set FARMHOST_AGENT_UID")

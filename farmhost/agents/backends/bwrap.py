@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from farmhost.agents.backends.base import LaunchPlan, SandboxSpec, rlimits_for
+from farmhost.agents.backends.base import FD_PLACEHOLDER, FdArg, LaunchPlan, SandboxSpec, rlimits_for
 from farmhost.agents.backends.host import PythonInstall, SystemEntry
 
 RUNNER: Final = ("-m", "farmagent.run")
@@ -21,6 +21,7 @@ class BwrapBackend:
     bwrap: str
     python: PythonInstall
     system: tuple[SystemEntry, ...]
+    seccomp: bytes | None  # the BPF program loaded before the agent starts (None: FARMHOST_SANDBOX_SECCOMP=off)
     name: str = "bwrap"
     isolated: bool = True
 
@@ -38,6 +39,10 @@ class BwrapBackend:
             "--hostname",
             HOSTNAME,
         ]
+        fd_args: tuple[FdArg, ...] = ()
+        if self.seccomp is not None:
+            argv += ["--seccomp", FD_PLACEHOLDER]
+            fd_args = (FdArg(index=len(argv) - 1, data=self.seccomp),)
         for key, value in sorted(spec.env.items()):
             argv += ["--setenv", key, value]
         for entry in self.system:
@@ -59,4 +64,5 @@ class BwrapBackend:
             env={"PATH": os.defpath},  # bwrap's own environment: its pid-1 helper keeps it, readable in /proc/1
             rlimits=rlimits_for(spec.limits),
             signal_leader=False,
+            fd_args=fd_args,
         )
