@@ -65,7 +65,7 @@ class Launch:
         fds: list[int] = []
         try:
             for arg in self._plan.fd_args:
-                fds.append(_sealed_memfd(arg.data))
+                fds.append(sealed_memfd(arg.data))
                 argv[arg.index] = str(fds[-1])
             proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -144,7 +144,7 @@ async def _feed(writer: asyncio.StreamWriter, data: bytes) -> None:
         writer.close()
 
 
-def _sealed_memfd(data: bytes) -> int:
+def sealed_memfd(data: bytes) -> int:
     """A descriptor that reads `data` from its start; sealed, so nothing that inherits it can change it."""
     fd = os.memfd_create("farmhost-launch", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
