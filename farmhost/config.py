@@ -63,6 +63,8 @@ class Settings(BaseSettings):
     agent_max_turns: int = Field(default=12, ge=1, le=100, validation_alias="FARMHOST_AGENT_MAX_TURNS")
     agent_python: Path | None = Field(default=None, validation_alias="FARMHOST_AGENT_PYTHON")
     agent_uid: int | None = Field(default=None, ge=0, validation_alias="FARMHOST_AGENT_UID")
+    # bwrap runs: `required` refuses to start agents when the seccomp filter cannot be built, `off` runs them without.
+    sandbox_seccomp: Literal["required", "off"] = Field(default="required", validation_alias="FARMHOST_SANDBOX_SECCOMP")
     memory_prompt_chars: int = Field(default=2000, ge=0, le=50000, validation_alias="FARMHOST_MEMORY_PROMPT_CHARS")
     # Telegram: long-poll length, who may talk to the main chat, inbound media cap, outbox delivery attempts.
     telegram_poll_timeout: int = Field(default=30, ge=0, le=300, validation_alias="FARMHOST_TELEGRAM_POLL_TIMEOUT")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import resource
@@ -64,16 +65,26 @@ class Launch:
             OSError: the process could not be started (missing program, ...).
         """
         started = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
-            *self._plan.argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=dict(self._plan.env),
-            cwd=self._plan.cwd,
-            start_new_session=True,  # its own process group: the whole run can be signalled at once
-            preexec_fn=_preexec(self._plan.rlimits, self._cgroup_procs),
-        )
+        argv = list(self._plan.argv)
+        fds: list[int] = []
+        try:
+            for arg in self._plan.fd_args:
+                fds.append(sealed_memfd(arg.data))
+                argv[arg.index] = str(fds[-1])
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=dict(self._plan.env),
+                cwd=self._plan.cwd,
+                start_new_session=True,  # its own process group: the whole run can be signalled at once
+                preexec_fn=_preexec(self._plan.rlimits, self._cgroup_procs),
+                pass_fds=fds,
+            )
+        finally:
+            for fd in fds:
+                os.close(fd)  # the child holds its own copy
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         feeding = asyncio.create_task(_feed(proc.stdin, stdin), name="agent:stdin")
         readers = [
@@ -135,6 +146,23 @@ async def _feed(writer: asyncio.StreamWriter, data: bytes) -> None:
         # Not `await writer.wait_closed()`: cancelling this task there would cancel asyncio's own
         # stdin-closed future, and the pipe's later close then fails with InvalidStateError (CPython 3.11).
         writer.close()
+
+
+def sealed_memfd(data: bytes) -> int:
+    """A descriptor that reads `data` from its start; sealed, so nothing that inherits it can change it."""
+    fd = os.memfd_create("farmhost-launch", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        fcntl.fcntl(
+            fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+        )
+        os.lseek(fd, 0, os.SEEK_SET)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _preexec(limits: tuple[tuple[int, int], ...], cgroup_procs: tuple[str, ...]) -> Callable[[], None] | None:

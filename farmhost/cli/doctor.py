@@ -27,7 +27,9 @@ from farmhost.agents.backends.base import SandboxError
 from farmhost.agents.backends.host import PYTHON_PROBE_TIMEOUT, find_python_install_sync
 from farmhost.agents.cgroups import detect_sync
 from farmhost.agents.identity import agent_identity
+from farmhost.agents.launch import sealed_memfd
 from farmhost.agents.limits import LimitsFile, default_limits, explain
+from farmhost.agents.seccomp import SeccompMode, SeccompUnavailable, build_filter_sync
 from farmhost.cli.hostchecks import (
     Check,
     State,
@@ -55,6 +57,17 @@ PROBE_TIMEOUT: Final = 5.0
 SAY_WAITING_AFTER: Final = 1.0
 # A local check (files, the database) that takes longer than this is reported broken instead of waited for.
 LOCAL_LIMIT: Final = 15.0
+# Run by the agent interpreter under bwrap and the filter: what two calls the filter refuses give back there.
+SECCOMP_TRIAL: Final = """
+import ctypes, errno, platform
+libc = ctypes.CDLL(None, use_errno=True)
+calls = {"x86_64": ((272, 0x10000000), (101, 0)), "aarch64": ((97, 0x10000000), (117, 0))}[platform.machine()]
+out = []
+for nr, first in calls:  # unshare(CLONE_NEWUSER), ptrace(PTRACE_TRACEME)
+    ret = libc.syscall(ctypes.c_long(nr), ctypes.c_long(first), ctypes.c_long(0), ctypes.c_long(0), ctypes.c_long(0))
+    out.append("ok" if ret >= 0 else errno.errorcode.get(ctypes.get_errno(), "?"))
+print(" ".join(out))
+"""
 # A healthy outbox sends within seconds and retries within 5 minutes; older pending chunks mean nothing gets through.
 OUTBOX_STALE_AFTER: Final = timedelta(minutes=10)
 
@@ -148,7 +161,7 @@ def _probes(settings: Settings) -> list[Probe]:
         ),
         Probe(
             "sandbox",
-            lambda: [_runtime(settings)],
+            lambda: _runtime(settings),
             f"the {settings.runtime} sandbox trial",
             PYTHON_PROBE_TIMEOUT + PROBE_TIMEOUT + 2,
         ),
@@ -315,17 +328,17 @@ def _telegram(settings: Settings) -> Check:
     )
 
 
-def _runtime(settings: Settings) -> Check:
+def _runtime(settings: Settings) -> list[Check]:
     runtime = settings.runtime
     if runtime == "process":
-        return Check("sandbox", "ok", "process runtime: NO isolation (development only)", "use bwrap or docker")
+        return [Check("sandbox", "ok", "process runtime: NO isolation (development only)", "use bwrap or docker")]
     binary = shutil.which(runtime)
     if binary is None:
         fix = "apt-get install bubblewrap" if runtime == "bwrap" else f"install {runtime} or set FARMHOST_AGENT_RUNTIME"
-        return Check("sandbox", "broken", f"{runtime} not found on PATH", fix)
+        return [Check("sandbox", "broken", f"{runtime} not found on PATH", fix)]
     if runtime == "bwrap":
         return _bwrap(binary, settings)
-    return _engine(runtime, binary)
+    return [_engine(runtime, binary)]
 
 
 def _engine(runtime: str, binary: str) -> Check:
@@ -341,28 +354,60 @@ def _engine(runtime: str, binary: str) -> Check:
     return Check("sandbox", "ok", f"{runtime} ({binary}), engine running")
 
 
-def _bwrap(binary: str, settings: Settings) -> Check:
-    """Check that bwrap can make its namespaces here and that the agent interpreter can import farmagent."""
+def _bwrap(binary: str, settings: Settings) -> list[Check]:
+    """Check that bwrap can make its namespaces here, that the agent interpreter imports farmagent, and the filter."""
     try:
         python = find_python_install_sync(settings.agent_python)
     except SandboxError as err:
-        return Check("sandbox", "broken", err.message, "set FARMHOST_AGENT_PYTHON to a Python 3.11+ with farmagent")
+        fix = "set FARMHOST_AGENT_PYTHON to a Python 3.11+ with farmagent"
+        return [Check("sandbox", "broken", err.message, fix)]
     if python.farmagent is None:
         detail = f"the agent interpreter {python.executable} cannot import farmagent"
-        return Check("sandbox", "broken", detail, "install farmagent into it (uv sync) or set FARMHOST_AGENT_PYTHON")
+        return [Check("sandbox", "broken", detail, "install farmagent into it (uv sync) or set FARMHOST_AGENT_PYTHON")]
     trial = [binary, "--unshare-all", "--unshare-user", "--die-with-parent", "--ro-bind", "/", "/", "true"]
     try:
         done = subprocess.run(trial, capture_output=True, text=True, timeout=PROBE_TIMEOUT, check=False)
     except (OSError, subprocess.TimeoutExpired) as err:
-        return Check("sandbox", "broken", f"bwrap does not run: {err}", "apt-get install --reinstall bubblewrap")
+        return [Check("sandbox", "broken", f"bwrap does not run: {err}", "apt-get install --reinstall bubblewrap")]
     if done.returncode != 0:
-        return Check(
-            "sandbox",
-            "broken",
-            f"bwrap cannot create its namespaces: {done.stderr.strip()}",
-            "allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1) or use docker",
+        detail = f"bwrap cannot create its namespaces: {done.stderr.strip()}"
+        fix = "allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1) or use docker"
+        return [Check("sandbox", "broken", detail, fix)]
+    sandbox = Check("sandbox", "ok", f"bwrap ({binary}), agent interpreter {python.executable}")
+    return [sandbox, _seccomp(binary, str(python.executable), settings.sandbox_seccomp)]
+
+
+def _seccomp(binary: str, python: str, mode: SeccompMode) -> Check:
+    """Build the agents' seccomp filter and check in a trial run under bwrap that it refuses what it should."""
+    if mode == "off":
+        detail = (
+            "FARMHOST_SANDBOX_SECCOMP=off: bwrap runs have no seccomp filter (agents can create user namespaces, "
+            "ptrace, use io_uring, bpf and keyrings)"
         )
-    return Check("sandbox", "ok", f"bwrap ({binary}), agent interpreter {python.executable}")
+        return Check("seccomp", "warn", detail, "remove FARMHOST_SANDBOX_SECCOMP=off (the default is required)")
+    fix = "apt-get install libseccomp2 (and `uv sync` for pyseccomp), or set FARMHOST_SANDBOX_SECCOMP=off"
+    try:
+        built = build_filter_sync()
+    except SeccompUnavailable as err:
+        return Check("seccomp", "broken", f"{err.message}: bwrap agent runs are refused", fix)
+    fd = sealed_memfd(built.bpf)
+    trial = [binary, "--unshare-all", "--unshare-user", "--die-with-parent", "--ro-bind", "/", "/"]
+    trial += ["--seccomp", str(fd), python, "-I", "-c", SECCOMP_TRIAL]
+    try:
+        done = subprocess.run(trial, capture_output=True, text=True, timeout=PROBE_TIMEOUT, check=False, pass_fds=(fd,))
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return Check("seccomp", "broken", f"the filter's trial run did not finish: {err}", fix)
+    finally:
+        os.close(fd)
+    answer = done.stdout.strip()
+    if done.returncode != 0 or answer != "EPERM EPERM":
+        got = answer or done.stderr.strip() or f"exit {done.returncode}"
+        detail = f"the filter does not hold: in a trial run unshare(CLONE_NEWUSER), ptrace(PTRACE_TRACEME) gave {got}"
+        return Check("seccomp", "broken", detail, "upgrade bubblewrap (0.3 or newer loads --seccomp) and libseccomp2")
+    detail = f"{built.describe()}; a trial run got EPERM for unshare(CLONE_NEWUSER) and ptrace(PTRACE_TRACEME)"
+    if built.unknown:
+        return Check("seccomp", "warn", detail, "upgrade libseccomp2 so that it knows every call of the list")
+    return Check("seccomp", "ok", detail)
 
 
 def _agent_limits(settings: Settings) -> Check:

@@ -182,7 +182,9 @@ AS_ROOT = AgentIdentity(uid=65534, gid=65534, switch=True)  # a root daemon: run
 
 def test_bwrap_mounts_only_the_run_and_the_interpreter(root: Path) -> None:
     python = find_python_install_sync(None)
-    backend = BwrapBackend(bwrap="/usr/bin/bwrap", python=python, system=(), identity=AS_USER, setpriv=None)
+    backend = BwrapBackend(
+        bwrap="/usr/bin/bwrap", python=python, system=(), identity=AS_USER, setpriv=None, seccomp=None
+    )
     plan = backend.plan(spec(root, "main", is_main=True))
     argv = list(plan.argv)
     namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
@@ -213,7 +215,9 @@ def test_bwrap_mounts_only_the_run_and_the_interpreter(root: Path) -> None:
 
 def test_bwrap_under_root_drops_to_the_agent_uid_before_the_agent_starts(root: Path) -> None:
     python = find_python_install_sync(None)
-    backend = BwrapBackend(bwrap="/usr/bin/bwrap", python=python, system=(), identity=AS_ROOT, setpriv="/usr/bin/sp")
+    backend = BwrapBackend(
+        bwrap="/usr/bin/bwrap", python=python, system=(), identity=AS_ROOT, setpriv="/usr/bin/sp", seccomp=None
+    )
     argv = list(backend.plan(spec(root, "field", is_main=False)).argv)
     assert "--unshare-user" not in argv, "uid 0 in a namespace root made is host root for files"
     caps = [argv[i + 1] for i, arg in enumerate(argv) if arg in ("--cap-add", "--cap-drop")]
@@ -224,7 +228,9 @@ def test_bwrap_under_root_drops_to_the_agent_uid_before_the_agent_starts(root: P
         "--no-new-privs", "--",
     ]  # fmt: skip
     assert argv[end + 8 :] == [str(python.executable), "-m", "farmagent.run"]
-    without = BwrapBackend(bwrap="/usr/bin/bwrap", python=python, system=(), identity=AS_ROOT, setpriv=None)
+    without = BwrapBackend(
+        bwrap="/usr/bin/bwrap", python=python, system=(), identity=AS_ROOT, setpriv=None, seccomp=None
+    )
     with pytest.raises(SandboxError, match="setpriv"):
         without.plan(spec(root, "field", is_main=False))
 

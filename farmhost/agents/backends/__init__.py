@@ -25,6 +25,7 @@ from farmhost.agents.backends.host import find_python_install_sync, system_entri
 from farmhost.agents.backends.podman import PodmanBackend
 from farmhost.agents.backends.process import ProcessBackend
 from farmhost.agents.identity import AgentIdentity, agent_identity, unprivileged_identity
+from farmhost.agents.seccomp import SeccompUnavailable, filter_for
 from farmhost.config import Settings
 
 __all__ = [
@@ -73,7 +74,8 @@ async def create_backend(settings: Settings) -> SandboxBackend:
     """The backend of `settings.runtime`, with what it needs of the host looked up once.
 
     Raises:
-        SandboxError: the runtime's program is missing, or the agent interpreter cannot be inspected.
+        SandboxError: the runtime's program is missing, the agent interpreter cannot be inspected, or bwrap's
+            seccomp filter cannot be built while FARMHOST_SANDBOX_SECCOMP is `required`.
     """
     runtime = settings.runtime
     if runtime == "process":
@@ -90,7 +92,21 @@ async def create_backend(settings: Settings) -> SandboxBackend:
         setpriv = shutil.which("setpriv")
         if identity.switch:
             logger.info("agent runs drop to %s (the daemon is root)", identity.describe())
-        return BwrapBackend(bwrap=binary, python=python, system=system_entries(), identity=identity, setpriv=setpriv)
+        try:
+            seccomp = await asyncio.to_thread(filter_for, settings.sandbox_seccomp)
+        except SeccompUnavailable as err:
+            raise SandboxError(err.message) from err
+        if seccomp is not None:
+            logger.info("bwrap runs get a seccomp filter: %s", seccomp.describe())
+        bpf = seccomp.bpf if seccomp is not None else None
+        return BwrapBackend(
+            bwrap=binary,
+            python=python,
+            system=system_entries(),
+            identity=identity,
+            setpriv=setpriv,
+            seccomp=bpf,
+        )
     user = container_user(settings)
     image, root, environ = settings.agent_image, str(settings.data_dir), cli_env(os.environ)
     if runtime == "podman":

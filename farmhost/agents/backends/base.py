@@ -6,7 +6,7 @@ import resource
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Final, Protocol
 
 from farmhost.errors import FarmhostError
 
@@ -58,6 +58,18 @@ class SandboxSpec:
         return None
 
 
+# What an argument holds in a plan until launch.py puts the number of the descriptor there (see FdArg).
+FD_PLACEHOLDER: Final = "<fd>"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FdArg:
+    """Bytes the launched process reads from an inherited descriptor; its number replaces `argv[index]`."""
+
+    index: int
+    data: bytes
+
+
 @dataclass(frozen=True, kw_only=True)
 class LaunchPlan:
     """The exact host process to start for a run, and how to stop it."""
@@ -72,6 +84,7 @@ class LaunchPlan:
     # the agent down with SIGKILL (--die-with-parent) before it could clean up, so it is left out there.
     signal_leader: bool = True
     kill_argv: tuple[str, ...] | None = None  # run after SIGKILL when the sandbox lives outside the process tree
+    fd_args: tuple[FdArg, ...] = ()  # e.g. bwrap's `--seccomp FD`
 
 
 class SandboxBackend(Protocol):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Final
 
-from farmhost.agents.backends.base import LaunchPlan, SandboxError, SandboxSpec, rlimits_for
+from farmhost.agents.backends.base import FD_PLACEHOLDER, FdArg, LaunchPlan, SandboxError, SandboxSpec, rlimits_for
 from farmhost.agents.backends.host import PythonInstall, SystemEntry
 from farmhost.agents.identity import AgentIdentity
 
@@ -24,6 +24,7 @@ class BwrapBackend:
     system: tuple[SystemEntry, ...]
     identity: AgentIdentity
     setpriv: str | None  # util-linux's setpriv, inside the sandbox at the same path (under /usr)
+    seccomp: bytes | None  # the BPF program loaded before the agent starts (None: FARMHOST_SANDBOX_SECCOMP=off)
     name: str = "bwrap"
     isolated: bool = True
 
@@ -31,6 +32,10 @@ class BwrapBackend:
         """The bwrap command line (the order matters: later mounts go on top of earlier ones)."""
         argv: list[str] = [self.bwrap, *self._namespaces(), "--die-with-parent", "--new-session", "--clearenv"]
         argv += ["--hostname", HOSTNAME]
+        fd_args: tuple[FdArg, ...] = ()
+        if self.seccomp is not None:
+            argv += ["--seccomp", FD_PLACEHOLDER]
+            fd_args = (FdArg(index=len(argv) - 1, data=self.seccomp),)
         for key, value in sorted(spec.env.items()):
             argv += ["--setenv", key, value]
         for entry in self.system:
@@ -66,6 +71,7 @@ class BwrapBackend:
             env={"PATH": os.defpath},  # bwrap's own environment: its pid-1 helper keeps it, readable in /proc/1
             rlimits=rlimits_for(spec.limits),
             signal_leader=False,
+            fd_args=fd_args,
         )
 
     def _namespaces(self) -> list[str]:

@@ -1,0 +1,153 @@
+"""The seccomp filter of bwrap runs, tested from inside real runs: what a probe's system calls get back."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from farmhost_testing import init_data_dir_in_process
+from runtime_support import make_runtime, settings_for
+from seccomp_probe import PROBE_COMMAND
+
+from farmhost.agents import AgentJob
+from farmhost.agents.backends import BwrapBackend
+from farmhost.agents.backends.base import FD_PLACEHOLDER, RunLimits
+from farmhost.agents.backends.host import find_python_install_sync
+from farmhost.agents.identity import AgentIdentity
+from farmhost.agents.sandbox import sandbox_spec
+from farmhost.agents.seccomp import ARCH_FAMILIES, build_filter_sync
+from farmhost.layout import DataLayout
+
+REFUSED = {
+    "unshare(CLONE_NEWUSER)": "EPERM",
+    "unshare(CLONE_NEWNS)": "EPERM",
+    "unshare(CLONE_NEWNET)": "EPERM",
+    "clone(CLONE_NEWUSER)": "EPERM",
+    "clone(CLONE_NEWNET)": "EPERM",
+    "clone3(CLONE_NEWUSER)": "ENOSYS",  # so that glibc falls back to clone, whose flags the filter can read
+    "setns": "EPERM",
+    "ptrace(PTRACE_ATTACH, 1)": "EPERM",
+    "ptrace(PTRACE_TRACEME)": "EPERM",
+    "process_vm_readv": "EPERM",
+    "keyctl(KEYCTL_GET_KEYRING_ID)": "EPERM",
+    "bpf(BPF_MAP_CREATE)": "EPERM",
+    "perf_event_open": "EPERM",
+    "mount(tmpfs)": "EPERM",
+    "io_uring_setup": "EPERM",
+    "userfaultfd": "EPERM",
+    "personality(READ_IMPLIES_EXEC)": "EPERM",
+}
+# The same call through the other ABIs of the kernel (x86_64 only: an aarch64 process cannot make AArch32 calls).
+OTHER_ABIS = {"x32 unshare(CLONE_NEWUSER)": "EPERM", "i386 unshare(CLONE_NEWUSER)": "EPERM"}
+# What goes through without the filter; ptrace(PTRACE_ATTACH, 1) is not tried there: it stops bwrap's pid 1.
+OPEN_WITHOUT_FILTER = (
+    "unshare(CLONE_NEWUSER)",
+    "clone(CLONE_NEWUSER)",
+    "ptrace(PTRACE_TRACEME)",
+    "keyctl(KEYCTL_GET_KEYRING_ID)",
+)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return init_data_dir_in_process(tmp_path / "data")
+
+
+async def probe(root: Path, attempts: list[str] | None, **settings: str) -> dict[str, Any]:
+    runtime = make_runtime(settings_for(root, FARMHOST_AGENT_RUNTIME="bwrap", **settings), command=PROBE_COMMAND)
+    await runtime.start()
+    try:
+        assert isinstance(runtime.backend, BwrapBackend)
+        outcome = await runtime.submit(AgentJob(folder="field", prompt=json.dumps(attempts), scheduled=True))
+    finally:
+        await runtime.stop()
+    assert outcome.status == "ok" and outcome.answer is not None, outcome.log_path.read_text()
+    return json.loads(outcome.answer)  # type: ignore[no-any-return]
+
+
+async def test_the_filter_refuses_namespaces_tracing_and_kernel_interfaces(root: Path) -> None:
+    seen = await probe(root, None)
+    expected = {**REFUSED, **(OTHER_ABIS if seen["machine"] == "x86_64" else {})}
+    assert seen["attempts"] == expected
+    assert seen["unshare -r"] == {"exit": 1, "stderr": "unshare: unshare failed: Operation not permitted"}
+    assert seen["status"] == {"Seccomp": "2", "Seccomp_filters": "1"}
+    assert set(seen["fds"]) == {"0", "1", "2"}  # the descriptor bwrap read the filter from is not left open
+
+
+async def test_ordinary_work_still_works_under_the_filter(root: Path) -> None:
+    seen = await probe(root, [])
+    assert seen["work"] == {
+        "file": "written in the sandbox",
+        "exec": "child ran\n",
+        "thread": True,  # threads start through clone3 -> ENOSYS -> clone
+        "personality(PER_LINUX)": "ok",
+        "proxy": "HTTP/1.1 503 Service Unavailable",  # the LLM proxy's socket answers (no LLM configured here)
+    }
+    assert (root / "groups" / "field" / "seccomp-probe.txt").read_text() == "written in the sandbox"
+
+
+async def test_without_the_filter_the_same_calls_go_through(root: Path) -> None:
+    """FARMHOST_SANDBOX_SECCOMP=off: proof that the refusals above come from the filter, not from bwrap alone."""
+    seen = await probe(root, list(OPEN_WITHOUT_FILTER), FARMHOST_SANDBOX_SECCOMP="off")
+    assert seen["attempts"] == dict.fromkeys(OPEN_WITHOUT_FILTER, "ok")
+    assert seen["status"] == {"Seccomp": "0", "Seccomp_filters": "0"}
+
+
+async def test_mountinfo_shows_only_the_paths_of_the_runs_own_mounts(root: Path) -> None:
+    seen = await probe(root, [])
+    layout = DataLayout(root)
+    shown = {target: source for source, target in seen["mountinfo"]}
+    for target, host in [
+        ("/workspace/group", layout.workspace("field")),
+        ("/workspace/ipc", layout.group_ipc("field")),
+        ("/workspace/global", layout.workspace("global")),
+        ("/workspace/farm-state", layout.farm_state),
+        ("/workspace/run", layout.group_run("field")),
+    ]:
+        assert str(host).endswith(shown[target])  # the source's path from the root of the file system it is on
+    hosts = {s for s, t in seen["mountinfo"] if s != t and t.startswith("/workspace")}
+    assert all(Path(s).is_relative_to(root) for s in hosts), hosts  # nothing of another group or of the host
+    assert not any("main" in Path(s).parts for s in hosts)
+
+
+def test_the_bwrap_command_carries_the_filter(root: Path) -> None:
+    built = build_filter_sync()
+    assert built.arches == ARCH_FAMILIES[{"x86_64": "x86_64", "aarch64": "aarch64"}[platform.machine()]]
+    assert built.unknown == () and {"ptrace", "unshare", "clone", "clone3", "io_uring_setup"} <= set(built.denied)
+    identity = AgentIdentity(uid=65534, gid=65534, switch=True)
+    python = find_python_install_sync(None)
+    backend = BwrapBackend(
+        bwrap="/usr/bin/bwrap",
+        python=python,
+        system=(),
+        identity=identity,
+        setpriv="/usr/bin/setpriv",
+        seccomp=built.bpf,
+    )
+    limits = RunLimits(timeout_seconds=30, memory_mb=512, pids=64, max_turns=4)
+    spec = sandbox_spec(
+        DataLayout(root), folder="field", run_id="r-1", is_main=False, limits=limits, timezone="UTC", argv=None
+    )
+    plan = backend.plan(spec)
+    (fd_arg,) = plan.fd_args
+    assert plan.argv[fd_arg.index - 1 : fd_arg.index + 1] == ("--seccomp", FD_PLACEHOLDER)
+    assert fd_arg.data == built.bpf and len(built.bpf) % 8 == 0  # whole sock_filter instructions
+    assert plan.argv.index("--seccomp") < plan.argv.index("--")
+
+
+async def test_runs_stop_when_the_filter_cannot_be_built(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pyseccomp", None)  # as on a host without the binding: import fails
+    runtime = make_runtime(settings_for(root, FARMHOST_AGENT_RUNTIME="bwrap"), command=PROBE_COMMAND)
+    await runtime.start()
+    try:
+        assert runtime.backend is None
+        outcome = await runtime.submit(AgentJob(folder="field", prompt="[]", scheduled=True))
+    finally:
+        await runtime.stop()
+    assert outcome.status == "error" and outcome.error is not None
+    assert outcome.error.startswith("agent runs are off: refusing to run agents without their seccomp filter:")
+    assert "FARMHOST_SANDBOX_SECCOMP=off" in outcome.error
