@@ -153,7 +153,13 @@ class LlmProxy:
         runner: web.AppRunner | None = None
         listener: ProxyListener | None = None
         try:
-            sock = _bind(directory)
+            listener = ProxyListener(
+                _bind(directory),
+                name=f"{folder} run {run_id}",
+                per_run=self._settings.llm_run_connections,
+                caps=self._caps,
+                idle_timeout=self._idle_timeout,
+            )
             app = web.Application(client_max_size=self._max_body)
             app.router.add_post("/v1/chat/completions", handler.chat_completions)
             app.router.add_get("/v1/models", handler.models)
@@ -166,13 +172,6 @@ class LlmProxy:
                 keepalive_timeout=self._idle_timeout,
                 max_headers=MAX_HEADERS,
                 lingering_time=LINGER_TIME,
-            )
-            listener = ProxyListener(
-                sock,
-                name=f"{folder} run {run_id}",
-                per_run=self._settings.llm_run_connections,
-                caps=self._caps,
-                idle_timeout=self._idle_timeout,
             )
             app.middlewares.append(listener.middleware())
             await runner.setup()

@@ -10,6 +10,7 @@ request that crosses the token budget completes, the next one is refused.
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, time, timedelta
@@ -80,6 +81,7 @@ class LlmBudgets:
         self._budget = budget
         self._clock = clock
         self._days: dict[str, _Day] = {}
+        self._store_failing = False
 
     def prune(self) -> None:
         """Forget days older than KEEP_DAYS."""
@@ -135,8 +137,7 @@ class LlmBudgets:
     def commit(self, reservation: Reservation) -> None:
         """The request is being sent upstream: count it in the group's day for good."""
         reservation.committed = True
-        with self._db.tx(durable=False) as conn:
-            add_usage(conn, reservation.folder, reservation.day, at=self._clock(), requests=1)
+        self._record(reservation, requests=1)
 
     def add_tokens(self, reservation: Reservation, prompt: int, completion: int) -> None:
         """Count the tokens the upstream reported for a request."""
@@ -146,15 +147,21 @@ class LlmBudgets:
         day = self._days.get(reservation.folder)
         if day is not None and day.day == reservation.day:
             day.tokens += prompt + completion
-        with self._db.tx(durable=False) as conn:
-            add_usage(
-                conn,
-                reservation.folder,
-                reservation.day,
-                at=self._clock(),
-                prompt_tokens=prompt,
-                completion_tokens=completion,
-            )
+        self._record(reservation, prompt_tokens=prompt, completion_tokens=completion)
+
+    def _record(self, reservation: Reservation, **counts: int) -> None:
+        """Add to the stored day; a store that fails (disk full, locked) leaves the budget counted in memory only."""
+        try:
+            with self._db.tx(durable=False) as conn:
+                add_usage(conn, reservation.folder, reservation.day, at=self._clock(), **counts)
+        except sqlite3.Error as err:
+            if not self._store_failing:
+                self._store_failing = True
+                logger.error("llm budgets: cannot record use in the database (%s); counting in memory only", err)
+            return
+        if self._store_failing:
+            self._store_failing = False
+            logger.info("llm budgets: recording use in the database again")
 
     def _today(self, folder: str, now: datetime) -> _Day:
         day = now.astimezone(self._zone).date().isoformat()
