@@ -27,7 +27,7 @@ from aiohttp import web
 from farmhost.agents.limits import LimitsReader, default_limits, default_llm_budget
 from farmhost.agents.proxy_body import BodyRefused, rewrite
 from farmhost.agents.proxy_budget import BudgetExceeded, LlmBudgets, ProxyUsage, Reservation
-from farmhost.agents.proxy_socket import ConnectionCaps, ProxyListener
+from farmhost.agents.proxy_socket import HTTP_ERRORS, ConnectionCaps, ProxyListener
 from farmhost.config import Settings
 from farmhost.layout import DataLayout
 from farmhost.store.db import Database
@@ -172,6 +172,7 @@ class LlmProxy:
                 keepalive_timeout=self._idle_timeout,
                 max_headers=MAX_HEADERS,
                 lingering_time=LINGER_TIME,
+                logger=HTTP_ERRORS,
             )
             app.middlewares.append(listener.middleware())
             await runner.setup()
@@ -297,6 +298,9 @@ class _RunHandler:
         except TimeoutError:
             message = f"the request body did not arrive within {self._proxy.body_timeout:g} s"
             return _error(408, message, "request_timeout", close=True)
+        except (ConnectionError, web.RequestPayloadError) as err:
+            # The client went away mid-body or sent a broken one; nobody may read this answer, but the log line says so.
+            return _error(400, f"the request body could not be read ({err})", "invalid_request", close=True)
         try:
             body = json.loads(raw)
         except ValueError:

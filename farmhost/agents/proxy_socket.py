@@ -39,6 +39,29 @@ REFUSAL_DRAIN_BYTES: Final = 65536
 NOFILE_SHARE: Final = 4
 
 
+class _Untraced(logging.Filter):
+    """aiohttp logs a traceback for each malformed request; an agent can send thousands a second. Keep a line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.seen += 1
+        if self.seen != 1 and self.seen % 1000 != 0:
+            return False
+        error = record.exc_info[1] if record.exc_info else None
+        first = str(error).strip().splitlines()[0] if error is not None and str(error).strip() else type(error).__name__
+        record.msg, record.args = "llm proxy: a malformed request from an agent (%s); %d so far", (first, self.seen)
+        record.exc_info, record.exc_text, record.levelno, record.levelname = None, None, logging.WARNING, "WARNING"
+        return True
+
+
+# The logger the proxy's aiohttp servers report protocol errors to (instead of aiohttp.server).
+HTTP_ERRORS: Final = logging.getLogger(f"{__name__}.http")
+HTTP_ERRORS.addFilter(_Untraced())
+
+
 class ConnectionCaps:
     """The connections all of one proxy's run sockets hold together."""
 

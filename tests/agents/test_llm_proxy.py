@@ -431,3 +431,29 @@ async def test_accept_failures_back_off_and_are_logged_once_per_change(
         "llm proxy field run run-1: accepting connections again",
     ]
     assert all(r.exc_info is None for r in caplog.records)
+
+
+async def test_a_client_gone_mid_body_or_sending_a_broken_body_costs_no_traceback(
+    root: Path, llm: ScriptedLLM, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.DEBUG):
+        async with proxied(configured(root, llm)) as (_, usage, path), raw_connections(path) as connect:
+            for _ in range(3):
+                reader, writer = await connect()
+                await send_headers(writer, 1000)
+                writer.write(b'{"messages": [')
+                await writer.drain()
+                writer.close()
+            reader, writer = await connect()
+            writer.write(f"{CHAT}Transfer-Encoding: chunked\r\n\r\nzz\r\nnot a chunk\r\n".encode())
+            async with asyncio.timeout(scaled(10)):
+                status_line = await reader.readline()
+            await wait_for_async(lambda: _handled(caplog) >= 3, what="the three cut requests to be logged")
+    assert status_line.split()[1] == b"400"
+    assert usage.requests == 0 and usage.refused == 0
+    assert all(r.exc_info is None for r in caplog.records), [r.getMessage() for r in caplog.records if r.exc_info]
+    assert llm.requests == []
+
+
+def _handled(caplog: pytest.LogCaptureFixture) -> int:
+    return sum(1 for r in caplog.records if r.name == "farmhost.agents.proxy" and "HTTP " in r.getMessage())
