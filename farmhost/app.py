@@ -6,6 +6,7 @@ import asyncio
 import fcntl
 import logging
 import os
+import resource
 import signal
 from dataclasses import replace
 from datetime import datetime
@@ -43,6 +44,26 @@ logger = logging.getLogger(__name__)
 STOP_TIMEOUT: Final = 8.0
 # Memory hits offered to each agent run with its prompt (then trimmed to FARMHOST_MEMORY_PROMPT_CHARS).
 MEMORY_HITS_PER_RUN: Final = 8
+# The kernel's default ceiling for one process's descriptors (fs.nr_open); an unlimited hard limit is raised to this.
+NOFILE_CEILING: Final = 1 << 20
+
+
+def raise_nofile_limit() -> tuple[int, int]:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (the soft default, 1024, is what a flood exhausts first).
+
+    Returns:
+        the soft limit before and after.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = NOFILE_CEILING if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as err:
+            logger.warning("cannot raise the descriptor limit from %d to %d: %s", soft, target, err)
+            return soft, soft
+        return soft, target
+    return soft, soft
 
 
 def build_handlers(identity: HostIdentity, farm: FarmDeps, memory: MemoryService | None = None) -> Handlers:
@@ -172,6 +193,9 @@ class App:
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop.set)
+        before, after = raise_nofile_limit()
+        if after != before:
+            logger.info("descriptor limit raised from %d to %d", before, after)
         await self.start()
         try:
             await stop.wait()

@@ -65,6 +65,19 @@ class Settings(BaseSettings):
     agent_uid: int | None = Field(default=None, ge=0, validation_alias="FARMHOST_AGENT_UID")
     # bwrap runs: `required` refuses to start agents when the seccomp filter cannot be built, `off` runs them without.
     sandbox_seccomp: Literal["required", "off"] = Field(default="required", validation_alias="FARMHOST_SANDBOX_SECCOMP")
+    # The LLM proxy (docs/agent-runtime.md): connections a run may hold and all runs together, so a flood of them
+    # can never take the daemon to its descriptor limit; an agent's client needs one or two.
+    llm_run_connections: int = Field(default=8, ge=1, le=1024, validation_alias="FARMHOST_LLM_RUN_CONNECTIONS")
+    llm_max_connections: int = Field(default=64, ge=1, le=4096, validation_alias="FARMHOST_LLM_MAX_CONNECTIONS")
+    # Each request's max_tokens is capped to this (and set to it when the agent sends none): a turn's answer is a
+    # tool call or a reply of a few hundred tokens, and the cap bounds what one request can cost.
+    llm_max_tokens: int = Field(default=4096, ge=16, le=1_000_000, validation_alias="FARMHOST_LLM_MAX_TOKENS")
+    # Per group per day (the farm's time zone), persisted across restarts; agent-limits.json may override them.
+    # 500 requests is ten full 12-turn runs and more; 2M tokens bounds a day's cost on a hosted model.
+    llm_requests_per_day: int = Field(default=500, ge=1, le=1_000_000, validation_alias="FARMHOST_LLM_REQUESTS_PER_DAY")
+    llm_tokens_per_day: int = Field(
+        default=2_000_000, ge=1, le=10_000_000_000, validation_alias="FARMHOST_LLM_TOKENS_PER_DAY"
+    )
     memory_prompt_chars: int = Field(default=2000, ge=0, le=50000, validation_alias="FARMHOST_MEMORY_PROMPT_CHARS")
     # Telegram: long-poll length, who may talk to the main chat, inbound media cap, outbox delivery attempts.
     telegram_poll_timeout: int = Field(default=30, ge=0, le=300, validation_alias="FARMHOST_TELEGRAM_POLL_TIMEOUT")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -26,6 +27,8 @@ class LimitsOverride(BaseModel):
     tmpMb: int | None = Field(default=None, ge=1, le=65536)
     workspaceMb: int | None = Field(default=None, ge=1, le=1048576)
     cpuPercent: int | None = Field(default=None, ge=1, le=6400)
+    llmRequestsPerDay: int | None = Field(default=None, ge=1, le=1_000_000)
+    llmTokensPerDay: int | None = Field(default=None, ge=1, le=10_000_000_000)
 
     def apply(self, limits: RunLimits) -> RunLimits:
         """`limits` with the values this override sets."""
@@ -38,6 +41,21 @@ class LimitsOverride(BaseModel):
             workspace_mb=self.workspaceMb if self.workspaceMb is not None else limits.workspace_mb,
             cpu_percent=self.cpuPercent if self.cpuPercent is not None else limits.cpu_percent,
         )
+
+    def apply_llm(self, budget: LlmBudget) -> LlmBudget:
+        """`budget` with the daily LLM budgets this override sets."""
+        return LlmBudget(
+            requests_per_day=self.llmRequestsPerDay if self.llmRequestsPerDay is not None else budget.requests_per_day,
+            tokens_per_day=self.llmTokensPerDay if self.llmTokensPerDay is not None else budget.tokens_per_day,
+        )
+
+
+@dataclass(frozen=True)
+class LlmBudget:
+    """A group's daily LLM budgets: requests and tokens (prompt + completion) per day of the farm's calendar."""
+
+    requests_per_day: int
+    tokens_per_day: int
 
 
 class LimitsFile(BaseModel):
@@ -62,12 +80,18 @@ def default_limits(settings: Settings) -> RunLimits:
     )
 
 
+def default_llm_budget(settings: Settings) -> LlmBudget:
+    """The daily LLM budgets of every group when no file overrides them (FARMHOST_LLM_*_PER_DAY settings)."""
+    return LlmBudget(requests_per_day=settings.llm_requests_per_day, tokens_per_day=settings.llm_tokens_per_day)
+
+
 class LimitsReader:
     """Reads the limits file when it changes; a broken file is reported once and the defaults apply."""
 
-    def __init__(self, path: Path, defaults: RunLimits) -> None:
+    def __init__(self, path: Path, defaults: RunLimits, llm: LlmBudget) -> None:
         self._path = path
         self._defaults = defaults
+        self._llm = llm
         self._seen: tuple[int, int] | None = None
         self._file = LimitsFile()
 
@@ -77,6 +101,13 @@ class LimitsReader:
         limits = parsed.default.apply(self._defaults)
         override = parsed.groups.get(folder)
         return override.apply(limits) if override is not None else limits
+
+    def llm_budget(self, folder: str) -> LlmBudget:
+        """The daily LLM budgets of `folder` (read at every request: a change applies at once)."""
+        parsed = self._load()
+        budget = parsed.default.apply_llm(self._llm)
+        override = parsed.groups.get(folder)
+        return override.apply_llm(budget) if override is not None else budget
 
     def _load(self) -> LimitsFile:
         try:

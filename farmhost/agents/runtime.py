@@ -23,7 +23,7 @@ from farmhost.agents.cgroups import CgroupSupport, detect_sync, open_run_cgroup_
 from farmhost.agents.inputs import AgentResult, agent_input, parse_result, trim_memory
 from farmhost.agents.jobs import AgentJob, AgentOutcome, Status
 from farmhost.agents.launch import Exit, Launch
-from farmhost.agents.limits import LimitsReader, default_limits
+from farmhost.agents.limits import LimitsReader, default_limits, default_llm_budget
 from farmhost.agents.proxy import REQUESTS_PER_TURN, LlmProxy
 from farmhost.agents.queue import CHAT, SCHEDULED, QueueClosed, RunQueue
 from farmhost.agents.runlog import RunRecord, log_name, write_run_log_sync
@@ -90,9 +90,9 @@ class AgentRuntime:
         self._command = tuple(command) if command is not None else None
         self._backend = backend
         self._backend_error: str | None = None
-        self._proxy = proxy or LlmProxy(settings=settings, layout=layout)
         self._term_grace = term_grace
-        self._limits = LimitsReader(layout.agent_limits, default_limits(settings))
+        self._limits = LimitsReader(layout.agent_limits, default_limits(settings), default_llm_budget(settings))
+        self._proxy = proxy or LlmProxy(settings=settings, layout=layout, limits=self._limits)
         self._queue = RunQueue(settings.max_agents)
         self._active: dict[str, Launch] = {}
         self._finished: set[asyncio.Future[None]] = set()

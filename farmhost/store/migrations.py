@@ -152,4 +152,16 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     """
     CREATE INDEX tasks_live ON tasks(group_folder, next_run) WHERE status != 'cancelled'
     """,
+    # 6: LLM use per group per day (the farm's date), so the proxy's daily budgets survive a restart
+    """
+    CREATE TABLE IF NOT EXISTS llm_usage (
+        folder TEXT NOT NULL,
+        day TEXT NOT NULL,
+        requests INTEGER NOT NULL DEFAULT 0,
+        prompt_tokens INTEGER NOT NULL DEFAULT 0,
+        completion_tokens INTEGER NOT NULL DEFAULT 0,
+        updated_at TEXT NOT NULL,
+        PRIMARY KEY (folder, day)
+    ) WITHOUT ROWID
+    """,
 )

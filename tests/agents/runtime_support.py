@@ -135,7 +135,7 @@ if "openai" in todo:
         report["openai"] = why(err) + ": " + str(err)
 
 limits = {}
-for name in ("RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_CORE"):
+for name in ("RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_CORE", "RLIMIT_NOFILE"):
     limits[name] = resource.getrlimit(getattr(resource, name))[0]
 report["rlimits"] = limits
 

@@ -290,6 +290,7 @@ async def test_group_limits_from_the_file_apply(root: Path) -> None:
     assert field["alloc"] == "MemoryError"
     assert main["rlimits"]["RLIMIT_AS"] == 1024 * 1024 * 1024 and main["alloc"] == "ok"
     assert field["rlimits"]["RLIMIT_NPROC"] == 256 and field["rlimits"]["RLIMIT_CORE"] == 0
+    assert field["rlimits"]["RLIMIT_NOFILE"] == 1024, "the daemon raised its own descriptor limit, not the agent's"
 
 
 @pytest.mark.parametrize(

@@ -105,19 +105,22 @@ class SandboxBackend(Protocol):
         ...
 
 
+AGENT_NOFILE = 1024
+
+
 def rlimits_for(limits: RunLimits) -> tuple[tuple[int, int], ...]:
     """The rlimits of a run started directly on the host (bwrap, process).
 
     RLIMIT_AS caps the address space of each process, a close stand-in for memory. RLIMIT_NPROC counts every
-    process of the *real uid*, and the kernel does not apply it to uid 0 at all: under a root daemon it binds
-    nothing, under a dedicated user it is a ceiling for all that user's processes. The exact per-run limits
-    come from the cgroup controllers: docker/podman `--memory`/`--pids-limit`, and for bwrap the systemd unit's
-    `MemoryMax=`/`TasksMax=` around the whole daemon (docs/agent-runtime.md).
+    process of the *real uid* (never uid 0 now: a root daemon's runs drop to an unprivileged one). The exact
+    per-run limits come from the run's cgroup (farmhost/agents/cgroups.py; docker/podman: the engine's).
+    RLIMIT_NOFILE goes back to the usual 1024: the daemon raised its own for the LLM proxy's connections.
     """
     memory = limits.memory_mb * 1024 * 1024
     return (
         (resource.RLIMIT_AS, memory),
         (resource.RLIMIT_NPROC, limits.pids),
+        (resource.RLIMIT_NOFILE, AGENT_NOFILE),
         (resource.RLIMIT_CORE, 0),  # no core files of an agent in its workspace
     )
 
