@@ -71,7 +71,12 @@ def test_a_later_file_with_a_used_id_gets_the_stored_result_unexecuted(daemon: D
     wait_for(lambda: _queues_empty(data_dir, "field"), what="field queues to empty")
     assert _rows(data_dir, "SELECT count(*) FROM outbox") == [(0,)]
     assert _rows(data_dir, "SELECT id, group_folder FROM tasks") == [("seq-1", "field")]
-    assert [line["replayed"] for line in _log_lines(data_dir, "seq-1")] == [False, True, True, True]
+    # The request log line is written just after the result is published: wait for the last one.
+    replayed = wait_for(
+        lambda: r if len(r := [line["replayed"] for line in _log_lines(data_dir, "seq-1")]) == 4 else None,
+        what="four request log lines for seq-1",
+    )
+    assert replayed == [False, True, True, True]
 
 
 def test_the_same_id_in_two_groups_is_two_requests(daemon: Daemon) -> None:
