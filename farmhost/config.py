@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import stat
 from pathlib import Path
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from farmhost.errors import ConfigError
@@ -62,6 +63,9 @@ class Settings(BaseSettings):
     agent_output_bytes: int = Field(default=1 << 20, ge=4096, validation_alias="FARMHOST_AGENT_OUTPUT_BYTES")
     agent_max_turns: int = Field(default=12, ge=1, le=100, validation_alias="FARMHOST_AGENT_MAX_TURNS")
     agent_python: Path | None = Field(default=None, validation_alias="FARMHOST_AGENT_PYTHON")
+    # What a run starts (docs/agent-runtime.md#agent-kinds): the built-in runner, or any program of the operator's.
+    agent_kind: Literal["farmagent", "command"] = Field(default="farmagent", validation_alias="FARMHOST_AGENT_KIND")
+    agent_command: str | None = Field(default=None, validation_alias="FARMHOST_AGENT_COMMAND")
     agent_uid: int | None = Field(default=None, ge=0, validation_alias="FARMHOST_AGENT_UID")
     # bwrap runs: `required` refuses to start agents when the seccomp filter cannot be built, `off` runs them without.
     sandbox_seccomp: Literal["required", "off"] = Field(default="required", validation_alias="FARMHOST_SANDBOX_SECCOMP")
@@ -153,6 +157,30 @@ class Settings(BaseSettings):
             raise ValueError("must start with http:// or https://")
         return value.rstrip("/")
 
+    @field_validator("agent_command")
+    @classmethod
+    def _shell_words(cls, value: str | None) -> str | None:
+        if not value or not value.strip():
+            return None
+        try:
+            shlex.split(value)
+        except ValueError as err:
+            raise ValueError(f"not valid shell words: {err}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _command_for_its_kind(self) -> Settings:
+        if self.agent_kind == "command" and self.agent_command is None:
+            raise ValueError("FARMHOST_AGENT_KIND=command needs FARMHOST_AGENT_COMMAND (the agent's argv)")
+        return self
+
+    @property
+    def agent_argv(self) -> tuple[str, ...] | None:
+        """The default agent argv inside the sandbox: None for the built-in runner."""
+        if self.agent_kind == "command" and self.agent_command is not None:
+            return tuple(shlex.split(self.agent_command))
+        return None
+
     @property
     def zone(self) -> ZoneInfo:
         """The farm's time zone (TZ, else the system zone)."""
@@ -212,7 +240,9 @@ def load_settings(*, data_dir: Path | None = None, env_file: str | None = ".env"
         settings = Settings(_env_file=env_file)  # type: ignore[call-arg]
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
-        field = str(first["loc"][0]) if first["loc"] else "?"
+        if not first["loc"]:  # a rule about several settings at once: its message names them
+            raise ConfigError(_plain(first["msg"])) from None
+        field = str(first["loc"][0])
         raise ConfigError(f"{field}: {_plain(first['msg'])} (got {first.get('input')!r})") from None
     if data_dir is not None:
         settings = settings.model_copy(update={"data_dir": data_dir})

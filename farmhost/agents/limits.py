@@ -6,8 +6,9 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from farmhost.agents.backends.base import RunLimits
 from farmhost.config import Settings
@@ -29,6 +30,15 @@ class LimitsOverride(BaseModel):
     cpuPercent: int | None = Field(default=None, ge=1, le=6400)
     llmRequestsPerDay: int | None = Field(default=None, ge=1, le=1_000_000)
     llmTokensPerDay: int | None = Field(default=None, ge=1, le=10_000_000_000)
+    # What the group's runs start (docs/agent-runtime.md#agent-kinds); agentCommand is the argv of kind `command`.
+    agentKind: Literal["farmagent", "command"] | None = None
+    agentCommand: list[Annotated[str, Field(min_length=1)]] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _command_for_its_kind(self) -> LimitsOverride:
+        if self.agentKind == "command" and self.agentCommand is None:
+            raise ValueError("agentKind command needs agentCommand (the agent's argv, a list of strings)")
+        return self
 
     def apply(self, limits: RunLimits) -> RunLimits:
         """`limits` with the values this override sets."""
@@ -101,6 +111,15 @@ class LimitsReader:
         limits = parsed.default.apply(self._defaults)
         override = parsed.groups.get(folder)
         return override.apply(limits) if override is not None else limits
+
+    def agent_argv(self, folder: str, default: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        """The argv of `folder`'s next run inside the sandbox (None: the built-in runner); `default` from settings."""
+        parsed = self._load()
+        argv = default
+        for level in (parsed.default, parsed.groups.get(folder)):
+            if level is not None and level.agentKind is not None:
+                argv = tuple(level.agentCommand) if level.agentKind == "command" and level.agentCommand else None
+        return argv
 
     def llm_budget(self, folder: str) -> LlmBudget:
         """The daily LLM budgets of `folder` (read at every request: a change applies at once)."""

@@ -190,7 +190,8 @@ class AgentRuntime:
         if self._backend is None:
             logger.warning("agent run %s for %s refused: agent runs are off", job.run_id, job.folder, extra=_ids(job))
             return self._outcome(job, "error", error=f"agent runs are off: {self._backend_error}", started=started)
-        if self._command is None and not self._settings.llm_enabled:
+        argv = self._command or self._limits.agent_argv(job.folder, self._settings.agent_argv)
+        if argv is None and not self._settings.llm_enabled:
             # The built-in runner needs a model; starting a sandbox only to hear that would waste a second.
             logger.warning("agent run %s for %s refused: no LLM is configured", job.run_id, job.folder, extra=_ids(job))
             return self._outcome(job, "error", error=NO_LLM, started=started)
@@ -207,7 +208,7 @@ class AgentRuntime:
             is_main=group.is_main,
             limits=limits,
             timezone=self._settings.zone.key,
-            argv=self._command,
+            argv=argv,
         )
         document = agent_input(
             job,

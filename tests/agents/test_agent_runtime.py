@@ -299,6 +299,14 @@ async def test_group_limits_from_the_file_apply(root: Path) -> None:
         ({"groups": {"field": {"maxTurn": 3}}}, "groups.field.maxTurn: Extra inputs are not permitted"),
         ({"default": {"memoryMb": 1}}, "default.memoryMb: Input should be greater than or equal to 64"),
         ({"defaults": {}}, "defaults: Extra inputs are not permitted"),
+        (
+            {"groups": {"field": {"agentKind": "command"}}},
+            "groups.field: Value error, agentKind command needs agentCommand",
+        ),
+        (
+            {"groups": {"field": {"agentKind": "opencode"}}},
+            "groups.field.agentKind: Input should be 'farmagent' or 'command'",
+        ),
         ("{not json", "not valid JSON"),
     ],
 )
