@@ -12,7 +12,7 @@ export UV_PROJECT_ENVIRONMENT := .venv
 # without this every agent run compiles openai & co. from source (0.82 s -> 0.58 s per import).
 export UV_COMPILE_BYTECODE := 1
 
-.PHONY: demo run test test-fast install debian ha lint typecheck pytest pytest-fast bench bench-attack clean
+.PHONY: demo run test test-fast install debian ha opencode lint typecheck pytest pytest-fast bench bench-attack clean
 
 ## demo: install farmhost and the local Home Assistant, then the live demo farm in ./demo-data: HA with the simulated
 ## farm, farmhost with the farm dashboard and a screenshot, a terminal chat with the agent (Ctrl-C stops it all)
@@ -27,10 +27,10 @@ run: install
 	.venv/bin/farmhost run --data-dir $(DATA_DIR)
 
 ## test: install everything the tests need, then lint, type-check and run the whole suite
-test: debian install ha lint typecheck pytest
+test: debian install ha opencode lint typecheck pytest
 
 ## test-fast: the same without the tests marked `slow` (the end-to-end cases): for a quick round while developing
-test-fast: debian install ha lint typecheck pytest-fast
+test-fast: debian install ha opencode lint typecheck pytest-fast
 
 $(UV):
 	$(PYTHON) -m venv .tools
@@ -38,6 +38,10 @@ $(UV):
 
 install: $(UV)
 	$(UV) sync --frozen --python $(PYTHON) -q
+
+## opencode: OpenCode at the pinned version in .tools/opencode, for agents of kind opencode (docs/agent-runtime.md)
+opencode:
+	scripts/opencode-install
 
 ## debian: the Debian packages the demo and the tests use, installed when missing (as root; otherwise it prints the command)
 debian:

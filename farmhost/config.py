@@ -64,8 +64,11 @@ class Settings(BaseSettings):
     agent_max_turns: int = Field(default=12, ge=1, le=100, validation_alias="FARMHOST_AGENT_MAX_TURNS")
     agent_python: Path | None = Field(default=None, validation_alias="FARMHOST_AGENT_PYTHON")
     # What a run starts (docs/agent-runtime.md#agent-kinds): the built-in runner, or any program of the operator's.
-    agent_kind: Literal["farmagent", "command"] = Field(default="farmagent", validation_alias="FARMHOST_AGENT_KIND")
+    agent_kind: Literal["farmagent", "opencode", "command"] = Field(
+        default="farmagent", validation_alias="FARMHOST_AGENT_KIND"
+    )
     agent_command: str | None = Field(default=None, validation_alias="FARMHOST_AGENT_COMMAND")
+    opencode_bin: Path | None = Field(default=None, validation_alias="FARMHOST_OPENCODE_BIN")
     agent_uid: int | None = Field(default=None, ge=0, validation_alias="FARMHOST_AGENT_UID")
     # bwrap runs: `required` refuses to start agents when the seccomp filter cannot be built, `off` runs them without.
     sandbox_seccomp: Literal["required", "off"] = Field(default="required", validation_alias="FARMHOST_SANDBOX_SECCOMP")
@@ -175,11 +178,9 @@ class Settings(BaseSettings):
         return self
 
     @property
-    def agent_argv(self) -> tuple[str, ...] | None:
-        """The default agent argv inside the sandbox: None for the built-in runner."""
-        if self.agent_kind == "command" and self.agent_command is not None:
-            return tuple(shlex.split(self.agent_command))
-        return None
+    def agent_command_argv(self) -> tuple[str, ...] | None:
+        """FARMHOST_AGENT_COMMAND as argv."""
+        return tuple(shlex.split(self.agent_command)) if self.agent_command is not None else None
 
     @property
     def zone(self) -> ZoneInfo:

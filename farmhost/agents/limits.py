@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from farmhost.agents.backends.base import RunLimits
+from farmhost.agents.kinds import KindName
 from farmhost.config import Settings
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ class LimitsOverride(BaseModel):
     llmRequestsPerDay: int | None = Field(default=None, ge=1, le=1_000_000)
     llmTokensPerDay: int | None = Field(default=None, ge=1, le=10_000_000_000)
     # What the group's runs start (docs/agent-runtime.md#agent-kinds); agentCommand is the argv of kind `command`.
-    agentKind: Literal["farmagent", "command"] | None = None
+    agentKind: Literal["farmagent", "opencode", "command"] | None = None
     agentCommand: list[Annotated[str, Field(min_length=1)]] | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
@@ -112,14 +113,16 @@ class LimitsReader:
         override = parsed.groups.get(folder)
         return override.apply(limits) if override is not None else limits
 
-    def agent_argv(self, folder: str, default: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        """The argv of `folder`'s next run inside the sandbox (None: the built-in runner); `default` from settings."""
+    def agent_choice(
+        self, folder: str, kind: KindName, command: tuple[str, ...] | None
+    ) -> tuple[KindName, tuple[str, ...] | None]:
+        """The kind and command of `folder`'s next run: its entry, else the file's default, else the settings'."""
         parsed = self._load()
-        argv = default
         for level in (parsed.default, parsed.groups.get(folder)):
             if level is not None and level.agentKind is not None:
-                argv = tuple(level.agentCommand) if level.agentKind == "command" and level.agentCommand else None
-        return argv
+                kind = level.agentKind
+                command = tuple(level.agentCommand) if level.agentCommand else None
+        return kind, command
 
     def llm_budget(self, folder: str) -> LlmBudget:
         """The daily LLM budgets of `folder` (read at every request: a change applies at once)."""

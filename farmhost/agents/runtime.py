@@ -22,6 +22,7 @@ from farmhost.agents.backends.bwrap import BwrapBackend
 from farmhost.agents.cgroups import CgroupSupport, detect_sync, open_run_cgroup_sync
 from farmhost.agents.inputs import AgentResult, agent_input, parse_result, trim_memory
 from farmhost.agents.jobs import AgentJob, AgentOutcome, Status
+from farmhost.agents.kinds import AgentKind, agent_kind
 from farmhost.agents.launch import Exit, Launch
 from farmhost.agents.limits import LimitsReader, default_limits, default_llm_budget
 from farmhost.agents.proxy import REQUESTS_PER_TURN, LlmProxy
@@ -190,8 +191,11 @@ class AgentRuntime:
         if self._backend is None:
             logger.warning("agent run %s for %s refused: agent runs are off", job.run_id, job.folder, extra=_ids(job))
             return self._outcome(job, "error", error=f"agent runs are off: {self._backend_error}", started=started)
-        argv = self._command or self._limits.agent_argv(job.folder, self._settings.agent_argv)
-        if argv is None and not self._settings.llm_enabled:
+        try:
+            kind = self._kind(job.folder)
+        except SandboxError as err:
+            return self._outcome(job, "error", error=err.message, started=started)
+        if kind.needs_llm and not self._settings.llm_enabled:
             # The built-in runner needs a model; starting a sandbox only to hear that would waste a second.
             logger.warning("agent run %s for %s refused: no LLM is configured", job.run_id, job.folder, extra=_ids(job))
             return self._outcome(job, "error", error=NO_LLM, started=started)
@@ -208,7 +212,7 @@ class AgentRuntime:
             is_main=group.is_main,
             limits=limits,
             timezone=self._settings.zone.key,
-            argv=argv,
+            kind=kind,
         )
         document = agent_input(
             job,
@@ -254,6 +258,12 @@ class AgentRuntime:
                 await asyncio.to_thread(cgroup.close_sync)
             await asyncio.to_thread(after_run_sync, spec)
         return await self._finish(record, run, started)
+
+    def _kind(self, folder: str) -> AgentKind:
+        if self._command is not None:  # tests run their probes as a command
+            return AgentKind(name="command", argv=self._command, needs_llm=False)
+        name, command = self._limits.agent_choice(folder, self._settings.agent_kind, self._settings.agent_command_argv)
+        return agent_kind(name, command, self._settings)
 
     async def _prepare(self, folder: str) -> None:
         try:

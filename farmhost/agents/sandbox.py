@@ -7,6 +7,7 @@ from typing import Final
 
 from farmhost.agents.backends.base import Mount, RunLimits, SandboxError, SandboxSpec
 from farmhost.agents.identity import AgentIdentity, clear_setid_sync, hand_over_sync
+from farmhost.agents.kinds import AgentKind
 from farmhost.agents.proxy import SOCKET_NAME
 from farmhost.layout import GLOBAL_MEMORY_FOLDER, DataLayout
 
@@ -59,17 +60,22 @@ def sandbox_spec(
     is_main: bool,
     limits: RunLimits,
     timezone: str,
+    kind: AgentKind | None = None,
     argv: Sequence[str] | None = None,
 ) -> SandboxSpec:
-    """The SandboxSpec of one run; `argv` replaces the agent runner (tests run probes this way)."""
+    """The SandboxSpec of one run of `kind` (the built-in runner by default; `argv` runs a command instead)."""
+    if kind is None:
+        kind = AgentKind(name="farmagent") if argv is None else AgentKind(name="command", argv=tuple(argv))
     return SandboxSpec(
         folder=folder,
         run_id=run_id,
-        mounts=sandbox_mounts(layout, folder, is_main=is_main),
-        env=sandbox_env(timezone=timezone, is_main=is_main),
-        argv=tuple(argv) if argv is not None else None,
+        mounts=sandbox_mounts(layout, folder, is_main=is_main) + kind.mounts,
+        env={**sandbox_env(timezone=timezone, is_main=is_main), **kind.env},
+        argv=kind.argv,
         workdir=GROUP_DIR,
         limits=limits,
+        module=kind.module,
+        address_limit=kind.address_limit,
     )
 
 

@@ -304,8 +304,8 @@ async def test_group_limits_from_the_file_apply(root: Path) -> None:
             "groups.field: Value error, agentKind command needs agentCommand",
         ),
         (
-            {"groups": {"field": {"agentKind": "opencode"}}},
-            "groups.field.agentKind: Input should be 'farmagent' or 'command'",
+            {"groups": {"field": {"agentKind": "claude"}}},
+            "groups.field.agentKind: Input should be 'farmagent', 'opencode' or 'command'",
         ),
         ("{not json", "not valid JSON"),
     ],

@@ -49,6 +49,8 @@ class SandboxSpec:
     workdir: str
     limits: RunLimits
     labels: Mapping[str, str] = field(default_factory=dict)
+    module: str = "farmagent.run"  # what `python -m` runs when argv is None: the agent kind's entry point
+    address_limit: bool = True  # RLIMIT_AS per process (off for OpenCode, see rlimits_for)
 
     def host_path(self, sandbox_path: str) -> str | None:
         """The host path behind a sandbox path, through the most specific mount (None when unmounted)."""
@@ -108,17 +110,20 @@ class SandboxBackend(Protocol):
 AGENT_NOFILE = 1024
 
 
-def rlimits_for(limits: RunLimits) -> tuple[tuple[int, int], ...]:
+def rlimits_for(spec: SandboxSpec) -> tuple[tuple[int, int], ...]:
     """The rlimits of a run started directly on the host (bwrap, process).
 
     RLIMIT_AS caps the address space of each process, a close stand-in for memory. RLIMIT_NPROC counts every
     process of the *real uid* (never uid 0 now: a root daemon's runs drop to an unprivileged one). The exact
     per-run limits come from the run's cgroup (farmhost/agents/cgroups.py; docker/podman: the engine's).
     RLIMIT_NOFILE goes back to the usual 1024: the daemon raised its own for the LLM proxy's connections.
+    A kind whose runtime reserves address space far beyond what it uses (OpenCode's JavaScriptCore) gets no
+    RLIMIT_AS; its memory is its cgroup's.
     """
-    memory = limits.memory_mb * 1024 * 1024
+    limits = spec.limits
+    address = ((resource.RLIMIT_AS, limits.memory_mb * 1024 * 1024),) if spec.address_limit else ()
     return (
-        (resource.RLIMIT_AS, memory),
+        *address,
         (resource.RLIMIT_NPROC, limits.pids),
         (resource.RLIMIT_NOFILE, AGENT_NOFILE),
         (resource.RLIMIT_CORE, 0),  # no core files of an agent in its workspace

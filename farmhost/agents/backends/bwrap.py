@@ -11,7 +11,6 @@ from farmhost.agents.backends.base import FD_PLACEHOLDER, FdArg, LaunchPlan, San
 from farmhost.agents.backends.host import PythonInstall, SystemEntry
 from farmhost.agents.identity import AgentIdentity
 
-RUNNER: Final = ("-m", "farmagent.run")
 HOSTNAME: Final = "farmagent"
 
 
@@ -65,11 +64,11 @@ class BwrapBackend:
             argv += ["--ro-bind" if mount.read_only else "--bind", str(mount.source), mount.target]
         argv += ["--remount-ro", "/", "--chdir", spec.workdir, "--"]
         argv += self._drop()
-        argv += spec.argv if spec.argv is not None else (str(self.python.executable), *RUNNER)
+        argv += spec.argv if spec.argv is not None else (str(self.python.executable), "-m", spec.module)
         return LaunchPlan(
             argv=tuple(argv),
             env={"PATH": os.defpath},  # bwrap's own environment: its pid-1 helper keeps it, readable in /proc/1
-            rlimits=rlimits_for(spec.limits),
+            rlimits=rlimits_for(spec),
             signal_leader=False,
             fd_args=fd_args,
         )

@@ -9,7 +9,6 @@ from typing import Final
 
 from farmhost.agents.backends.base import LaunchPlan, SandboxError, SandboxSpec
 
-RUNNER: Final = ("python", "-m", "farmagent.run")
 RUN_LABEL: Final = "farmhost.run"
 GROUP_LABEL: Final = "farmhost.group"
 DATA_LABEL: Final = "farmhost.data"
@@ -40,7 +39,7 @@ class DockerBackend:
     def plan(self, spec: SandboxSpec) -> LaunchPlan:
         """The `docker run` command line."""
         argv = [self.engine, *self._run_args(spec), self.image]
-        argv += spec.argv if spec.argv is not None else RUNNER
+        argv += spec.argv if spec.argv is not None else ("python", "-m", spec.module)
         container = self.container_name(spec)
         return LaunchPlan(
             argv=tuple(argv),

@@ -9,7 +9,6 @@ from typing import Final
 
 from farmhost.agents.backends.base import LaunchPlan, SandboxError, SandboxSpec, rlimits_for
 
-RUNNER: Final = ("-m", "farmagent.run")
 # sun_path holds 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH: Final = 107
 
@@ -29,8 +28,8 @@ class ProcessBackend:
             raise SandboxError(f"the working directory {spec.workdir} is not a mounted path")
         env = {key: self._host_value(spec, key, value, workdir) for key, value in spec.env.items()}
         env["PATH"] = os.defpath
-        argv = spec.argv if spec.argv is not None else (str(self.python), *RUNNER)
-        return LaunchPlan(argv=tuple(argv), env=env, cwd=Path(workdir), rlimits=rlimits_for(spec.limits))
+        argv = spec.argv if spec.argv is not None else (str(self.python), "-m", spec.module)
+        return LaunchPlan(argv=tuple(argv), env=env, cwd=Path(workdir), rlimits=rlimits_for(spec))
 
     @staticmethod
     def _host_value(spec: SandboxSpec, key: str, value: str, workdir: str) -> str:
