@@ -6,7 +6,12 @@ farmhost's LLM proxy) is exercised unchanged.
 
 Endpoints:
     POST /v1/chat/completions   the next step of the script, as a `chat.completion` object
-                                (choices[0].message.content / .tool_calls, finish_reason, usage) or an error
+                                (choices[0].message.content / .tool_calls, finish_reason, usage) or an error;
+                                with `stream: true`, as OpenAI streams it: `text/event-stream`, chunked, one
+                                `chat.completion.chunk` per event (choices[0].delta: the role, then pieces of the
+                                content, tool-call deltas by index with the id and name first and then pieces of
+                                the arguments, then finish_reason), a usage chunk (choices []) when
+                                `stream_options.include_usage`, then `data: [DONE]`
     GET  /v1/models             `{"object": "list", "data": [{"id": <model>, "object": "model", ...}]}`
     anything else               404 with an OpenAI error body
 
@@ -26,6 +31,12 @@ Steps (each chat-completions request consumes one):
     ToolCalls([ToolCall, ...], text=None) several calls in one answer
     Fail(status, message, ...)           an HTTP error with OpenAI's body {"error": {message, type, param, code}};
                                          `retry_after_ms` adds the header the openai client honours
+    Streamed(step, chunk_chars=8, hold_after=None, release=Event(), cut_after=None, usage=True, pace=0.0)
+                                         how a step streams (a plain step streams with these defaults):
+                                         `chunk_chars` per piece; after `hold_after` events the stub waits for
+                                         `release.set()`; after `cut_after` events it drops the connection
+                                         mid-body; `usage=False` sends no usage chunk even when asked; `pace`
+                                         seconds between events
     a callable(Recorded) -> step         decided on the request it answers (e.g. on the last tool result)
 When the script is exhausted, `then` answers (constructor argument; default Fail(500, "script exhausted")),
 so an endless tool-calling model is `ScriptedLLM(then=ToolCall("ping", {}))`.
@@ -33,13 +44,15 @@ so an endless tool-calling model is `ScriptedLLM(then=ToolCall("ping", {}))`.
 Recorded requests (`llm.requests`, in arrival order, chat completions only): `body` (the parsed JSON),
 `headers` (lower-case names, e.g. "authorization"), and the shortcuts `messages`, `tools`, `tool_names`,
 `model`, `system` (the system prompt text), `last_tool_result()` and `text()` (all message text joined).
-`llm.wait_requests(n)` blocks until n requests arrived.
+`llm.wait_requests(n)` blocks until n requests arrived. `llm.usages` lists the `usage` the stub reported, one
+per answer (streamed ones only when it sent a usage chunk); `llm.events_sent` counts the stream events written.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
+import socket
 import socketserver
 import threading
 import time
@@ -90,6 +103,19 @@ class Fail:
 
 
 @dataclass(frozen=True)
+class Streamed:
+    """How a step is streamed to a `stream: true` request."""
+
+    step: Reply | ToolCall | ToolCalls
+    chunk_chars: int = 8
+    hold_after: int | None = None
+    release: threading.Event = field(default_factory=threading.Event, compare=False)
+    cut_after: int | None = None
+    usage: bool = True
+    pace: float = 0.0
+
+
+@dataclass(frozen=True)
 class Recorded:
     """One chat-completions request as the stub received it."""
 
@@ -131,7 +157,7 @@ class Recorded:
         return "\n".join(_text(m) for m in self.messages)
 
 
-Step: TypeAlias = Reply | ToolCall | ToolCalls | Fail | Callable[[Recorded], Any]
+Step: TypeAlias = Reply | ToolCall | ToolCalls | Fail | Streamed | Callable[[Recorded], Any]
 
 
 def _text(message: dict[str, Any]) -> str:
@@ -156,6 +182,8 @@ class ScriptedLLM:
         self.then: Step = then if then is not None else Fail(500, "the stub's script is exhausted")
         self.model = model
         self.requests: list[Recorded] = []
+        self.usages: list[dict[str, int]] = []
+        self.events_sent = 0
         self._lock = threading.Condition()
         self._unix_socket = str(unix_socket) if unix_socket is not None else None
         self._server: socketserver.BaseServer | None = None
@@ -250,19 +278,52 @@ class ScriptedLLM:
             finish = "tool_calls"
         prompt_tokens = max(1, len(json.dumps(request.get("messages", []))) // 4)
         completion_tokens = max(1, len(json.dumps(message)) // 4)
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
         return {
             "id": f"chatcmpl-{secrets.token_hex(8)}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": request.get("model") or self.model,
             "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-            },
+            "usage": usage,
             "system_fingerprint": None,
         }
+
+    def chunks(self, request: dict[str, Any], streamed: Streamed) -> list[dict[str, Any]]:
+        """The `chat.completion.chunk` objects streaming a step, as OpenAI sends them (the usage chunk last)."""
+        whole = self.completion(request, streamed.step)
+        message, finish = whole["choices"][0]["message"], whole["choices"][0]["finish_reason"]
+        size = max(1, streamed.chunk_chars)
+
+        def pieces(text: str) -> list[str]:
+            return [text[i : i + size] for i in range(0, len(text), size)]
+
+        deltas: list[dict[str, Any]] = [{"role": "assistant", "content": "", "refusal": None}]
+        deltas += [{"content": piece} for piece in pieces(message["content"] or "")]
+        for index, call in enumerate(message.get("tool_calls") or []):
+            function = {"name": call["function"]["name"], "arguments": ""}
+            deltas.append(
+                {"tool_calls": [{"index": index, "id": call["id"], "type": "function", "function": function}]}
+            )
+            deltas += [
+                {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
+                for piece in pieces(call["function"]["arguments"])
+            ]
+        include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
+        base = {"id": whole["id"], "object": "chat.completion.chunk", "created": whole["created"]}
+        base |= {"model": whole["model"], "system_fingerprint": None}
+        if include_usage:
+            base["usage"] = None
+        choices = [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None} for delta in deltas]
+        choices.append({"index": 0, "delta": {}, "finish_reason": finish, "logprobs": None})
+        out = [base | {"choices": [choice]} for choice in choices]
+        if include_usage and streamed.usage:
+            out.append(base | {"choices": [], "usage": whole["usage"]})
+        return out
 
 
 def _call(call: ToolCall) -> dict[str, Any]:
@@ -330,15 +391,46 @@ class _StubHandler(BaseHTTPRequestHandler):
         except (ValueError, AssertionError):
             self._send(400, _error_body("the body is not a JSON object"))
             return
-        if body.get("stream"):
-            self._send(400, _error_body("the LLM stub does not stream; send stream: false"))
-            return
         step = self.stub.take_step(Recorded(body=body, headers={k.lower(): v for k, v in self.headers.items()}))
         if isinstance(step, Fail):
             headers = {"retry-after-ms": str(step.retry_after_ms)} if step.retry_after_ms is not None else {}
             self._send(step.status, _error_body(step.message, step.type, step.code), headers)
+        elif body.get("stream"):
+            self._stream(body, step if isinstance(step, Streamed) else Streamed(step))
         else:
-            self._send(200, self.stub.completion(body, step))
+            answer = self.stub.completion(body, step.step if isinstance(step, Streamed) else step)
+            self.stub.usages.append(answer["usage"])
+            self._send(200, answer)
+
+    def _stream(self, body: dict[str, Any], streamed: Streamed) -> None:
+        chunks = self.stub.chunks(body, streamed)
+        events = [b"data: " + json.dumps(chunk).encode() + b"\n\n" for chunk in chunks] + [b"data: [DONE]\n\n"]
+        if chunks[-1].get("usage"):
+            self.stub.usages.append(chunks[-1]["usage"])
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            for sent, event in enumerate(events):
+                if sent == streamed.cut_after:
+                    self.wfile.flush()
+                    self.connection.shutdown(socket.SHUT_RDWR)  # mid-body: no terminating chunk
+                    self.close_connection = True
+                    return
+                if sent == streamed.hold_after:
+                    streamed.release.wait(timeout=scaled(60))
+                elif sent and streamed.pace:
+                    time.sleep(streamed.pace)
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                self.wfile.flush()
+                with self.stub._lock:
+                    self.stub.events_sent += 1
+                    self.stub._lock.notify_all()
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):  # the proxy cut the stream
+            self.close_connection = True
 
 
 def _handler(stub: ScriptedLLM) -> type[BaseHTTPRequestHandler]:

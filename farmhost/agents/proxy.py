@@ -2,21 +2,19 @@
 
 One socket per running group, `<data>/run/<folder>/llm.sock` (`/workspace/run/llm.sock` in the sandbox), open for the
 run's duration. Served: `POST /v1/chat/completions` (forwarded to `FARMHOST_LLM_BASE_URL` + `/chat/completions`)
-and `GET /v1/models` (answered here: the configured model is the only one an agent can use). Streaming is refused
-with a 400: the runner does not need it and a buffered answer is what lets the host count tokens and cap sizes.
-Connections are accepted within caps and deadlines (proxy_socket.py), bodies rewritten to known fields
+and `GET /v1/models` (answered here: the configured model is the only one an agent can use). `stream: true` is relayed
+as server-sent events as they arrive, with its usage counted (proxy_stream.py); any other answer is buffered, capped
+and redacted. Connections are accepted within caps and deadlines (proxy_socket.py), bodies rewritten to known fields
 (proxy_body.py), and every request reserved against the run's and the group's daily budgets (proxy_budget.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
 import os
 import socket
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Final
@@ -25,9 +23,10 @@ import aiohttp
 from aiohttp import web
 
 from farmhost.agents.limits import LimitsReader, default_limits, default_llm_budget
-from farmhost.agents.proxy_body import BodyRefused, rewrite
-from farmhost.agents.proxy_budget import BudgetExceeded, LlmBudgets, ProxyUsage, Reservation
+from farmhost.agents.proxy_budget import LlmBudgets, ProxyUsage
+from farmhost.agents.proxy_handler import RunHandler
 from farmhost.agents.proxy_socket import HTTP_ERRORS, ConnectionCaps, ProxyListener
+from farmhost.agents.proxy_stream import StreamRelay, StreamTally
 from farmhost.config import Settings
 from farmhost.layout import DataLayout
 from farmhost.store.db import Database
@@ -39,6 +38,9 @@ SOCKET_NAME: Final = "llm.sock"
 MAX_BODY_BYTES: Final = 4 * 1024 * 1024
 # A hosted model answers in seconds, a model on a Pi's neighbour in minutes; the run's own timeout bounds it too.
 LLM_REQUEST_TIMEOUT: Final = 300.0
+# A stream is cut when the upstream sends nothing for this long (a stream may last up to LLM_REQUEST_TIMEOUT): a
+# hosted model sends a token every few ms, a small machine may read a long prompt for a minute before its first one.
+STREAM_IDLE_TIMEOUT: Final = 90.0
 MAX_RESPONSE_BYTES: Final = 16 * 1024 * 1024
 # A connection must be inside a request within this long of opening or of its last response: the agent's client sends
 # a request's headers in one write, and an idle kept-alive connection is cheap to open again.
@@ -54,32 +56,7 @@ LINGER_TIME: Final = 2.0
 MAX_HEADERS: Final = 32
 # Requests a run may make per allowed turn: a turn is one request, retries and the final answer need a few more.
 REQUESTS_PER_TURN: Final = 4
-NOT_CONFIGURED: Final = (
-    "no LLM is configured on the host: set FARMHOST_LLM_BASE_URL and FARMHOST_LLM_MODEL "
-    "(and FARMHOST_LLM_API_KEY if the endpoint needs a key) in farmhost's environment or .env, then restart it"
-)
-
 __all__ = ["SOCKET_NAME", "LlmProxy", "ProxyUsage"]
-
-
-def _error(status: int, message: str, kind: str, *, close: bool = False) -> web.Response:
-    """An OpenAI-shaped error; `x-should-retry: false` stops the openai client from retrying what cannot succeed."""
-    body = {"error": {"message": message, "type": kind, "code": kind}}
-    headers = {"x-should-retry": "false"} if status < 500 or status == 503 else {}
-    if close:
-        headers["Connection"] = "close"  # the rest of an unread body must not be parsed as the next request
-    return web.json_response(body, status=status, headers=headers)
-
-
-def _reported_tokens(data: bytes) -> tuple[int, int]:
-    """The prompt and completion tokens an answer's `usage` reports (0, 0 when it reports none)."""
-    try:
-        reported = json.loads(data).get("usage") or {}
-        prompt = max(0, int(reported.get("prompt_tokens") or 0))
-        completion = max(0, int(reported.get("completion_tokens") or 0))
-    except (ValueError, TypeError, AttributeError):
-        return 0, 0  # no usage reported: nothing to count
-    return prompt, completion
 
 
 class LlmProxy:
@@ -95,6 +72,7 @@ class LlmProxy:
         max_body_bytes: int = MAX_BODY_BYTES,
         idle_timeout: float = IDLE_TIMEOUT,
         body_timeout: float = BODY_TIMEOUT,
+        stream_idle_timeout: float = STREAM_IDLE_TIMEOUT,
     ) -> None:
         """A proxy for the daemon's runs; nothing opens before `start()`.
 
@@ -106,6 +84,7 @@ class LlmProxy:
             max_body_bytes: the largest request body accepted (413 above).
             idle_timeout: seconds a connection may stay outside a request before it is dropped.
             body_timeout: seconds a request's body has to arrive (408 after).
+            stream_idle_timeout: seconds a stream's upstream may send nothing before the stream is cut.
         """
         self._settings = settings
         self._layout = layout
@@ -116,6 +95,8 @@ class LlmProxy:
         self._max_body = max_body_bytes
         self._idle_timeout = idle_timeout
         self._body_timeout = body_timeout
+        self._stream_idle_timeout = stream_idle_timeout
+        self._usage_missing_logged = False
         self._caps = ConnectionCaps(settings.llm_max_connections)
         self._session: aiohttp.ClientSession | None = None
         self._db: Database | None = None
@@ -148,7 +129,7 @@ class LlmProxy:
         """
         assert self._budgets is not None, "start() the proxy first"
         usage = ProxyUsage(max_requests=max_requests)
-        handler = _RunHandler(self, self._budgets, folder, run_id, usage)
+        handler = RunHandler(self, self._budgets, folder, run_id, usage)
         directory = os.open(self._layout.create_group_run(folder), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         runner: web.AppRunner | None = None
         listener: ProxyListener | None = None
@@ -196,18 +177,56 @@ class LlmProxy:
         Raises:
             aiohttp.ClientError, TimeoutError: the upstream cannot be reached or does not answer in time.
         """
+        async with await self.post(body) as response:
+            return response.status, await self.read(response), response.content_type
+
+    async def post(self, body: dict[str, Any], *, stream: bool = False) -> aiohttp.ClientResponse:
+        """POST `body` upstream and return the response once its headers are in (the caller releases it).
+
+        A stream has no aiohttp deadline: the caller bounds the whole of it and each wait for bytes.
+
+        Raises:
+            aiohttp.ClientError, TimeoutError: the upstream cannot be reached or does not answer in time.
+        """
         assert self._session is not None and self._settings.llm_base_url is not None
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        accept = "text/event-stream" if stream else "application/json"
+        headers = {"Content-Type": "application/json", "Accept": accept}
         if self._settings.llm_api_key:
             headers["Authorization"] = f"Bearer {self._settings.llm_api_key}"
         url = f"{self._settings.llm_base_url}/chat/completions"
-        async with self._session.post(url, data=json.dumps(body).encode(), headers=headers) as response:
-            data = bytearray()
-            async for chunk in response.content.iter_any():  # read(n) stops at what has arrived so far
-                data += chunk
-                if len(data) > MAX_RESPONSE_BYTES:
-                    raise aiohttp.ClientPayloadError(f"the answer is over {MAX_RESPONSE_BYTES} bytes")
-            return response.status, self._redact(bytes(data)), response.content_type
+        timeout = aiohttp.ClientTimeout(total=None) if stream else self._session.timeout
+        return await self._session.post(url, data=json.dumps(body).encode(), headers=headers, timeout=timeout)
+
+    async def read(self, response: aiohttp.ClientResponse) -> bytes:
+        """A buffered answer's body, redacted.
+
+        Raises:
+            aiohttp.ClientError: it is over MAX_RESPONSE_BYTES or cut.
+        """
+        data = bytearray()
+        async for chunk in response.content.iter_any():  # read(n) stops at what has arrived so far
+            data += chunk
+            if len(data) > MAX_RESPONSE_BYTES:
+                raise aiohttp.ClientPayloadError(f"the answer is over {MAX_RESPONSE_BYTES} bytes")
+        return self.redact(bytes(data))
+
+    def relay(self, tally: StreamTally, name: str, extra: dict[str, str]) -> StreamRelay:
+        """A relay for one stream with the proxy's deadlines and caps."""
+        return StreamRelay(
+            tally=tally,
+            redact=self.redact,
+            total_timeout=self._timeout,
+            idle_timeout=self._stream_idle_timeout,
+            write_timeout=self._idle_timeout,
+            max_bytes=MAX_RESPONSE_BYTES,
+            name=name,
+            log_extra=extra,
+        )
+
+    def usage_missing(self) -> bool:
+        """True the first time a stream came without usage (worth one log line per daemon, not one per request)."""
+        first, self._usage_missing_logged = not self._usage_missing_logged, True
+        return first
 
     @property
     def configured(self) -> bool:
@@ -239,7 +258,13 @@ class LlmProxy:
         """The upstream request timeout in seconds."""
         return self._timeout
 
-    def _redact(self, data: bytes) -> bytes:
+    @property
+    def stream_idle_timeout(self) -> float:
+        """Seconds a stream's upstream may send nothing."""
+        return self._stream_idle_timeout
+
+    def redact(self, data: bytes) -> bytes:
+        """`data` with the API key replaced by `[redacted]`."""
         key = self._settings.llm_api_key
         return data.replace(key.encode(), b"[redacted]") if key and len(key) >= 4 else data
 
@@ -258,114 +283,3 @@ def _bind(directory: int) -> socket.socket:
         sock.close()
         raise
     return sock
-
-
-class _RunHandler:
-    """The request handlers of one run's socket."""
-
-    def __init__(self, proxy: LlmProxy, budgets: LlmBudgets, folder: str, run_id: str, usage: ProxyUsage) -> None:
-        self._proxy = proxy
-        self._budgets = budgets
-        self._folder = folder
-        self._run_id = run_id
-        self._usage = usage
-
-    async def chat_completions(self, request: web.Request) -> web.Response:
-        """Check, rewrite and forward one chat completion request."""
-        started = time.monotonic()
-        response = await self._chat(request)
-        self._log(response.status, started)
-        return response
-
-    async def _chat(self, request: web.Request) -> web.Response:
-        if not self._proxy.configured:
-            return _error(503, NOT_CONFIGURED, "llm_not_configured")
-        try:
-            reservation = self._budgets.reserve(self._folder, self._usage)
-        except BudgetExceeded as refused:
-            return _error(429, refused.message, refused.kind)
-        try:
-            return await self._reserved(request, reservation)
-        finally:
-            self._budgets.release(reservation)  # a no-op once the request went upstream
-
-    async def _reserved(self, request: web.Request, reservation: Reservation) -> web.Response:
-        try:
-            async with asyncio.timeout(self._proxy.body_timeout):
-                raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return _error(413, f"the request body is over {self._proxy.max_body_bytes} bytes", "request_too_large")
-        except TimeoutError:
-            message = f"the request body did not arrive within {self._proxy.body_timeout:g} s"
-            return _error(408, message, "request_timeout", close=True)
-        except (ConnectionError, web.RequestPayloadError) as err:
-            # The client went away mid-body or sent a broken one; nobody may read this answer, but the log line says so.
-            return _error(400, f"the request body could not be read ({err})", "invalid_request", close=True)
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            return _error(400, "the request body is not JSON", "invalid_request")
-        if not isinstance(body, dict):
-            return _error(400, "the request body must be a JSON object", "invalid_request")
-        try:
-            body = rewrite(body, model=self._proxy.model, max_tokens=self._proxy.max_tokens)
-        except BodyRefused as err:
-            return _error(400, str(err), "invalid_request")
-        self._budgets.commit(reservation)
-        try:
-            status, data, content_type = await self._proxy.forward(body)
-        except TimeoutError:
-            logger.warning(
-                "llm %s run %s: no answer within %g s",
-                self._folder,
-                self._run_id,
-                self._proxy.timeout,
-                extra={"group": self._folder, "runId": self._run_id},
-            )
-            return _error(502, f"the LLM endpoint did not answer within {self._proxy.timeout:g} s", "upstream_timeout")
-        except aiohttp.ClientError as err:
-            logger.warning(
-                "llm %s run %s: upstream unreachable: %s",
-                self._folder,
-                self._run_id,
-                err,
-                extra={"group": self._folder, "runId": self._run_id},
-            )
-            return _error(502, f"the host cannot reach the LLM endpoint ({_reason(err)})", "upstream_unavailable")
-        if 200 <= status < 300:
-            self._budgets.add_tokens(reservation, *_reported_tokens(data))
-        return web.Response(status=status, body=data, content_type=content_type or "application/json")
-
-    def _log(self, status: int, started: float) -> None:
-        usage = self._usage
-        logger.info(
-            "llm %s run %s: HTTP %d in %d ms (request %d of %d; tokens so far %d prompt, %d completion)",
-            self._folder,
-            self._run_id,
-            status,
-            (time.monotonic() - started) * 1000,
-            usage.requests,
-            usage.max_requests,
-            usage.prompt_tokens,
-            usage.completion_tokens,
-            extra={"group": self._folder, "runId": self._run_id},
-        )
-
-    async def models(self, request: web.Request) -> web.Response:
-        """The one model the proxy sends requests with."""
-        if not self._proxy.configured:
-            return _error(503, NOT_CONFIGURED, "llm_not_configured")
-        model = {"id": self._proxy.model, "object": "model", "created": 0, "owned_by": "farmhost"}
-        return web.json_response({"object": "list", "data": [model]})
-
-    async def unknown(self, request: web.Request) -> web.Response:
-        """Anything else: a clear 404."""
-        message = f"{request.method} {request.path} is not served; use POST /v1/chat/completions or GET /v1/models"
-        return _error(404, message, "not_found")
-
-
-def _reason(err: aiohttp.ClientError) -> str:
-    """Why the upstream could not be reached, without its URL (which may carry credentials)."""
-    if isinstance(err, aiohttp.ClientConnectorError) and err.os_error.errno:
-        return os.strerror(err.os_error.errno)  # its own text names the address
-    return type(err).__name__

@@ -1,6 +1,7 @@
 """What of an agent's chat-completions body the LLM proxy forwards: known fields, the model forced, n and max_tokens capped.
 
-Pure: a dict in, a dict out (or the reason it is refused).
+A streamed request is sent with `stream_options: {"include_usage": true}` whatever the agent asked, so that the
+upstream reports the tokens the budgets count. Pure: a dict in, a dict out (or the reason it is refused).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ FORWARDED_FIELDS: Final = frozenset(
         "max_tokens",  # capped
         "max_completion_tokens",  # capped
         "n",  # forced to 1
-        "stream",  # only false
-        "stream_options",  # dropped: nothing streams
+        "stream",  # a boolean
+        "stream_options",  # replaced: include_usage forced on a stream, dropped otherwise
     }
 )
 TOKEN_FIELDS: Final = ("max_tokens", "max_completion_tokens")
@@ -45,11 +46,14 @@ class BodyRefused(ValueError):
 def rewrite(body: dict[str, Any], *, model: str, max_tokens: int) -> dict[str, Any]:
     """The body to send upstream: known fields only, `model` forced, `n` 1, the token fields at most `max_tokens`.
 
+    A stream asks for usage (`stream_options.include_usage`); `wants_usage(body)` tells whether the agent did.
+
     Without either token field, `max_tokens` is set to the cap: the upstream's default may be the model's whole
     context.
 
     Raises:
-        BodyRefused: an unknown field, streaming, no message list, or a token field that is not a positive integer.
+        BodyRefused: an unknown field, a `stream` that is not a boolean, no message list, or a token field that is not
+            a positive integer.
     """
     unknown = sorted(set(body) - FORWARDED_FIELDS)
     if unknown:
@@ -57,11 +61,15 @@ def rewrite(body: dict[str, Any], *, model: str, max_tokens: int) -> dict[str, A
             f"the farmhost LLM proxy does not forward {', '.join(map(repr, unknown[:8]))}; "
             f"send only these chat-completions fields: {', '.join(sorted(FORWARDED_FIELDS))}"
         )
-    if body.get("stream"):
-        raise BodyRefused("streaming is not supported by the farmhost LLM proxy; send stream: false")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise BodyRefused("stream must be true or false")
     if not isinstance(body.get("messages"), list) or not body["messages"]:
         raise BodyRefused("messages must be a non-empty list")
     out = {name: value for name, value in body.items() if name not in ("stream", "stream_options")}
+    if stream:
+        out["stream"] = True
+        out["stream_options"] = {"include_usage": True}
     out["model"] = model
     out["n"] = 1
     present = False
@@ -75,3 +83,9 @@ def rewrite(body: dict[str, Any], *, model: str, max_tokens: int) -> dict[str, A
     if not present:
         out["max_tokens"] = max_tokens
     return out
+
+
+def wants_usage(body: dict[str, Any]) -> bool:
+    """The agent's own body asked for a stream's usage chunk (the proxy asks for it always, and relays it only then)."""
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True

@@ -128,12 +128,13 @@ async def test_the_request_limit_of_a_run_answers_429(root: Path, llm: ScriptedL
     assert len(llm.requests) == 2 and usage.refused == 1
 
 
-async def test_streaming_is_refused_clearly(root: Path, llm: ScriptedLLM) -> None:
-    async with proxied(configured(root, llm)) as (client, _, _):
-        with pytest.raises(openai.BadRequestError) as caught:
-            await ask(client, stream=True)
-    assert "streaming is not supported by the farmhost LLM proxy" in caught.value.message
-    assert llm.requests == []
+async def test_a_stream_flag_that_is_not_a_boolean_is_refused(root: Path, llm: ScriptedLLM) -> None:
+    async with proxied(configured(root, llm)) as (_, usage, path):
+        async with httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=path)) as raw:
+            body = {"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}
+            refused = await raw.post("http://farmhost/v1/chat/completions", json=body)
+    assert refused.status_code == 400 and refused.json()["error"]["message"] == "stream must be true or false"
+    assert llm.requests == [] and usage.requests == 0
 
 
 async def test_an_oversized_body_is_refused(root: Path, llm: ScriptedLLM) -> None:
