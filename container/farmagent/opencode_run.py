@@ -140,7 +140,7 @@ async def run(agent_input: AgentInput, environ: Mapping[str, str]) -> AgentResul
             **{k: v for k, v in environ.items() if k.startswith("FARMAGENT_")},
         }
         proc = await asyncio.create_subprocess_exec(
-            binary, "run", "--format", "json", message_for(agent_input),
+            binary, "run", "--format", "json", "--title", agent_input.runId, message_for(agent_input),
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             env=env, cwd=environ.get("FARMAGENT_GROUP_DIR", os.getcwd()),
         )  # fmt: skip

@@ -28,7 +28,9 @@ from farmhost.agents.backends import (
 from farmhost.agents.backends.docker import cli_env
 from farmhost.agents.backends.host import find_python_install_sync, minimal_paths
 from farmhost.agents.identity import AgentIdentity
+from farmhost.agents.kinds import agent_kind
 from farmhost.agents.sandbox import sandbox_spec
+from farmhost.config import Settings
 from farmhost.layout import REPO_ROOT, DataLayout
 
 LIMITS = RunLimits(timeout_seconds=30, memory_mb=512, pids=64, max_turns=4)
@@ -317,3 +319,27 @@ async def test_docker_live_run(root: Path) -> None:
     assert seen["write"] == {"/workspace/global/x": "error:EROFS", "/workspace/group/x": "ok"}
     assert seen["uid"] == os.stat(root).st_uid
     assert not any(secret in str(seen["env"]) for secret in SECRETS.values())
+
+
+@pytest.mark.parametrize("kind", ["farmagent", "opencode", "command"])
+def test_docker_command_for_each_agent_kind(root: Path, tmp_path: Path, kind: str) -> None:
+    binary = tmp_path / "opencode-linux-x64" / "bin" / "opencode"
+    binary.parent.mkdir(parents=True)
+    binary.write_bytes(b"\x7fELF")
+    settings = Settings(_env_file=None, FARMHOST_DATA_DIR=root, FARMHOST_OPENCODE_BIN=binary)  # type: ignore[call-arg]
+    command = ("/workspace/group/agent", "--fast") if kind == "command" else None
+    chosen = agent_kind(kind, command, settings)  # type: ignore[arg-type]
+    layout = DataLayout(root)
+    run = sandbox_spec(layout, folder="field", run_id="r-1", is_main=False, limits=LIMITS, timezone="UTC", kind=chosen)
+    argv = list(DockerBackend(image="farmagent:1", user=(1000, 1001), data_root=str(root)).plan(run).argv)
+    tail = argv[argv.index("farmagent:1") + 1 :]
+    volumes = [argv[i + 1] for i, arg in enumerate(argv) if arg == "-v"]
+    if kind == "farmagent":
+        assert tail == ["python", "-m", "farmagent.run"]
+    elif kind == "opencode":
+        assert tail == ["python", "-m", "farmagent.opencode_run"]
+        assert f"{binary.parent}:{binary.parent}:ro" in volumes, volumes  # the pinned binary, read-only
+        assert f"FARMAGENT_OPENCODE={binary}" in argv
+    else:
+        assert tail == ["/workspace/group/agent", "--fast"]
+    assert "--network" in argv and argv[argv.index("--network") + 1] == "none"  # every kind: the same sandbox

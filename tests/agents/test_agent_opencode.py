@@ -1,0 +1,83 @@
+"""Agent kind opencode: the real OpenCode binary in a real bwrap sandbox, its LLM farmhost's streaming proxy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from farmhost_testing import MAIN_JID, clean_env, init_data_dir_in_process, running_daemon, scaled
+from ha_fixture import HaInstance
+from llm_stub import Recorded, Reply, ScriptedLLM, ToolCall
+from runtime_support import make_runtime, probe_job, settings_for
+from telegram_stub import FakeTelegram
+
+from farmhost.agents.kinds import opencode_binary
+
+MAIN_CHAT = int(MAIN_JID.removeprefix("telegram:"))
+PUMP = "switch.irrigation_pump"
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return init_data_dir_in_process(tmp_path / "data")
+
+
+async def test_opencode_answers_through_the_proxy(root: Path, llm_stub: ScriptedLLM) -> None:
+    (root / "agent-limits.json").write_text(json.dumps({"groups": {"field": {"agentKind": "opencode"}}}))
+    settings = settings_for(
+        root, FARMHOST_AGENT_RUNTIME="bwrap", FARMHOST_LLM_BASE_URL=llm_stub.base_url, FARMHOST_LLM_MODEL="farm-model"
+    )
+    assert opencode_binary(settings) is not None, "scripts/opencode-install (make opencode) installs it"
+    llm_stub.script(Reply("The soil in field 2 is fine."))
+    runtime = make_runtime(settings, command=None)
+    await runtime.start()
+    try:
+        outcome = await runtime.submit(probe_job("field"))
+    finally:
+        await runtime.stop()
+    assert outcome.status == "ok", (outcome, outcome.log_path.read_text()[-4000:] if outcome.log_path else "")
+    assert outcome.answer == "The soil in field 2 is fine."
+    [request] = llm_stub.requests
+    assert request.body["stream"] is True and request.model == "farm-model"
+
+
+def _set_pump(request: Recorded) -> ToolCall:
+    # OpenCode names an MCP server's tools <server>_<tool>: the farm's server is "farm".
+    [name] = [n for n in request.tool_names if n.endswith("ha_set_entity")]
+    return ToolCall(name, {"entityId": PUMP, "value": "on"})
+
+
+def _confirm(request: Recorded) -> Reply:
+    result = request.last_tool_result() or ""
+    return Reply("Done: the irrigation pump is on." if '"on"' in result else f"It failed: {result[:200]}")
+
+
+@pytest.mark.slow
+def test_opencode_turns_the_pump_on_through_mcp_and_replies_in_the_chat(
+    data_dir: Path, fake_telegram: FakeTelegram, llm_stub: ScriptedLLM, ha_reset: HaInstance, ha_env: dict[str, str]
+) -> None:
+    """Chat -> OpenCode in bwrap -> farmagent-mcp -> IPC file -> farmhost -> the real Home Assistant -> the chat."""
+    assert ha_reset.get_state(PUMP)["state"] == "off"
+    llm_stub.script(_set_pump, _confirm)
+    env = clean_env(
+        **ha_env,
+        TELEGRAM_BOT_TOKEN=fake_telegram.token,
+        TELEGRAM_API_BASE_URL=fake_telegram.api_root,
+        FARMHOST_TELEGRAM_POLL_TIMEOUT="1",
+        FARMHOST_AGENT_RUNTIME="bwrap",
+        FARMHOST_AGENT_KIND="opencode",
+        FARMHOST_LLM_BASE_URL=llm_stub.base_url,
+        FARMHOST_LLM_MODEL="farm-model",
+        FARMHOST_LLM_API_KEY="sk-opencode-e2e",
+        FARMHOST_AGENT_TIMEOUT_SECONDS="120",
+    )
+    with running_daemon(data_dir, env=env) as daemon:
+        fake_telegram.user_message(MAIN_CHAT, "Please turn the irrigation pump on", chat_type="private", title=None)
+        (reply,) = fake_telegram.wait_sent(1, chat_id=MAIN_CHAT, timeout=scaled(90))
+        assert "Traceback" not in daemon.log()
+    assert ha_reset.get_state(PUMP)["state"] == "on"  # OpenCode really switched it, through MCP and farmhost
+    assert reply.params["text"] == "Done: the irrigation pump is on."
+    first = llm_stub.requests[0]
+    assert first.body["stream"] is True and first.headers["authorization"] == "Bearer sk-opencode-e2e"
+    assert any(n.endswith("ha_set_entity") for n in first.tool_names)
