@@ -119,9 +119,7 @@ async def run(agent_input: AgentInput, environ: Mapping[str, str]) -> AgentResul
     if not binary:
         return AgentResult(status="error", error="FARMAGENT_OPENCODE is not set: the host did not mount OpenCode")
     socket_path = environ.get("FARMAGENT_LLM_SOCKET", "/workspace/run/llm.sock")
-    server = await asyncio.start_server(
-        lambda r, w: _bridge_one(socket_path, r, w), host="127.0.0.1", port=0
-    )
+    server = await asyncio.start_server(lambda r, w: _bridge_one(socket_path, r, w), host="127.0.0.1", port=0)
     port = server.sockets[0].getsockname()[1]
     with tempfile.TemporaryDirectory(prefix="opencode-") as scratch:
         root = Path(scratch)

@@ -1,8 +1,14 @@
-"""Sleeping until something lands in `action_results/`: inotify when it works, polling with backoff otherwise."""
+"""Sleeping until something lands in `action_results/`: inotify when it works, polling with backoff otherwise.
+
+An inotify instance is kept for the next wait on the same directory instead of closed: closing one waits for
+the kernel's RCU grace period, milliseconds each time, which was most of a tool call's cost through MCP.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
 from pathlib import Path
 from types import TracebackType
@@ -18,6 +24,28 @@ from farmagent.config import WaitMode
 POLL_STEPS: Final = (0.2, 0.5, 1.0)
 # With inotify the directory is still rescanned this often, in case an event was lost (queue overflow).
 INOTIFY_RESCAN: Final = 1.0
+# Idle instances kept per directory: as many as calls wait at once (an MCP server runs tools in threads).
+_KEEP: Final = 8
+_idle: dict[tuple[Path, int], list[INotify]] = {}
+_idle_lock = threading.Lock()
+
+
+def _reuse(directory: Path, inode: int) -> INotify | None:
+    with _idle_lock:
+        kept = _idle.get((directory, inode))
+        inotify = kept.pop() if kept else None
+    if inotify is not None:
+        inotify.read(timeout=0)  # events of earlier waits: the caller looks at the directory itself first
+    return inotify
+
+
+def _keep(directory: Path, inode: int, inotify: INotify) -> None:
+    with _idle_lock:
+        kept = _idle.setdefault((directory, inode), [])
+        if len(kept) < _KEEP:
+            kept.append(inotify)
+            return
+    inotify.close()
 
 
 class ResultWatch:
@@ -31,13 +59,19 @@ class ResultWatch:
         self.directory = directory
         self.mode: WaitMode = mode
         self._inotify: INotify | None = None
+        self._inode = 0
         self._step = 0
 
     def __enter__(self) -> Self:
         if self.mode == "inotify":
             try:
-                self._inotify = INotify()
-                self._inotify.add_watch(self.directory, f.MOVED_TO | f.CLOSE_WRITE | f.CREATE)
+                # Keyed by inode: a directory the host recreated is watched anew.
+                self._inode = os.stat(self.directory).st_ino
+                self._inotify = _reuse(self.directory, self._inode)
+                if self._inotify is None:
+                    self._inotify = INotify()
+                    # Results are renamed into place (SPEC): the rename is the one event worth waking for.
+                    self._inotify.add_watch(self.directory, f.MOVED_TO)
             except OSError as err:
                 self._close()
                 self.mode = "poll"
@@ -47,7 +81,9 @@ class ResultWatch:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._close()
+        if self._inotify is not None:
+            _keep(self.directory, self._inode, self._inotify)
+            self._inotify = None
 
     def sleep(self, limit: float) -> None:
         """Wait at most `limit` seconds: until an inotify event, or for the next polling step."""
