@@ -79,10 +79,14 @@ def main() -> None:
         spawns = [spawn_to_initialize(env) for _ in range(args.runs)]
         imports = [import_seconds(env) for _ in range(max(3, args.runs // 2))]
     print(f"farmagent-mcp start-up on {os.cpu_count()} CPUs, {sys.executable}")
-    print(f"  spawn -> initialize answered: median {statistics.median(spawns) * 1000:.0f} ms, "
-          f"min {min(spawns) * 1000:.0f} ms, max {max(spawns) * 1000:.0f} ms ({len(spawns)} runs)")
-    print(f"  import farmagent.mcp_server:  median {statistics.median(imports) * 1000:.0f} ms, "
-          f"min {min(imports) * 1000:.0f} ms ({len(imports)} runs)")
+    print(
+        f"  spawn -> initialize answered: median {statistics.median(spawns) * 1000:.0f} ms, "
+        f"min {min(spawns) * 1000:.0f} ms, max {max(spawns) * 1000:.0f} ms ({len(spawns)} runs)"
+    )
+    print(
+        f"  import farmagent.mcp_server:  median {statistics.median(imports) * 1000:.0f} ms, "
+        f"min {min(imports) * 1000:.0f} ms ({len(imports)} runs)"
+    )
 
 
 if __name__ == "__main__":

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import jsonschema
@@ -227,3 +229,55 @@ def test_mcp_help_explains_and_exits_without_serving() -> None:
         [sys.executable, "-m", "farmagent.mcp_server", "--version"], capture_output=True, text=True, check=False
     )
     assert version.returncode == 0 and version.stdout.startswith("farmagent-mcp ")
+
+
+def readme_snippets() -> tuple[dict[str, Any], dict[str, Any], str]:
+    """The OpenCode and Claude Code JSON and the Inspector command line of the README's MCP section."""
+    readme = (Path(__file__).parents[2] / "container" / "README.md").read_text()
+    section = readme[readme.index("## The MCP server") : readme.index("## The runner contract")]
+    blocks = re.findall(r"```(json|sh)\n(.*?)```", section, re.DOTALL)
+    (opencode, claude), (inspector,) = (
+        [json.loads(b) for k, b in blocks if k == "json"],
+        [b for k, b in blocks if k == "sh"],
+    )
+    return opencode, claude, inspector
+
+
+def in_checkout(farm: Farm, env: dict[str, str], command: list[str]) -> tuple[list[str], dict[str, str]]:
+    """A snippet's command and environment with the image's paths replaced by this checkout's and the farm's."""
+    mounts = {
+        "/workspace/ipc": farm.ipc("main"),
+        "/workspace/group": farm.workspace("main"),
+        "/workspace/farm-state": farm.farm_state(),
+        "/workspace/dashboard": farm.data_dir / "dashboards",
+    }
+    local = {name: str(mounts[value]) for name, value in env.items()}
+    image_bin = "/usr/local/bin/"
+    assert command[0].startswith(image_bin), command
+    binary = Path(sys.executable).parent / command[0].removeprefix(image_bin)
+    return [str(binary), *command[1:]], {**farm.agent_env("main"), **local}
+
+
+async def test_the_readme_mcp_configurations_start_the_server(farm: Farm, tmp_path: Path) -> None:
+    opencode, claude, inspector = readme_snippets()
+    local = opencode["mcp"]["farm"]
+    stdio = claude["mcpServers"]["farm"]
+    assert local["type"] == "local" and stdio["type"] == "stdio"
+    assert local["command"] == [stdio["command"], *stdio["args"]]
+    assert local["environment"] == stdio["env"]
+    # Every setting a tool reads, and the Inspector line passes the same ones to the same command.
+    assert {"FARMAGENT_IPC_DIR", "FARMAGENT_GROUP_DIR", "FARMAGENT_FARM_STATE_DIR"} <= set(stdio["env"])
+    words = inspector.replace("\\\n", " ").split()
+    assert words[:3] == ["npx", "@modelcontextprotocol/inspector", "--cli"] and stdio["command"] in words
+    assert {f"{k}={v}" for k, v in stdio["env"].items()} == {words[i + 1] for i, w in enumerate(words) if w == "-e"}
+
+    for command, env in (local["command"], local["environment"]), ([stdio["command"]], stdio["env"]):
+        argv, full_env = in_checkout(farm, env, command)
+        server = StdioServerParameters(command=argv[0], args=argv[1:], env=full_env)
+        with (tmp_path / "snippet.log").open("w") as log:
+            async with stdio_client(server, errlog=log) as (read, write), ClientSession(read, write) as client:
+                await client.initialize()
+                assert {tool.name for tool in (await client.list_tools()).tools} == set(TOOLS_BY_NAME)
+                pong = await client.call_tool("ping", {})
+                assert not pong.is_error and pong.structured_content is not None
+                assert pong.structured_content["pong"] is True
