@@ -37,18 +37,26 @@ class AgentSettings:
     group_dir: Path = GROUP_DIR
     global_dir: Path = GLOBAL_DIR
     farm_state_dir: Path = FARM_STATE_DIR
+    # The host mounts the dashboards, and sets FARMAGENT_DASHBOARD_DIR, for the main group only: the one sign
+    # inside the sandbox that this is main (the host still decides every request).
+    dashboard_dir: Path | None = None
     llm_socket: Path = LLM_SOCKET
     llm_base_url: str | None = None
     ipc_mode: WaitMode = "inotify"
     llm_timeout: float = LLM_TIMEOUT
     llm_max_retries: int = LLM_MAX_RETRIES
 
+    @property
+    def is_main(self) -> bool:
+        """Whether the host started this sandbox for the main group (it gave it the dashboards)."""
+        return self.dashboard_dir is not None
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AgentSettings:
         """Read the settings from `environ` (default `os.environ`).
 
         Variables: FARMAGENT_IPC_DIR, FARMAGENT_GROUP_DIR, FARMAGENT_GLOBAL_DIR, FARMAGENT_FARM_STATE_DIR,
-        FARMAGENT_LLM_SOCKET, FARMAGENT_LLM_BASE_URL, FARMAGENT_IPC_MODE (inotify|poll), FARMAGENT_LLM_TIMEOUT
+        FARMAGENT_DASHBOARD_DIR (main only), FARMAGENT_LLM_SOCKET, FARMAGENT_LLM_BASE_URL, FARMAGENT_IPC_MODE (inotify|poll), FARMAGENT_LLM_TIMEOUT
         (seconds), FARMAGENT_LLM_MAX_RETRIES (retries of 429/5xx/connection errors by the openai client).
 
         Raises:
@@ -71,6 +79,7 @@ class AgentSettings:
             group_dir=Path(get("FARMAGENT_GROUP_DIR") or GROUP_DIR),
             global_dir=Path(get("FARMAGENT_GLOBAL_DIR") or GLOBAL_DIR),
             farm_state_dir=Path(get("FARMAGENT_FARM_STATE_DIR") or FARM_STATE_DIR),
+            dashboard_dir=Path(dashboards) if (dashboards := get("FARMAGENT_DASHBOARD_DIR")) else None,
             llm_socket=Path(get("FARMAGENT_LLM_SOCKET") or LLM_SOCKET),
             llm_base_url=base_url,
             ipc_mode="poll" if mode == "poll" else "inotify",
