@@ -422,11 +422,10 @@ class _StubHandler(BaseHTTPRequestHandler):
                     streamed.release.wait(timeout=scaled(60))
                 elif sent and streamed.pace:
                     time.sleep(streamed.pace)
+                with self.stub._lock:  # counted before it is written: a reader must never see more than the count
+                    self.stub.events_sent += 1
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
                 self.wfile.flush()
-                with self.stub._lock:
-                    self.stub.events_sent += 1
-                    self.stub._lock.notify_all()
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):  # the proxy cut the stream

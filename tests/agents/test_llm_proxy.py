@@ -129,10 +129,12 @@ async def test_the_request_limit_of_a_run_answers_429(root: Path, llm: ScriptedL
 
 
 async def test_a_stream_flag_that_is_not_a_boolean_is_refused(root: Path, llm: ScriptedLLM) -> None:
-    async with proxied(configured(root, llm)) as (_, usage, path):
-        async with httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=path)) as raw:
-            body = {"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}
-            refused = await raw.post("http://farmhost/v1/chat/completions", json=body)
+    body = {"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}
+    async with (
+        proxied(configured(root, llm)) as (_, usage, path),
+        httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=path)) as raw,
+    ):
+        refused = await raw.post("http://farmhost/v1/chat/completions", json=body)
     assert refused.status_code == 400 and refused.json()["error"]["message"] == "stream must be true or false"
     assert llm.requests == [] and usage.requests == 0
 

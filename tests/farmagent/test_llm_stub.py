@@ -44,9 +44,8 @@ def test_errors_come_with_openai_error_bodies(llm_stub: ScriptedLLM) -> None:
         with pytest.raises(openai.InternalServerError, match="exhausted"):
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
     with httpx2.Client(base_url=llm_stub.base_url) as raw:
-        assert raw.post("/chat/completions", json={"model": "m", "messages": [], "stream": True}).status_code == 400
         assert raw.get("/nowhere").json()["error"]["message"] == "no route GET /v1/nowhere"
-    assert len(llm_stub.wait_requests(2)) == 2  # the refused stream request is not recorded
+    assert len(llm_stub.wait_requests(2)) == 2
 
 
 def test_a_chunked_request_body_is_read_like_a_sized_one(llm_stub: ScriptedLLM) -> None:
