@@ -6,6 +6,7 @@ the kernel's RCU grace period, milliseconds each time, which was most of a tool 
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -28,6 +29,15 @@ INOTIFY_RESCAN: Final = 1.0
 _KEEP: Final = 8
 _idle: dict[tuple[Path, int], list[INotify]] = {}
 _idle_lock = threading.Lock()
+
+
+@atexit.register
+def _close_idle() -> None:
+    with _idle_lock:
+        for kept in _idle.values():
+            for inotify in kept:
+                inotify.close()
+        _idle.clear()
 
 
 def _reuse(directory: Path, inode: int) -> INotify | None:
