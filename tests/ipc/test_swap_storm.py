@@ -99,10 +99,15 @@ def _moved(src: Path, dst: Path) -> bool:
 
 
 def _clear(path: Path) -> None:
-    """Remove the planted link, or the empty directory the host recreated in its place."""
-    if os.path.islink(path):
+    """Remove the planted link, or the empty directory the host recreated in its place.
+
+    The host acts meanwhile: what was a link when looked at may be its recreated directory a moment later.
+    """
+    try:
         os.unlink(path)
-    elif path.is_dir():
+    except FileNotFoundError:
+        return
+    except IsADirectoryError:
         with contextlib.suppress(OSError):  # something is in it: the rename that follows replaces it or fails
             path.rmdir()
 
