@@ -1,15 +1,15 @@
-"""The IPC wire format as the agent sees it: queues, request types, actions, error codes, names and deadlines.
+"""The IPC wire format, for both sides: queues, request types, actions, error codes, names and deadlines.
 
-farmagent must not import farmhost (it would pull the host's dependencies into every agent image), so the
-closed sets of the contract (SPEC sections 4-6, docs/ipc.md, docs/schema/ipc-v1.schema.json) are written
-here once more; tests/farmagent compares every one of them with the host's own definitions.
+The closed sets of the contract (SPEC sections 4-6, docs/ipc.md) are defined here once. Standard library only:
+farmagent must not import farmhost (it would pull the host's dependencies into every agent image), so the host
+imports these from here (`farmhost.protocol.codes`) instead of writing them again.
 """
 
 from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Final
+from typing import Final, Literal, get_args
 
 
 class Queue(StrEnum):
@@ -37,6 +37,13 @@ class ErrorCode(StrEnum):
     INTERNAL = "internal"
 
 
+class Status(StrEnum):
+    """`status` of a result."""
+
+    SUCCESS = "success"
+    ERROR = "error"
+
+
 # Which queue each request `type` is written into.
 QUEUE_OF_TYPE: Final[dict[str, Queue]] = {
     "message": Queue.MESSAGES,
@@ -52,7 +59,7 @@ QUEUE_OF_TYPE: Final[dict[str, Queue]] = {
     "memory_action": Queue.ACTIONS,
 }
 
-FARM_ACTIONS: Final = (
+FarmActionName = Literal[
     "ha_get_status",
     "ha_call_service",
     "ha_set_entity",
@@ -63,9 +70,12 @@ FARM_ACTIONS: Final = (
     "ha_apply_dashboard",
     "ha_capture_screenshot",
     "farm_state_refresh",
-)
-MEMORY_ACTIONS: Final = ("memory_search", "memory_get")
+]
+MemoryActionName = Literal["memory_search", "memory_get"]
+FARM_ACTIONS: Final[tuple[str, ...]] = get_args(FarmActionName)
+MEMORY_ACTIONS: Final[tuple[str, ...]] = get_args(MemoryActionName)
 
+QUEUE_DIRS: Final = tuple(q.value for q in Queue)
 RESULTS_DIR: Final = "action_results"
 CURRENT_TASKS: Final = "current_tasks.json"
 AVAILABLE_GROUPS: Final = "available_groups.json"
@@ -74,6 +84,7 @@ HOST_STATUS: Final = "host_status.json"
 REQUEST_ID_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 FOLDER_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 CHAT_JID_RE: Final = re.compile(r"^[a-z][a-z0-9_-]*:\S+$")
+RESERVED_FOLDERS: Final = frozenset({"global", "errors"})
 DASHBOARD_RE: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 ENTITY_ID_RE: Final = re.compile(r"^[a-z0-9_]+\.[a-z0-9_]+$")
 
@@ -93,4 +104,13 @@ def request_id_problem(request_id: object) -> str | None:
             f"requestId {request_id!r} is not valid: use 1-128 letters, digits, '_', '.' or '-', "
             "starting with a letter or digit"
         )
+    return None
+
+
+def folder_problem(folder: str) -> str | None:
+    """Why `folder` is not a valid group folder name, or None when it is."""
+    if not FOLDER_RE.fullmatch(folder):
+        return f"folder {folder!r} is not valid: use 1-64 letters, digits, '_' or '-', starting with a letter or digit"
+    if folder.lower() in RESERVED_FOLDERS:
+        return f"folder {folder!r} is reserved; choose another name"
     return None

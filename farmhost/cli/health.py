@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from farmhost.config import Settings
-from farmhost.ipc.snapshots import HOST_STATUS
 from farmhost.layout import DataLayout
+from farmhost.protocol.codes import HOST_STATUS
 
 # A heartbeat older than this many intervals (but never less than MIN_MAX_AGE) means the daemon is stuck or gone.
 STALE_HEARTBEATS: Final = 3

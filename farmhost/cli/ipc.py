@@ -13,9 +13,8 @@ from farmhost.cli.commands import open_existing
 from farmhost.config import Settings
 from farmhost.errors import InvalidRequest
 from farmhost.ipc.client import wait_result, write_request
-from farmhost.ipc.snapshots import HOST_STATUS
 from farmhost.layout import DataLayout
-from farmhost.protocol.codes import Queue
+from farmhost.protocol.codes import HOST_STATUS, Queue
 from farmhost.store import groups
 
 EXIT_SUCCESS, EXIT_ERROR, EXIT_NO_RESULT = 0, 1, 2

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, get_args
+from typing import TYPE_CHECKING, Any, Final
 
 from farmhost.errors import FarmhostError
 from farmhost.farm import policy
@@ -33,20 +33,20 @@ from farmhost.ipc.handlers import (
     HandlerSpec,
     RequestContext,
 )
-from farmhost.protocol.codes import ErrorCode
+from farmhost.protocol.codes import FARM_ACTIONS, ErrorCode
 from farmhost.protocol.envelope import Outcome
+from farmhost.protocol.params import ACTION_PARAMS, parse_params
 from farmhost.protocol.requests import (
     CONTROL_ACTIONS,
     FILE_WRITING_ACTIONS,
     AnyRequest,
-    FarmActionName,
     FarmActionRequest,
 )
 
 if TYPE_CHECKING:
     from farmhost.farm.deps import FarmAction, FarmDeps
 
-ACTION_NAMES: Final = tuple(get_args(FarmActionName))
+ACTION_NAMES: Final = FARM_ACTIONS
 # The router's own timeout sits this far behind the action's, so the action's clearer message wins.
 ROUTER_MARGIN: Final = 2.0
 
@@ -133,8 +133,9 @@ async def _guarded(deps: FarmDeps, ctx: RequestContext, name: str, spec: FarmAct
     loaded = policy.load_profile(deps.settings.profile_path)
     policy.authorise_group(name, folder=ctx.group.folder, is_main=ctx.group.is_main, loaded=loaded)
     policy.check_control(name, farm_mode=deps.settings.farm_mode, loaded=loaded)
+    checked = parse_params(ACTION_PARAMS[name], params, name)
     try:
         async with asyncio.timeout(spec.timeout):
-            return await spec.run(deps, ctx, params)
+            return await spec.run(deps, ctx, checked)
     except TimeoutError:
         raise FarmhostError(f"{name} did not finish within {spec.timeout:g} s", code=ErrorCode.TIMEOUT) from None

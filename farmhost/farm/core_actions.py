@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 import time
-from typing import TYPE_CHECKING, Annotated, Any, Final, TypeVar
-
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from typing import TYPE_CHECKING, Any, Final
 
 from farmhost.errors import InvalidRequest, Unavailable
 from farmhost.farm import policy
 from farmhost.farm.homeassistant import HaRejected
-from farmhost.protocol.requests import Domain, EntityId
+from farmhost.protocol.codes import ENTITY_ID_RE
+from farmhost.protocol.params import HaCallServiceParams, HaGetStatusParams, HaSetEntityParams, NoParams
 
 if TYPE_CHECKING:
     from farmhost.farm.deps import FarmDeps
@@ -24,7 +22,6 @@ if TYPE_CHECKING:
 RESTART_TIMEOUT: Final = 150.0
 # A driven entity (a template number/select following its helper) reflects a change a moment after the call.
 READ_BACK_SECONDS: Final = 3.0
-MAX_ENTITY_IDS: Final = 500
 STATE_KEYS: Final = ("entity_id", "state", "attributes", "last_changed", "last_updated")
 TARGET_KEYS: Final = ("entity_id", *policy.INDIRECT_TARGETS)
 
@@ -32,43 +29,11 @@ NUMBER_DOMAINS: Final = frozenset({"input_number", "number"})
 SWITCH_DOMAINS: Final = frozenset({"input_boolean", "switch", "light", "fan"})
 SELECT_DOMAINS: Final = frozenset({"input_select", "select"})
 SETTABLE_DOMAINS: Final = NUMBER_DOMAINS | SWITCH_DOMAINS | SELECT_DOMAINS
-ENTITY_ID_RE: Final = re.compile(r"^[a-z0-9_]+\.[a-z0-9_]+$")
 ON_WORDS: Final = frozenset({"on", "true", "1", "yes"})
 OFF_WORDS: Final = frozenset({"off", "false", "0", "no"})
 
-ServiceName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+$", max_length=64)]
-TargetId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,255}$")]
 
-
-class _Params(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-_P = TypeVar("_P", bound=_Params)
-
-
-class _StatusParams(_Params):
-    entityIds: Annotated[list[EntityId], Field(max_length=MAX_ENTITY_IDS)] | None = None
-    domains: Annotated[list[Domain], Field(max_length=100)] | None = None
-
-
-class _ServiceParams(_Params):
-    domain: Domain
-    service: ServiceName
-    data: dict[str, Any] | None = None
-    target: dict[str, TargetId | list[TargetId]] | None = None
-
-
-class _SetParams(_Params):
-    entityId: EntityId
-    value: Any  # each domain checks it (_number, _switch, the options), with a sentence naming what it takes
-
-
-class _NoParams(_Params):
-    pass
-
-
-async def ha_get_status(deps: FarmDeps, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+async def ha_get_status(deps: FarmDeps, ctx: RequestContext, p: HaGetStatusParams) -> dict[str, Any]:
     """Current states, all or filtered: `{entityIds?, domains?}` (an entity matching either filter is kept).
 
     Returns:
@@ -78,7 +43,6 @@ async def ha_get_status(deps: FarmDeps, ctx: RequestContext, params: dict[str, A
     Raises:
         InvalidRequest: unknown params, or an entity id / domain that is not a valid name.
     """
-    p = _parse(_StatusParams, params, "ha_get_status")
     states = await _ha(deps).get_states()
     wanted_ids = set(p.entityIds or ())
     wanted_domains = set(p.domains or ())
@@ -95,7 +59,7 @@ async def ha_get_status(deps: FarmDeps, ctx: RequestContext, params: dict[str, A
     }
 
 
-async def ha_call_service(deps: FarmDeps, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+async def ha_call_service(deps: FarmDeps, ctx: RequestContext, p: HaCallServiceParams) -> dict[str, Any]:
     """Call a service: `{domain, service, data?, target?}`, checked against the service policy first.
 
     Returns:
@@ -105,7 +69,6 @@ async def ha_call_service(deps: FarmDeps, ctx: RequestContext, params: dict[str,
         InvalidRequest: bad params. NotAllowed: a denied domain or outside the farm profile.
         NotFound: HA has no such service. HaRejected: HA refused the data (its sentence is kept).
     """
-    p = _parse(_ServiceParams, params, "ha_call_service")
     data = dict(p.data or {})
     target = dict(p.target or {})
     unknown = sorted(set(target) - set(TARGET_KEYS))
@@ -124,7 +87,7 @@ async def ha_call_service(deps: FarmDeps, ctx: RequestContext, params: dict[str,
     return {"service": f"{p.domain}.{p.service}", "changedStates": [_state(s) for s in changed]}
 
 
-async def ha_set_entity(deps: FarmDeps, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+async def ha_set_entity(deps: FarmDeps, ctx: RequestContext, p: HaSetEntityParams) -> dict[str, Any]:
     """Set one entity to a value: `{entityId, value}`, through the service its domain uses.
 
     input_number/number: a number within the entity's min/max (set_value). input_boolean/switch/light/fan:
@@ -139,7 +102,6 @@ async def ha_set_entity(deps: FarmDeps, ctx: RequestContext, params: dict[str, A
         InvalidRequest: another domain, or a value the entity cannot take (the message gives the range or the
         options). NotFound: HA has no such entity. NotAllowed: outside the farm profile.
     """
-    p = _parse(_SetParams, params, "ha_set_entity")
     domain = p.entityId.split(".", 1)[0]
     if domain not in SETTABLE_DOMAINS:
         raise InvalidRequest(
@@ -166,7 +128,7 @@ async def ha_set_entity(deps: FarmDeps, ctx: RequestContext, params: dict[str, A
     }
 
 
-async def ha_restart(deps: FarmDeps, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+async def ha_restart(deps: FarmDeps, ctx: RequestContext, p: NoParams) -> dict[str, Any]:
     """Restart HA through its API (homeassistant.restart) and wait until it is RUNNING again.
 
     Returns:
@@ -175,7 +137,6 @@ async def ha_restart(deps: FarmDeps, ctx: RequestContext, params: dict[str, Any]
     Raises:
         Unavailable: HA is not RUNNING (it would ignore the restart). HaTimeout: not back in time.
     """
-    _parse(_NoParams, params, "ha_restart")
     seconds = await _ha(deps).restart(timeout=RESTART_TIMEOUT)
     return {"restarted": True, "seconds": round(seconds, 1)}
 
@@ -187,23 +148,6 @@ def _ha(deps: FarmDeps) -> HAClient:
     if deps.ha is None:
         raise Unavailable("Home Assistant is not configured on this host (the operator sets HA_URL and HA_TOKEN)")
     return deps.ha
-
-
-def _parse(model: type[_P], params: dict[str, Any], action: str) -> _P:
-    try:
-        return model.model_validate(params)
-    except ValidationError as err:
-        first = err.errors(include_url=False)[0]
-        where = ".".join(str(part) for part in first["loc"] if not str(part).startswith(("function-", "list[")))
-        if first["type"] == "extra_forbidden":
-            takes = ", ".join(model.model_fields) or "no params"
-            raise InvalidRequest(f"{action}: unknown param {where!r} ({action} takes {takes})") from None
-        if first["type"] == "missing":
-            raise InvalidRequest(f"{action}: missing param {where!r}") from None
-        message = str(first["msg"])
-        if first["type"] == "string_pattern_mismatch":
-            message = "not a valid Home Assistant name (lower-case letters, digits and '_', as in switch.pump_1)"
-        raise InvalidRequest(f"{action}: param {where!r}: {message}") from None
 
 
 def _entity_ids(value: Any, where: str) -> list[str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import difflib
-from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, Final
 
 from farmhost.errors import Conflict, InvalidRequest, NotFound, Unavailable
@@ -20,6 +19,14 @@ from farmhost.farm import dashboards as dash
 from farmhost.farm.dashboard_files import BACKUPS_DIR, Staging
 from farmhost.farm.dashboard_patch import apply_operations
 from farmhost.farm.homeassistant import HaNotFound, HaRejected
+from farmhost.protocol.params import (
+    DEFAULT_DASHBOARD,
+    MAX_DASHBOARD_BYTES,
+    HaApplyDashboardParams,
+    HaDashboardGetParams,
+    HaDashboardPatchParams,
+    HaDashboardValidateParams,
+)
 
 if TYPE_CHECKING:
     from farmhost.farm.deps import FarmDeps
@@ -32,32 +39,22 @@ DASHBOARD_ICON: Final = "mdi:sprout"
 # ------------------------------------------------------------------------------------------------ actions
 
 
-async def ha_dashboard_get(deps: FarmDeps, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+async def ha_dashboard_get(deps: FarmDeps, ctx: RequestContext, p: HaDashboardGetParams) -> dict[str, Any]:
     """The staged dashboard as data and YAML text, or one of its views (`viewPath`)."""
-    _allowed(params, "ha_dashboard_get", {"dashboard", "viewPath"})
-    name = _name(params)
-    path = params.get("viewPath")
-    if "viewPath" in params and not isinstance(path, str):
-        raise InvalidRequest("`viewPath` must be a view path (text)")
+    name, path = p.dashboard, p.viewPath
     # YAML work runs in a thread like the file I/O: a big dashboard takes ruamel a second to parse.
     return await asyncio.to_thread(_get, Staging(deps.dashboards_dir), name, path, _rules(deps))
 
 
-async def ha_dashboard_validate(deps: FarmDeps, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+async def ha_dashboard_validate(deps: FarmDeps, ctx: RequestContext, p: HaDashboardValidateParams) -> dict[str, Any]:
     """Check the staged dashboard (or YAML `content`): syntax, structure and, with `checkEntities`, entities."""
-    _allowed(params, "ha_dashboard_validate", {"dashboard", "content", "checkEntities"})
-    check_entities = _flag(params, "checkEntities", default=False)
-    if "content" in params:
-        if "dashboard" in params:
-            raise InvalidRequest("give either `dashboard` (a staged dashboard) or `content` (YAML text), not both")
-        content = params["content"]
-        if not isinstance(content, str):
-            raise InvalidRequest("`content` must be the dashboard as YAML text")
-        if len(content.encode()) > dash.MAX_DASHBOARD_BYTES:
-            raise InvalidRequest(f"`content` is larger than {dash.MAX_DASHBOARD_BYTES // 1024} KiB")
-        name, text = None, content
+    check_entities = p.checkEntities
+    if p.content is not None:
+        if len(p.content.encode()) > MAX_DASHBOARD_BYTES:
+            raise InvalidRequest(f"`content` is larger than {MAX_DASHBOARD_BYTES // 1024} KiB")
+        name, text = None, p.content
     else:
-        name = _name(params)
+        name = p.dashboard or DEFAULT_DASHBOARD
         text = await asyncio.to_thread(Staging(deps.dashboards_dir).read, name)
     rules = _rules(deps)
     config, check = await asyncio.to_thread(_validate_checked, text, rules, _what(name))
@@ -74,20 +71,16 @@ async def ha_dashboard_validate(deps: FarmDeps, ctx: RequestContext, params: dic
     return result
 
 
-async def ha_dashboard_patch(deps: FarmDeps, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+async def ha_dashboard_patch(deps: FarmDeps, ctx: RequestContext, p: HaDashboardPatchParams) -> dict[str, Any]:
     """Apply patch operations to the staged dashboard, all or nothing; `dryRun` shows the result unwritten."""
-    _allowed(params, "ha_dashboard_patch", {"dashboard", "operations", "dryRun"}, required={"operations"})
-    name = _name(params)
-    dry_run = _flag(params, "dryRun", default=False)
     rules = _rules(deps)
-    return await asyncio.to_thread(_patch, Staging(deps.dashboards_dir), name, params["operations"], dry_run, rules)
+    staging = Staging(deps.dashboards_dir)
+    return await asyncio.to_thread(_patch, staging, p.dashboard, list(p.operations), p.dryRun, rules)
 
 
-async def ha_apply_dashboard(deps: FarmDeps, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+async def ha_apply_dashboard(deps: FarmDeps, ctx: RequestContext, p: HaApplyDashboardParams) -> dict[str, Any]:
     """Validate the staged dashboard, back up what HA has, and save it as HA's storage-mode dashboard."""
-    _allowed(params, "ha_apply_dashboard", {"dashboard", "backup"})
-    name = _name(params)
-    backup = _flag(params, "backup", default=True)
+    name, backup = p.dashboard, p.backup
     staging = Staging(deps.dashboards_dir)
     rules = _rules(deps)
     config, check = await asyncio.to_thread(lambda: _validate_checked(staging.read(name), rules, _what(name)))
@@ -120,28 +113,6 @@ async def ha_apply_dashboard(deps: FarmDeps, ctx: RequestContext, params: dict[s
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-
-
-def _allowed(params: dict[str, Any], action: str, allowed: set[str], *, required: Collection[str] = ()) -> None:
-    unknown = sorted(set(params) - allowed)
-    if unknown:
-        raise InvalidRequest(
-            f"{action} does not take {', '.join(f'`{u}`' for u in unknown)} (it takes {', '.join(sorted(allowed))})"
-        )
-    missing = sorted(set(required) - set(params))
-    if missing:
-        raise InvalidRequest(f"{action} needs {', '.join(f'`{m}`' for m in missing)}")
-
-
-def _name(params: dict[str, Any]) -> str:
-    return dash.check_name(params.get("dashboard", dash.DEFAULT_DASHBOARD))
-
-
-def _flag(params: dict[str, Any], key: str, *, default: bool) -> bool:
-    value = params.get(key, default)
-    if not isinstance(value, bool):
-        raise InvalidRequest(f"`{key}` must be true or false")
-    return value
 
 
 def _rules(deps: FarmDeps) -> dashboard_policy.ContentRules:

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from farmhost.errors import FarmhostError, InvalidRequest, NotAllowed, NotFound
-from farmhost.farm.dashboards import MAX_DASHBOARD_BYTES
 from farmhost.layout import shipped_dir
+from farmhost.protocol.params import MAX_DASHBOARD_BYTES
 
 BACKUPS_DIR: Final = "backups"
 BACKUP_RE: Final = re.compile(r"^\d{8}T\d{6}\.\d{6}Z(-\d+)?\.json$")

@@ -15,9 +15,9 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
 from farmhost.errors import InvalidRequest
 from farmhost.farm.dashboard_comments import map_delete, map_set, seq_insert, seq_pop
-from farmhost.farm.dashboards import CARD_ID_RE, VIEW_PATH_RE, to_yaml_node
+from farmhost.farm.dashboards import CARD_ID_RE, to_yaml_node
+from farmhost.protocol.params import MAX_OPERATIONS, VIEW_PATH_RE
 
-MAX_OPERATIONS: Final = 100
 # Where the `- ` of an item starts once dumped with the layout of `dashboards._yaml` (mapping 2, sequence 4,
 # offset 2): comment lines that move with an item are re-indented to match.
 VIEW_COLUMN: Final = 2

@@ -18,20 +18,16 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq, TaggedScalar
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from farmhost.errors import InvalidRequest
-from farmhost.protocol.codes import DASHBOARD_RE
+from farmhost.protocol.codes import DASHBOARD_RE, ENTITY_ID_RE
+from farmhost.protocol.params import MAX_DASHBOARD_BYTES, VIEW_PATH_RE
 
-DEFAULT_DASHBOARD: Final = "farm"
 # HA requires a hyphen in a dashboard's url path. A fixed prefix is injective (no two names give one path),
 # always has a hyphen, and cannot collide with HA's built-in panels (config, map, developer-tools, ...).
 URL_PATH_PREFIX: Final = "farmhost-"
-# A farm dashboard is a few kilobytes; 256 KiB is a hundred views, and keeps ruamel's parse well under a second.
-MAX_DASHBOARD_BYTES: Final = 256 * 1024
 # Anchors and aliases are kept as references by the round-trip loader; expanding them for HA must stay bounded.
 MAX_NODES: Final = 50_000
 MAX_DEPTH: Final = 32
-VIEW_PATH_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 CARD_ID_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
-ENTITY_ID_RE: Final = re.compile(r"^[a-z0-9_]+\.[a-z0-9_]+$")
 # Keys whose values name entities anywhere in a dashboard (cards, rows, badges, conditions, action targets).
 _ENTITY_KEYS: Final = frozenset({"entity", "entity_id", "entities", "badges"})
 

@@ -30,4 +30,5 @@ class FarmDeps:
 
 
 # One farm action: validated params in, a JSON-able result out; raises FarmhostError subclasses for failures.
-FarmAction = Callable[["FarmDeps", "RequestContext", dict[str, Any]], Awaitable[Any]]
+# An action gets its params already validated by their model (farmhost.protocol.params.ACTION_PARAMS).
+FarmAction = Callable[["FarmDeps", "RequestContext", Any], Awaitable[Any]]

@@ -18,7 +18,8 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from farmhost.errors import NotAllowed, Unauthorized
-from farmhost.protocol.requests import CONTROL_ACTIONS, FarmActionName
+from farmhost.protocol.codes import FarmActionName
+from farmhost.protocol.requests import CONTROL_ACTIONS
 
 # Service domains no agent may call, whatever the profile says: they reach the host itself (shell_command,
 # python_script, pyscript, hassio), HA's own lifecycle (homeassistant: ha_restart has its own action),

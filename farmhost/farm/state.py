@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 from zoneinfo import ZoneInfo
 
-from farmhost.errors import InvalidRequest, Unavailable
+from farmhost.errors import Unavailable
 from farmhost.farm import telemetry
 from farmhost.farm.alerts import AlertBook, AlertThresholds, evaluate, local_iso, reconcile
 from farmhost.farm.homeassistant import HaError, HaUnavailable
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from farmhost.farm.homeassistant import HAClient
     from farmhost.ipc.handlers import RequestContext
     from farmhost.layout import DataLayout
+    from farmhost.protocol.params import NoParams
 
 logger = logging.getLogger(__name__)
 
@@ -380,16 +381,13 @@ def collector_options(settings: Settings) -> dict[str, Any]:
     return options
 
 
-async def farm_state_refresh(deps: FarmDeps, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+async def farm_state_refresh(deps: FarmDeps, ctx: RequestContext, params: NoParams) -> dict[str, Any]:
     """Poll HA now and rewrite `farm-state/*.json`; returns {entities, activeAlerts, haConnected, files, generatedAt}.
 
     Raises:
-        InvalidRequest: params were given (the action takes none).
         Unavailable: Home Assistant is not configured.
         HaError: HA could not be read; the files were still rewritten, marked stale (`haConnected: false`).
     """
-    if params:
-        raise InvalidRequest(f"farm_state_refresh takes no params (got {', '.join(sorted(params))})")
     # The app's running collector when it is in the deps (one writer of farm-state/), else a one-off collector that
     # picks up the alerts from alerts.json.
     collector = deps.state

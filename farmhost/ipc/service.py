@@ -26,7 +26,7 @@ from farmhost.ipc.sweeper import sweep_host_temp, sweep_quarantine, sweep_result
 from farmhost.ipc.watcher import InotifyWatcher
 from farmhost.ipc.worker import QueueWorker
 from farmhost.layout import DataLayout
-from farmhost.protocol.codes import Queue
+from farmhost.protocol.codes import HOST_STATUS, Queue
 from farmhost.store import groups as group_store
 from farmhost.store import ledger
 from farmhost.store.db import Database, now_utc
@@ -226,7 +226,7 @@ class IpcService:
             for queue in (None, *Queue):
                 self._watcher.unwatch(folder, queue.value if queue else None)
         self._write_snapshot(
-            attached, snapshots.HOST_STATUS, snapshots.host_status(self._identity, status=status, now=self._clock())
+            attached, HOST_STATUS, snapshots.host_status(self._identity, status=status, now=self._clock())
         )
         self._snapshots.forget(folder)
         attached.gdir.close()
@@ -325,13 +325,13 @@ class IpcService:
         # Sixteen fsyncs would stall every queue for tens of milliseconds on an SD card: write them in a thread,
         # on duplicated descriptors that stay valid even if a group is detached meanwhile.
         targets = list(self._groups.values())
-        jobs = [(os.dup(attached.gdir.fd), snapshots.HOST_STATUS, document) for attached in targets]
+        jobs = [(os.dup(attached.gdir.fd), HOST_STATUS, document) for attached in targets]
         written = await asyncio.to_thread(write_all_sync, jobs)
         for attached, ok in zip(targets, written, strict=True):
             if not ok and attached.group.folder in self._groups:
-                self._write_snapshot(attached, snapshots.HOST_STATUS, document)  # evicts, logs once
-            elif ok and (attached.group.folder, snapshots.HOST_STATUS) in self._failing_snapshots:
-                self._write_snapshot(attached, snapshots.HOST_STATUS, document)  # logs the recovery
+                self._write_snapshot(attached, HOST_STATUS, document)  # evicts, logs once
+            elif ok and (attached.group.folder, HOST_STATUS) in self._failing_snapshots:
+                self._write_snapshot(attached, HOST_STATUS, document)  # logs the recovery
 
     def _sweep(self) -> None:
         now, wall = self._clock(), time.time()

@@ -17,6 +17,7 @@ from typing import Any
 from farmhost.ipc import snapshots
 from farmhost.ipc.handlers import Change
 from farmhost.ipc.writer import dump_json
+from farmhost.protocol.codes import AVAILABLE_GROUPS, CURRENT_TASKS
 from farmhost.store.db import Database
 from farmhost.store.groups import Group
 
@@ -27,7 +28,7 @@ Targets = Callable[[], Sequence[tuple[Group, int]]]
 # Writes one snapshot on the loop, evicting what is in the way and logging a failure once; returns success.
 WriteOnLoop = Callable[[str, str, object], bool]
 
-_SNAPSHOTS = {Change.TASKS: snapshots.CURRENT_TASKS, Change.GROUPS: snapshots.AVAILABLE_GROUPS}
+_SNAPSHOTS = {Change.TASKS: CURRENT_TASKS, Change.GROUPS: AVAILABLE_GROUPS}
 
 
 class SnapshotWriter:

@@ -17,10 +17,6 @@ from farmhost.store.groups import Group
 
 logger = logging.getLogger(__name__)
 
-CURRENT_TASKS = "current_tasks.json"
-AVAILABLE_GROUPS = "available_groups.json"
-HOST_STATUS = "host_status.json"
-
 
 @dataclass(frozen=True, kw_only=True)
 class HostIdentity:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 from farmhost.errors import InvalidRequest, NotFound, Unauthorized
 from farmhost.ipc.handlers import RequestContext
@@ -13,15 +13,15 @@ from farmhost.store import groups
 GLOBAL_FOLDER: Final = "global"
 
 
-def target_folder(ctx: RequestContext, params: dict[str, Any], top_level: str | None) -> str:
-    """The folder a memory request reads: `params.groupFolder`, else the request's `groupFolder`, else its own.
+def target_folder(ctx: RequestContext, asked: str | None, top_level: str | None) -> str:
+    """The folder a memory request reads: `asked` (params.groupFolder), else the request's `groupFolder`, else its own.
 
     Raises:
         InvalidRequest: not a folder name.
         Unauthorized: a non-main group asking for another group's memory.
         NotFound: main asking for a folder that is not registered.
     """
-    folder = params.get("groupFolder", top_level) or ctx.group.folder
+    folder = asked or top_level or ctx.group.folder
     if not isinstance(folder, str) or not FOLDER_RE.fullmatch(folder):
         raise InvalidRequest("groupFolder must be a group folder name (letters, digits, '_' or '-'), never a path")
     if folder == ctx.group.folder or folder == GLOBAL_FOLDER:

@@ -5,23 +5,18 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Final
 
-from farmhost.errors import InvalidRequest
 from farmhost.ipc.handlers import Effect, Handlers, HandlerSpec, RequestContext
 from farmhost.layout import GLOBAL_MEMORY_FOLDER, DataLayout
 from farmhost.memory.access import target_folder
 from farmhost.memory.corpus import MemoryCorpus, MemoryHit, SessionDoc, SessionHit
 from farmhost.memory.get import memory_get
 from farmhost.protocol.envelope import Outcome, utc_stamp
+from farmhost.protocol.params import MAX_TOP_K, MemorySearchParams, parse_params
 from farmhost.protocol.requests import AnyRequest, MemoryActionRequest
 from farmhost.store import groups, transcripts
 
-DEFAULT_TOP_K: Final = 8
-MAX_TOP_K: Final = 64
 # One long file must not crowd out the rest of the memory.
 PER_FILE_CAP: Final = 3
-MAX_QUERY_CHARS: Final = 1000
-SOURCES: Final = ("memory", "sessions", "all")
-_PARAMS: Final = frozenset({"query", "topK", "sources", "groupFolder"})
 
 
 class MemoryService:
@@ -83,31 +78,14 @@ def session_docs(ctx: RequestContext, folder: str) -> tuple[SessionDoc, ...]:
     )
 
 
-def _params(params: dict[str, Any]) -> tuple[str, int, str]:
-    unknown = sorted(set(params) - _PARAMS)
-    if unknown:
-        raise InvalidRequest(
-            f"unknown param(s) {', '.join(unknown)}; memory_search takes query, topK, sources, groupFolder"
-        )
-    query = params.get("query")
-    if not isinstance(query, str) or not query.strip() or len(query) > MAX_QUERY_CHARS:
-        raise InvalidRequest(f"query must be non-empty text of at most {MAX_QUERY_CHARS} characters")
-    top_k = params.get("topK", DEFAULT_TOP_K)
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
-        raise InvalidRequest(f"topK must be a whole number from 1 to {MAX_TOP_K}, got {top_k!r}")
-    sources = params.get("sources", "all")
-    if sources not in SOURCES:
-        raise InvalidRequest(f"sources must be one of {', '.join(SOURCES)}, got {sources!r}")
-    return query, top_k, sources
-
-
 def memory_handlers(service: MemoryService) -> Handlers:
     """The memory_action rows: search through `service`, and memory_get."""
 
     async def memory_search(ctx: RequestContext, request: AnyRequest) -> Outcome:
         assert isinstance(request, MemoryActionRequest)
-        query, top_k, sources = _params(request.params)
-        folder = target_folder(ctx, request.params, request.groupFolder)
+        p = parse_params(MemorySearchParams, request.params, "memory_search")
+        query, top_k, sources = p.query, p.topK, p.sources
+        folder = target_folder(ctx, p.groupFolder, request.groupFolder)
         sessions = session_docs(ctx, folder) if sources != "memory" else ()
         hits = await service.search(folder, query, top_k=top_k, sessions=sessions, memory=sources != "sessions")
         return Outcome(result={"hits": hits})

@@ -7,14 +7,22 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from farmhost.protocol.codes import DASHBOARD_RE, FOLDER_RE, REQUEST_ID_RE, Queue, folder_problem
+from farmhost.protocol.codes import (
+    CHAT_JID_RE,
+    DASHBOARD_RE,
+    FOLDER_RE,
+    QUEUE_OF_TYPE,
+    REQUEST_ID_RE,
+    FarmActionName,
+    MemoryActionName,
+    Queue,
+    folder_problem,
+)
 
 RequestId = Annotated[str, StringConstraints(pattern=REQUEST_ID_RE.pattern)]
 FolderName = Annotated[str, StringConstraints(pattern=FOLDER_RE.pattern)]
 DashboardName = Annotated[str, StringConstraints(pattern=DASHBOARD_RE.pattern)]
-ChatJid = Annotated[str, StringConstraints(min_length=3, max_length=256, pattern=r"^[a-z][a-z0-9_-]*:\S+$")]
-EntityId = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+\.[a-z0-9_]+$", max_length=255)]
-Domain = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+$", max_length=64)]
+ChatJid = Annotated[str, StringConstraints(min_length=3, max_length=256, pattern=CHAT_JID_RE.pattern)]
 
 _NUL_PROBLEM: Final = "contains a NUL character (\\u0000); remove it, no chat, task or Home Assistant can use it"
 
@@ -153,18 +161,6 @@ CONTROL_ACTIONS: Final = frozenset(
 )
 # Actions that write files (a screenshot, farm-state): not HA control, but not safe to re-run blindly after a crash.
 FILE_WRITING_ACTIONS: Final = frozenset({"ha_capture_screenshot", "farm_state_refresh"})
-FarmActionName = Literal[
-    "ha_get_status",
-    "ha_call_service",
-    "ha_set_entity",
-    "ha_restart",
-    "ha_dashboard_get",
-    "ha_dashboard_validate",
-    "ha_dashboard_patch",
-    "ha_apply_dashboard",
-    "ha_capture_screenshot",
-    "farm_state_refresh",
-]
 
 
 class FarmActionRequest(_Request):
@@ -192,7 +188,7 @@ class MemoryActionRequest(_Request):
     """memory_search / memory_get over markdown memory and transcripts."""
 
     type: Literal["memory_action"]
-    action: Literal["memory_search", "memory_get"]
+    action: MemoryActionName
     params: Params = Field(default_factory=dict)
     groupFolder: str | None = None
 
@@ -220,7 +216,5 @@ AnyRequest = (
 )
 
 QUEUE_TYPES: Final[dict[Queue, tuple[str, ...]]] = {
-    Queue.MESSAGES: ("message", "file"),
-    Queue.TASKS: ("schedule_task", "pause_task", "resume_task", "cancel_task", "refresh_groups", "register_group"),
-    Queue.ACTIONS: ("farm_action", "ping", "memory_action"),
+    queue: tuple(kind for kind, home in QUEUE_OF_TYPE.items() if home is queue) for queue in Queue
 }

@@ -46,7 +46,7 @@ async def test_get_status_all_and_filtered(host: FarmHost, ha: HaInstance) -> No
 @pytest.mark.parametrize(
     ("params", "words"),
     [
-        ({"entityIds": ["../../etc/passwd"]}, ("entityIds.0", "not a valid Home Assistant name")),
+        ({"entityIds": ["../../etc/passwd"]}, ("entityIds.0", "must be an entity id")),
         ({"entityIds": ["sensor.air_temperature/../x"]}, ("entityIds.0",)),
         ({"entityIds": ["Sensor.Air"]}, ("entityIds.0",)),
         ({"domains": ["../sensor"]}, ("domains.0",)),

@@ -21,6 +21,7 @@ from farmhost.farm.dashboard_actions import ha_dashboard_patch
 from farmhost.farm.dashboard_files import shipped_dashboards
 from farmhost.farm.deps import FarmDeps
 from farmhost.layout import DataLayout
+from farmhost.protocol.params import HaDashboardPatchParams
 
 SHIPPED = Path(__file__).resolve().parents[2] / "dashboards" / "farm.yaml"
 
@@ -198,11 +199,11 @@ async def test_validate_finds_a_bogus_entity(host: FarmHost) -> None:
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        ({"content": "views: []\n", "dashboard": "farm"}, "give either `dashboard` (a staged dashboard) or `content`"),
-        ({"content": 3}, "`content` must be the dashboard as YAML text"),
-        ({"content": "x" * (256 * 1024 + 1)}, "`content` is larger than 256 KiB"),
-        ({"checkEntities": "yes"}, "`checkEntities` must be true or false"),
-        ({"path": "/etc/passwd"}, "ha_dashboard_validate does not take `path`"),
+        ({"content": "views: []\n", "dashboard": "farm"}, "give either dashboard (a staged dashboard) or content"),
+        ({"content": 3}, "'content' must be text"),
+        ({"content": "x" * (256 * 1024 + 1)}, "'content' must have at most 262144 characters"),
+        ({"checkEntities": "yes"}, "'checkEntities' must be true or false"),
+        ({"path": "/etc/passwd"}, "unknown param 'path'"),
     ],
 )
 async def test_validate_refuses_bad_params(host: FarmHost, params: dict[str, Any], message: str) -> None:
@@ -331,10 +332,10 @@ async def test_patch_creates_a_new_dashboard_from_views(host: FarmHost) -> None:
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        ({}, "ha_dashboard_patch needs `operations`"),
-        ({"operations": []}, "`operations` must be a non-empty list of patch operations"),
-        ({"operations": [{"op": "set_theme", "theme": "x"}], "dryRun": 1}, "`dryRun` must be true or false"),
-        ({"operations": [{"op": "set_theme", "theme": "x"}], "file": "x"}, "ha_dashboard_patch does not take `file`"),
+        ({}, "missing param 'operations'"),
+        ({"operations": []}, "'operations' must be a non-empty list"),
+        ({"operations": [{"op": "set_theme", "theme": "x"}], "dryRun": 1}, "'dryRun' must be true or false"),
+        ({"operations": [{"op": "set_theme", "theme": "x"}], "file": "x"}, "unknown param 'file'"),
     ],
 )
 async def test_patch_refuses_bad_params(host: FarmHost, params: dict[str, Any], message: str) -> None:
@@ -345,9 +346,9 @@ async def test_concurrent_patches_lose_no_update(host: FarmHost) -> None:
     name = stage(host, SMALL)
     deps = _deps(host)
     await asyncio.gather(*(
-        ha_dashboard_patch(deps, None, {"dashboard": name, "operations": [  # type: ignore[arg-type]
+        ha_dashboard_patch(deps, None, HaDashboardPatchParams(dashboard=name, operations=[  # type: ignore[arg-type]
             {"op": "add_card", "viewPath": "field", "card": {"type": "markdown", "id": f"note-{n}"}},
-        ]})
+        ]))
         for n in range(8)
     ))  # fmt: skip
     config = dash.to_plain(dash.load((host.data_dir / "dashboards" / f"{name}.yaml").read_text()))
@@ -366,7 +367,7 @@ def _deps(host: FarmHost) -> FarmDeps:
 
 # names and links -------------------------------------------------------------------------------------
 
-BAD_NAMES = ["../x", "farm/../../etc", "FARM", "a b", "", "a" * 65, "farm\x00", "/etc/passwd", "farm.yaml", 7, None]
+BAD_NAMES = ["../x", "farm/../../etc", "FARM", "a b", "", "a" * 65, "farm\x00", "/etc/passwd", "farm.yaml", 7]  # null is the default dashboard
 
 
 async def test_names_that_are_not_names_are_refused(host: FarmHost) -> None:
@@ -379,7 +380,7 @@ async def test_names_that_are_not_names_are_refused(host: FarmHost) -> None:
             ("ha_apply_dashboard", {"dashboard": name}),
         ):
             # NUL is refused in any params before a handler sees them
-            why = "NUL character" if isinstance(name, str) and "\x00" in name else "is not a valid name"
+            why = "NUL character" if isinstance(name, str) and "\x00" in name else "'dashboard' must be"
             refused(await host.ask("main", action, params), "invalid_request", why)
     assert not (host.data_dir / "dashboards").exists() or list((host.data_dir / "dashboards").iterdir()) == []
     assert not (host.data_dir.parent / "x.yaml").exists() and not (host.data_dir / "x.yaml").exists()

@@ -11,7 +11,8 @@ import pytest
 
 from farmhost.errors import InvalidRequest
 from farmhost.farm import dashboards as dash
-from farmhost.farm.dashboard_patch import MAX_OPERATIONS, OPERATIONS, OperationError, apply_operations
+from farmhost.farm.dashboard_patch import OPERATIONS, OperationError, apply_operations
+from farmhost.protocol.params import MAX_DASHBOARD_BYTES, MAX_OPERATIONS
 
 SHIPPED = Path(__file__).resolve().parents[2] / "dashboards" / "farm.yaml"
 
@@ -139,7 +140,7 @@ def test_alias_bombs_are_bounded() -> None:
 
 def test_oversize_content_is_refused() -> None:
     with pytest.raises(InvalidRequest, match="larger than 256 KiB"):
-        dash.load("x: " + "y" * dash.MAX_DASHBOARD_BYTES)
+        dash.load("x: " + "y" * MAX_DASHBOARD_BYTES)
 
 
 def test_timestamps_become_text() -> None:

@@ -32,6 +32,8 @@ from farmhost.farm.screenshots.ha_user import USER_NAME
 from farmhost.ipc.handlers import RequestContext
 from farmhost.layout import DataLayout
 from farmhost.protocol.codes import ErrorCode
+from farmhost.protocol.params import HaCaptureScreenshotParams
+from farmhost.protocol.params import parse_params as parse_action_params
 from farmhost.store.db import Database
 from farmhost.store.groups import Group, get_group, insert_group
 
@@ -151,10 +153,12 @@ class Farm:
     async def shoot(self, request_id: str, **params: Any) -> dict[str, Any]:
         """The action, with a real HA client on the admin token as the daemon has (none when HA is not set)."""
         if not (self.settings.ha_url and self.settings.ha_token):
-            return await ha_capture_screenshot(self.deps, self.ctx(request_id), params)  # type: ignore[no-any-return]
+            checked = parse_action_params(HaCaptureScreenshotParams, params, "ha_capture_screenshot")
+            return await ha_capture_screenshot(self.deps, self.ctx(request_id), checked)  # type: ignore[no-any-return]
         async with HAClient(url=self.settings.ha_url, token=self.settings.ha_token) as ha:
+            checked = parse_action_params(HaCaptureScreenshotParams, params, "ha_capture_screenshot")
             result: dict[str, Any] = await ha_capture_screenshot(
-                dataclasses.replace(self.deps, ha=ha), self.ctx(request_id), params
+                dataclasses.replace(self.deps, ha=ha), self.ctx(request_id), checked
             )
         return result
 

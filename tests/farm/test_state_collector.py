@@ -30,6 +30,7 @@ from farmhost.farm.state import StateCollector, collector_options, farm_state_re
 from farmhost.farm.telemetry import file_name, numeric_values, prune_sync
 from farmhost.layout import DataLayout
 from farmhost.protocol.codes import ErrorCode
+from farmhost.protocol.params import NoParams, parse_params
 
 T = TypeVar("T")
 # +05:45 all year (no DST): an offset no test machine has by accident, so a UTC or local date cannot pass for it.
@@ -450,22 +451,22 @@ async def test_farm_state_refresh_action(client: HAClient, layout: DataLayout, h
     deps = FarmDeps(settings=settings, layout=layout, ha=client, dashboards_dir=layout.root / "dashboards")
     ctx: Any = None  # the action does not use the request context
 
-    result = await farm_state_refresh(deps, ctx, {})
+    result = await farm_state_refresh(deps, ctx, NoParams())
     assert result["haConnected"] is True and result["activeAlerts"] == 0
     assert result["entities"] == len(read(layout.farm_state / "current.json")["entities"])
     assert set(result["files"]) == {"current.json", "alerts.json", "devices.json", "calendar.json"}
     assert result["generatedAt"].endswith(OFFSET)
 
     with pytest.raises(InvalidRequest, match="takes no params"):
-        await farm_state_refresh(deps, ctx, {"entityIds": ["x"]})
+        parse_params(NoParams, {"entityIds": ["x"]}, "farm_state_refresh")
     no_ha = FarmDeps(settings=settings, layout=layout, ha=None, dashboards_dir=layout.root / "dashboards")
     with pytest.raises(Unavailable, match="not configured"):
-        await farm_state_refresh(no_ha, ctx, {})
+        await farm_state_refresh(no_ha, ctx, NoParams())
 
     async with HAClient(url="http://127.0.0.1:9", token="x") as nowhere:  # nothing listens on port 9
         down = FarmDeps(settings=settings, layout=layout, ha=nowhere, dashboards_dir=layout.root / "dashboards")
         with pytest.raises(HaUnavailable, match="haConnected false") as err:
-            await farm_state_refresh(down, ctx, {})
+            await farm_state_refresh(down, ctx, NoParams())
     assert err.value.code is ErrorCode.UPSTREAM_UNAVAILABLE
     assert read(layout.farm_state / "current.json")["haConnected"] is False
 

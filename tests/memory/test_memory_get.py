@@ -94,10 +94,10 @@ def test_refusals(farm: Path, path: str, code: str, words: tuple[str, ...]) -> N
 @pytest.mark.parametrize(
     ("params", "words"),
     [
-        ({"path": "MEMORY.md", "from": 0}, ("from must be",)),
-        ({"path": "MEMORY.md", "lines": 5000}, ("lines must be",)),
-        ({"path": "MEMORY.md", "lines": "10"}, ("lines must be",)),
-        ({"path": 5}, ("path must be text",)),
+        ({"path": "MEMORY.md", "from": 0}, ("'from' must be at least 1",)),
+        ({"path": "MEMORY.md", "lines": 5000}, ("'lines' must be at most 2000",)),
+        ({"path": "MEMORY.md", "lines": "10"}, ("'lines' must be a whole number",)),
+        ({"path": 5}, ("'path' must be text",)),
         ({"path": "MEMORY.md", "offset": 3}, ("unknown param",)),
     ],
 )

@@ -24,6 +24,7 @@ from farmhost.farm.screenshots.browser import CHROMIUM_PATH, take_shot
 from farmhost.farm.screenshots.files import SCREENSHOTS_DIR, file_name, open_screenshots_dir, png_size, write_png
 from farmhost.farm.screenshots.params import ShotParams, parse_params
 from farmhost.protocol.codes import ErrorCode
+from farmhost.protocol.params import HaCaptureScreenshotParams
 
 if TYPE_CHECKING:
     from farmhost.farm.deps import FarmDeps
@@ -37,7 +38,9 @@ __all__ = ["CAPTURE_TIMEOUT", "CHROMIUM_PATH", "ShotParams", "capture", "ha_capt
 CAPTURE_TIMEOUT: Final = 30.0
 
 
-async def ha_capture_screenshot(deps: FarmDeps, ctx: RequestContext, params: dict[str, Any]) -> dict[str, Any]:
+async def ha_capture_screenshot(
+    deps: FarmDeps, ctx: RequestContext, params: HaCaptureScreenshotParams
+) -> dict[str, Any]:
     """The farm action: `{dashboard?, view?, width?, height?, zoom?, waitMs?, selector?}` -> the saved PNG.
 
     Returns:
@@ -47,7 +50,7 @@ async def ha_capture_screenshot(deps: FarmDeps, ctx: RequestContext, params: dic
         InvalidRequest, NotFound, NotAllowed (also: HA's dashboard breaks the content policy), Unavailable,
         FarmhostError (timeout, upstream_error).
     """
-    shot = parse_params(params)
+    shot = ShotParams.of(params)
     settings, ha = deps.settings, deps.ha
     if not (settings.ha_url and settings.ha_token) or ha is None:
         raise Unavailable("Home Assistant is not configured on this host (the operator sets HA_URL and HA_TOKEN)")

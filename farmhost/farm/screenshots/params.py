@@ -1,23 +1,13 @@
-"""The screenshot request's params: dashboard and view names (never URLs), sizes, zoom, wait and selector, checked."""
+"""The screenshot request as the capture uses it: the checked params (farmhost.protocol.params) and the page path."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
-from farmhost.errors import InvalidRequest
-from farmhost.farm.dashboards import DEFAULT_DASHBOARD, VIEW_PATH_RE, check_name, url_path
-
-WIDTH_RANGE: Final = (320, 3840)
-HEIGHT_RANGE: Final = (240, 2160)
-ZOOM_RANGE: Final = (0.5, 3.0)
-MAX_WAIT_MS: Final = 15_000
-MAX_SELECTOR_CHARS: Final = 200
-# CSS only: names, classes, ids, attributes, pseudo-classes, combinators. No backslash escapes, slashes, `@`, `{}`,
-# `;` or `>>` (Playwright's selector chaining), so the string cannot reach another selector engine.
-SELECTOR_RE: Final = re.compile(r"^[A-Za-z0-9 _.#:,>+~*\[\]=\"'()-]+$")
-PARAMS: Final = frozenset({"dashboard", "view", "width", "height", "zoom", "waitMs", "selector"})
+from farmhost.farm.dashboards import url_path
+from farmhost.protocol.params import DEFAULT_DASHBOARD, HaCaptureScreenshotParams
+from farmhost.protocol.params import parse_params as parse_action_params
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,6 +22,20 @@ class ShotParams:
     wait_ms: int = 0
     selector: str | None = None
 
+    @classmethod
+    def of(cls, params: HaCaptureScreenshotParams) -> ShotParams:
+        """The capture's view of the validated params."""
+        selector = params.selector.strip() if params.selector is not None else None
+        return cls(
+            dashboard=params.dashboard,
+            view=params.view,
+            width=params.width,
+            height=params.height,
+            zoom=float(params.zoom),
+            wait_ms=params.waitMs,
+            selector=selector,
+        )
+
     @property
     def url_path(self) -> str:
         """The path of the page in HA's frontend (never an absolute URL)."""
@@ -39,50 +43,9 @@ class ShotParams:
 
 
 def parse_params(params: dict[str, Any]) -> ShotParams:
-    """Check the agent's params: names not URLs, sizes in range.
+    """Check raw params with the action's model: names not URLs, sizes in range.
 
     Raises:
         InvalidRequest: an unknown param, a path or URL where a name belongs, a value out of range.
     """
-    unknown = sorted(set(params) - PARAMS)
-    if unknown:
-        raise InvalidRequest(f"unknown params {unknown}; ha_capture_screenshot takes {sorted(PARAMS)}")
-    params = {key: value for key, value in params.items() if value is not None}  # null means "the default"
-    view = params.get("view")
-    if view is not None and not (isinstance(view, str) and VIEW_PATH_RE.fullmatch(view)):
-        raise InvalidRequest(
-            f"view {repr(view)[:80]} is not a view path: use 1-64 letters, digits, '_' or '-' (a name, never a URL)"
-        )
-    return ShotParams(
-        dashboard=check_name(params.get("dashboard", DEFAULT_DASHBOARD)),
-        view=view,
-        width=int(_number(params, "width", 1280, WIDTH_RANGE)),
-        height=int(_number(params, "height", 800, HEIGHT_RANGE)),
-        zoom=float(_number(params, "zoom", 1.0, ZOOM_RANGE, whole=False)),
-        wait_ms=int(_number(params, "waitMs", 0, (0, MAX_WAIT_MS))),
-        selector=_selector(params.get("selector")),
-    )
-
-
-def _number(
-    params: dict[str, Any], key: str, default: float, bounds: tuple[float, float], *, whole: bool = True
-) -> float:
-    value = params.get(key, default)
-    kinds = int if whole else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not bounds[0] <= value <= bounds[1]:
-        kind = "whole number" if whole else "number"
-        raise InvalidRequest(f"{key} must be a {kind} from {bounds[0]:g} to {bounds[1]:g} (got {repr(value)[:40]})")
-    return float(value)
-
-
-def _selector(value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.strip() or len(value) > MAX_SELECTOR_CHARS:
-        raise InvalidRequest(f"selector must be a CSS selector of 1-{MAX_SELECTOR_CHARS} characters")
-    if not SELECTOR_RE.fullmatch(value) or ">>" in value:
-        raise InvalidRequest(
-            "selector may only use letters, digits, spaces and _ . # : , > + ~ * [ ] = \" ' ( ) - "
-            "(a CSS selector such as 'hui-entities-card' or '#main .card')"
-        )
-    return value.strip()
+    return ShotParams.of(parse_action_params(HaCaptureScreenshotParams, params, "ha_capture_screenshot"))
