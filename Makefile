@@ -12,7 +12,7 @@ export UV_PROJECT_ENVIRONMENT := .venv
 # without this every agent run compiles openai & co. from source (0.82 s -> 0.58 s per import).
 export UV_COMPILE_BYTECODE := 1
 
-.PHONY: demo run test test-fast install debian ha opencode lint typecheck pytest pytest-fast bench bench-attack clean
+.PHONY: demo run test test-fast install debian ha opencode lint typecheck pytest pytest-fast bench bench-attack schema clean
 
 ## demo: install farmhost and the local Home Assistant, then the live demo farm in ./demo-data: HA with the simulated
 ## farm, farmhost with the farm dashboard and a screenshot, a terminal chat with the agent (Ctrl-C stops it all)
@@ -71,6 +71,11 @@ bench: install
 ## bench-attack: main's ping and the event loop's lag while other groups attack the host (docs/performance.md)
 bench-attack: install
 	.venv/bin/python bench/ipc_under_attack.py
+
+# The IPC contract's JSON Schema, from the host's models: the docs' copy and the agent package's (its tools).
+schema: install
+	.venv/bin/farmhost schema -o docs/schema/ipc-v1.schema.json
+	cp docs/schema/ipc-v1.schema.json container/farmagent/ipc_contract.json
 
 clean:
 	rm -rf .venv .tools .mypy_cache .ruff_cache .pytest_cache

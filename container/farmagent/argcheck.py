@@ -2,13 +2,16 @@
 
 Models send wrong types and invented keys; refusing them here, with a sentence naming the argument, lets
 the model fix the call at once instead of the host quarantining a request file. Supported keywords: type,
-properties, required, additionalProperties, enum, minimum, maximum, minLength, maxLength, items, minItems,
-maxItems.
+properties, required, additionalProperties, enum, const, anyOf, pattern, minimum, maximum, exclusiveMinimum,
+exclusiveMaximum, minLength, maxLength, items, minItems, maxItems; annotations (description, default) are
+ignored.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from functools import cache
 from typing import Any, Final
 
 from farmagent.errors import InvalidRequestError
@@ -56,7 +59,12 @@ def _check(schema: Mapping[str, Any], value: Any, where: str, problems: list[str
         if not any(_is(kind, value) for kind in allowed):
             problems.append(f"{where} must be {' or '.join(allowed)} (got {_short(value)})")
             return
-    if "enum" in schema and value not in schema["enum"]:
+    branches = schema.get("anyOf")
+    if branches is not None and not _any_branch(branches, value, where, problems):
+        return
+    if "const" in schema and not _same(value, schema["const"]):
+        problems.append(f"{where} must be {schema['const']!r} (got {_short(value)})")
+    if "enum" in schema and not any(_same(value, option) for option in schema["enum"]):
         problems.append(f"{where} must be one of {', '.join(map(repr, schema['enum']))} (got {_short(value)})")
     if isinstance(value, dict):
         _check_object(schema, value, where, problems)
@@ -64,8 +72,38 @@ def _check(schema: Mapping[str, Any], value: Any, where: str, problems: list[str
         _check_array(schema, value, where, problems)
     elif isinstance(value, str):
         _bounds(len(value), schema.get("minLength"), schema.get("maxLength"), f"{where} length", problems)
+        if "pattern" in schema and not _pattern(schema["pattern"]).search(value):
+            problems.append(f"{where} must match {schema['pattern']} (got {_short(value)})")
     elif isinstance(value, int | float) and not isinstance(value, bool):
         _bounds(value, schema.get("minimum"), schema.get("maximum"), where, problems)
+        if "exclusiveMinimum" in schema and not value > schema["exclusiveMinimum"]:
+            problems.append(f"{where} must be more than {schema['exclusiveMinimum']:g} (got {value:g})")
+        if "exclusiveMaximum" in schema and not value < schema["exclusiveMaximum"]:
+            problems.append(f"{where} must be less than {schema['exclusiveMaximum']:g} (got {value:g})")
+
+
+def _any_branch(branches: list[Mapping[str, Any]], value: Any, where: str, problems: list[str]) -> bool:
+    """True when `value` fits one of `branches`; else the closest branch's problems are reported."""
+    best: list[str] | None = None
+    for branch in branches:
+        found: list[str] = []
+        _check(branch, value, where, found)
+        if not found:
+            return True
+        if best is None or len(found) < len(best):
+            best = found
+    problems.extend(best or [f"{where} fits none of the allowed forms (got {_short(value)})"])
+    return False
+
+
+def _same(a: Any, b: Any) -> bool:
+    # JSON equality: true is not 1.
+    return type(a) is type(b) and a == b if isinstance(a, bool) or isinstance(b, bool) else a == b
+
+
+@cache
+def _pattern(source: str) -> re.Pattern[str]:
+    return re.compile(source)
 
 
 def _check_object(schema: Mapping[str, Any], value: dict[str, Any], where: str, problems: list[str]) -> None:

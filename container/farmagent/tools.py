@@ -1,5 +1,9 @@
 """TOOLS: every farm operation an agent has, defined once (name, description, JSON Schema, function).
 
+The parameters of a tool that writes a request come from the contract the host exports (`tool_schemas.py`):
+bounds, enums and parameter descriptions are the host's own. Only the tools that never reach the host
+(`memory_write`, `farm_state_read`, the snapshot readers) describe their parameters here.
+
 The MCP server (`mcp_server.py`), the LLM runner (`loop.py`) and the shell CLI (`cli.py`) all serve exactly
 this table through `call_tool`, so a tool behaves the same for Claude Code over MCP and for the built-in runner.
 Adding an operation means adding a row. A tool runs with a `ToolContext`: the IPC client for the requests to
@@ -19,17 +23,9 @@ from farmagent.argcheck import check, obj
 from farmagent.config import AgentSettings
 from farmagent.errors import FarmagentError, InvalidRequestError
 from farmagent.ipc.client import IpcClient
+from farmagent.tool_schemas import action_parameters, request_parameters
 from farmagent.workspace import FARM_STATE_FILES, MAX_MEMORY_BYTES, WRITE_MODES, farm_state_read, memory_write
 
-_JID = {"type": "string", "minLength": 3, "maxLength": 256, "description": "chat id, e.g. telegram:-1001234"}
-_TASK_ID = {"type": "string", "minLength": 1, "maxLength": 128, "description": "the task's id (see list_tasks)"}
-_FOLDER = {
-    "type": "string",
-    "minLength": 1,
-    "maxLength": 64,
-    "description": "another group's folder (main only); default this group",
-}
-_DASHBOARD = {"type": "string", "minLength": 1, "maxLength": 64, "description": "dashboard name (default 'farm')"}
 _MAIN_DEFAULT = "Main group only, unless the farm profile opens it to other groups."
 
 
@@ -111,14 +107,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
         ),
         description="Send a text message to a chat. Any group may message its own chat; the main group may "
         "message any registered chat. Long text is split for Telegram, never cut. Returns {queued, chatJid, chunks}.",
-        parameters=obj(
-            {
-                "chatJid": _JID,
-                "text": {"type": "string", "minLength": 1, "maxLength": 65536, "description": "the message"},
-            },
-            "chatJid",
-            "text",
-        ),
+        parameters=request_parameters("message", "chatJid", "text"),
         run=lambda ctx, a: ctx.client.send_message(a["chatJid"], a["text"]),
     ),
     ToolSpec(
@@ -127,20 +116,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
         result=result_schema(),
         description="Send a file from this group's workspace (a path relative to it, e.g. a screenshot's "
         "'screenshots/x.png') to a chat, as a photo or document. Same chats as send_message.",
-        parameters=obj(
-            {
-                "chatJid": _JID,
-                "path": {
-                    "type": "string",
-                    "minLength": 1,
-                    "maxLength": 1024,
-                    "description": "relative to the workspace",
-                },
-                "caption": {"type": "string", "maxLength": 1024, "description": "text shown with the file"},
-            },
-            "chatJid",
-            "path",
-        ),
+        parameters=request_parameters("file", "chatJid", "path", "caption"),
         run=lambda ctx, a: ctx.client.send_file(a["chatJid"], a["path"], a.get("caption")),
     ),
     ToolSpec(
@@ -148,34 +124,11 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
         hints=Hints(read_only=False),
         result=result_schema({"taskId": {"type": "string"}, "nextRun": {"type": ["string", "null"]}}, "taskId"),
         description="Schedule a prompt to run as an agent later. schedule_type 'cron' (5 fields, farm's time zone, "
-        "e.g. '0 6 * * *'), 'interval' (milliseconds, at least 1000, as text or number) or 'once' (ISO-8601, farm's "
-        "local time unless an offset is given). context_mode 'group' continues the group's conversation, "
-        "'isolated' (default) starts fresh. Only main may set groupFolder to schedule for another group. "
+        "e.g. '0 6 * * *'), 'interval' (milliseconds, as text or number) or 'once' (ISO-8601, farm's local time "
+        "unless an offset is given). Only main may set groupFolder to schedule for another group. "
         "Returns {taskId, nextRun}.",
-        parameters=obj(
-            {
-                "prompt": {
-                    "type": "string",
-                    "minLength": 1,
-                    "maxLength": 16384,
-                    "description": "what the agent is asked",
-                },
-                "schedule_type": {
-                    "type": "string",
-                    "enum": ["cron", "interval", "once"],
-                    "description": "kind of schedule",
-                },
-                "schedule_value": {
-                    "type": ["string", "integer"],
-                    "description": "cron expression, interval in ms, or ISO-8601 time",
-                },
-                "context_mode": {"type": "string", "enum": ["isolated", "group"], "description": "default isolated"},
-                "groupFolder": _FOLDER,
-                "taskId": {"type": "string", "minLength": 1, "maxLength": 128, "description": "choose the id"},
-            },
-            "prompt",
-            "schedule_type",
-            "schedule_value",
+        parameters=request_parameters(
+            "schedule_task", "prompt", "schedule_type", "schedule_value", "context_mode", "groupFolder", "taskId"
         ),
         run=lambda ctx, a: ctx.client.schedule_task(
             a["prompt"],
@@ -191,7 +144,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
         hints=Hints(read_only=False, idempotent=True),
         result=result_schema(),
         description="Pause a scheduled task (this group's own tasks; main: any task).",
-        parameters=obj({"taskId": _TASK_ID}, "taskId"),
+        parameters=request_parameters("pause_task", "taskId"),
         run=lambda ctx, a: ctx.client.pause_task(a["taskId"]),
     ),
     ToolSpec(
@@ -199,7 +152,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
         hints=Hints(read_only=False, idempotent=True),
         result=result_schema(),
         description="Resume a paused task; a next run that passed while it was paused is recomputed.",
-        parameters=obj({"taskId": _TASK_ID}, "taskId"),
+        parameters=request_parameters("resume_task", "taskId"),
         run=lambda ctx, a: ctx.client.resume_task(a["taskId"]),
     ),
     ToolSpec(
@@ -207,7 +160,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
         hints=Hints(read_only=False, destructive=True, idempotent=True),
         result=result_schema(),
         description="Cancel a scheduled task for good (this group's own tasks; main: any task).",
-        parameters=obj({"taskId": _TASK_ID}, "taskId"),
+        parameters=request_parameters("cancel_task", "taskId"),
         run=lambda ctx, a: ctx.client.cancel_task(a["taskId"]),
     ),
     ToolSpec(
@@ -234,7 +187,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
         hints=Hints(read_only=False, idempotent=True),
         result=result_schema(),
         description="Re-read the known chats and rewrite the group list (main group only).",
-        parameters=obj({}),
+        parameters=request_parameters("refresh_groups"),
         run=lambda ctx, a: ctx.client.refresh_groups(),
         main_only=True,
     ),
@@ -244,18 +197,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
         result=result_schema(),
         description="Register a chat as a new group with its own workspace (main group only). folder: 1-64 "
         "letters, digits, '_' or '-'; not 'global' or 'errors'. A new group is never the main group.",
-        parameters=obj(
-            {
-                "jid": _JID,
-                "name": {"type": "string", "minLength": 1, "maxLength": 200, "description": "display name"},
-                "folder": {**_FOLDER, "description": "the new group's workspace folder"},
-                "trigger": {"type": "string", "minLength": 1, "maxLength": 100, "description": "e.g. @farm"},
-                "requiresTrigger": {"type": "boolean", "description": "answer only messages with the trigger"},
-            },
-            "jid",
-            "name",
-            "folder",
-        ),
+        parameters=request_parameters("register_group", "jid", "name", "folder", "trigger", "requiresTrigger"),
         run=lambda ctx, a: ctx.client.register_group(
             a["jid"], a["name"], a["folder"], a.get("trigger"), a.get("requiresTrigger")
         ),
@@ -268,7 +210,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
             {"pong": {"type": "boolean"}, "version": {"type": "string"}, "startedAt": {"type": "string"}}, "pong"
         ),
         description="Check that the farm host answers. Returns {pong, version, startedAt}.",
-        parameters=obj({}),
+        parameters=request_parameters("ping"),
         run=lambda ctx, a: ctx.client.ping(),
     ),
     ToolSpec(
@@ -278,19 +220,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
         description="Search the farm's memory: this group's MEMORY.md and memory/*.md, the global farm memory, and "
         "(sources 'sessions' or 'all') this group's chat history. Returns {hits: [{citation, groupFolder, snippet, "
         "score, ...}]}; open a hit with memory_get. Other groups' memory: main only.",
-        parameters=obj(
-            {
-                "query": {"type": "string", "minLength": 1, "maxLength": 2000, "description": "words to look for"},
-                "topK": {"type": "integer", "minimum": 1, "maximum": 64, "description": "hits to return (default 8)"},
-                "sources": {
-                    "type": "string",
-                    "enum": ["memory", "sessions", "all"],
-                    "description": "memory files, chat history, or both",
-                },
-                "groupFolder": _FOLDER,
-            },
-            "query",
-        ),
+        parameters=action_parameters("memory_search"),
         run=lambda ctx, a: ctx.client.memory_search(
             a["query"], top_k=a.get("topK"), sources=a.get("sources"), group_folder=a.get("groupFolder")
         ),
@@ -310,20 +240,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
         description="Read lines of a memory file: 'MEMORY.md' or 'memory/<name>.md' of this group, or of the "
         "global memory with groupFolder 'global'. from: first line (1-based), lines: how many (default 200). "
         "Returns {text, totalLines, truncated, nextFrom}.",
-        parameters=obj(
-            {
-                "path": {
-                    "type": "string",
-                    "minLength": 1,
-                    "maxLength": 1024,
-                    "description": "MEMORY.md or memory/<name>.md",
-                },
-                "groupFolder": {**_FOLDER, "description": "another group's folder (main only) or 'global'"},
-                "from": {"type": "integer", "minimum": 1, "description": "first line, 1-based (default 1)"},
-                "lines": {"type": "integer", "minimum": 1, "maximum": 2000, "description": "how many (default 200)"},
-            },
-            "path",
-        ),
+        parameters=action_parameters("memory_get"),
         run=lambda ctx, a: ctx.client.memory_get(
             a["path"], group_folder=a.get("groupFolder"), from_line=a.get("from"), lines=a.get("lines")
         ),
@@ -377,22 +294,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
         farm_action=True,
         description="Current Home Assistant states, filtered: an entity is returned when it is in entityIds or its "
         f"domain is in domains (none given: all). Unknown ids are listed in 'missing'. {_MAIN_DEFAULT}",
-        parameters=obj(
-            {
-                "entityIds": {
-                    "type": "array",
-                    "items": {"type": "string"},
-                    "maxItems": 500,
-                    "description": "e.g. ['sensor.soil_moisture']",
-                },
-                "domains": {
-                    "type": "array",
-                    "items": {"type": "string"},
-                    "maxItems": 100,
-                    "description": "e.g. ['switch', 'sensor']",
-                },
-            }
-        ),
+        parameters=action_parameters("ha_get_status"),
         run=lambda ctx, a: ctx.client.ha_get_status(a.get("entityIds"), a.get("domains")),
     ),
     ToolSpec(
@@ -403,16 +305,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
         description="Call a Home Assistant service, e.g. domain 'switch', service 'turn_on', target "
         "{'entity_id': 'switch.irrigation_pump'}. Returns the states it changed. Host-level domains (homeassistant, "
         f"hassio, shell_command, ...) are never allowed; the farm profile may narrow further. {_MAIN_DEFAULT}",
-        parameters=obj(
-            {
-                "domain": {"type": "string", "minLength": 1, "maxLength": 64, "description": "e.g. switch"},
-                "service": {"type": "string", "minLength": 1, "maxLength": 64, "description": "e.g. turn_on"},
-                "data": {"type": "object", "description": "service data, e.g. {'brightness': 120}"},
-                "target": {"type": "object", "description": "e.g. {'entity_id': 'switch.pump'}"},
-            },
-            "domain",
-            "service",
-        ),
+        parameters=action_parameters("ha_call_service"),
         run=lambda ctx, a: ctx.client.ha_call_service(a["domain"], a["service"], a.get("data"), a.get("target")),
     ),
     ToolSpec(
@@ -423,19 +316,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
         description="Set one entity: input_number/number to a number in its range; input_boolean/switch/light/fan "
         "on or off (true/false, 'on'/'off'); input_select/select to one of its options. Returns the state read back "
         f"and whether it is confirmed. {_MAIN_DEFAULT}",
-        parameters=obj(
-            {
-                "entityId": {
-                    "type": "string",
-                    "minLength": 3,
-                    "maxLength": 255,
-                    "description": "e.g. input_number.target",
-                },
-                "value": {"type": ["number", "string", "boolean"], "description": "number, on/off, or an option"},
-            },
-            "entityId",
-            "value",
-        ),
+        parameters=action_parameters("ha_set_entity"),
         run=lambda ctx, a: ctx.client.ha_set_entity(a["entityId"], a["value"]),
     ),
     ToolSpec(
@@ -445,7 +326,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
         farm_action=True,
         description="Restart Home Assistant and wait until it runs again (up to a few minutes on a Raspberry Pi). "
         f"Use only when asked to. {_MAIN_DEFAULT}",
-        parameters=obj({}),
+        parameters=action_parameters("ha_restart"),
         run=lambda ctx, a: ctx.client.ha_restart(),
     ),
     ToolSpec(
@@ -455,12 +336,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
         farm_action=True,
         description="Read the staged Lovelace dashboard (its views, config and YAML), or one view by viewPath. "
         f"{_MAIN_DEFAULT}",
-        parameters=obj(
-            {
-                "dashboard": _DASHBOARD,
-                "viewPath": {"type": "string", "minLength": 1, "maxLength": 64, "description": "one view"},
-            }
-        ),
+        parameters=action_parameters("ha_dashboard_get"),
         run=lambda ctx, a: ctx.client.ha_dashboard_get(a.get("dashboard"), a.get("viewPath")),
     ),
     ToolSpec(
@@ -472,18 +348,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
         farm_action=True,
         description="Check the staged dashboard, or YAML given in content (not both): syntax, structure and, with "
         f"checkEntities, entity ids Home Assistant does not know. Returns {{valid, errors, warnings}}. {_MAIN_DEFAULT}",
-        parameters=obj(
-            {
-                "dashboard": _DASHBOARD,
-                "content": {
-                    "type": "string",
-                    "minLength": 1,
-                    "maxLength": 262144,
-                    "description": "YAML to check instead",
-                },
-                "checkEntities": {"type": "boolean", "description": "also look up the entity ids in HA"},
-            }
-        ),
+        parameters=action_parameters("ha_dashboard_validate"),
         run=lambda ctx, a: ctx.client.ha_dashboard_validate(
             a.get("dashboard"), a.get("content"), a.get("checkEntities")
         ),
@@ -497,20 +362,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
         "update_view, remove_view, move_view, add_card, update_card, remove_card, move_card, set_theme; each an "
         "object with 'op' and its fields (docs/dashboards.md). dryRun shows the diff without writing. "
         f"{_MAIN_DEFAULT}",
-        parameters=obj(
-            {
-                "operations": {
-                    "type": "array",
-                    "items": {"type": "object"},
-                    "minItems": 1,
-                    "maxItems": 100,
-                    "description": "objects with 'op' and its fields",
-                },
-                "dashboard": _DASHBOARD,
-                "dryRun": {"type": "boolean", "description": "show the diff, write nothing"},
-            },
-            "operations",
-        ),
+        parameters=action_parameters("ha_dashboard_patch"),
         run=lambda ctx, a: ctx.client.ha_dashboard_patch(a["operations"], a.get("dashboard"), a.get("dryRun")),
     ),
     ToolSpec(
@@ -520,9 +372,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
         farm_action=True,
         description="Validate the staged dashboard and push it to Home Assistant, backing up what HA had. "
         f"{_MAIN_DEFAULT}",
-        parameters=obj(
-            {"dashboard": _DASHBOARD, "backup": {"type": "boolean", "description": "back up HA's copy (default true)"}}
-        ),
+        parameters=action_parameters("ha_apply_dashboard"),
         run=lambda ctx, a: ctx.client.ha_apply_dashboard(a.get("dashboard"), a.get("backup")),
     ),
     ToolSpec(
@@ -531,24 +381,8 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
         result=result_schema({"path": {"type": "string"}}),
         farm_action=True,
         description="Take a PNG screenshot of a dashboard view into this group's workspace; returns its path "
-        "(send it with send_file). width 320-3840, height 240-2160, zoom 0.5-3, waitMs 0-15000 extra wait. "
-        f"{_MAIN_DEFAULT}",
-        parameters=obj(
-            {
-                "dashboard": _DASHBOARD,
-                "view": {"type": "string", "minLength": 1, "maxLength": 64, "description": "view path"},
-                "width": {"type": "integer", "minimum": 320, "maximum": 3840, "description": "pixels"},
-                "height": {"type": "integer", "minimum": 240, "maximum": 2160, "description": "pixels"},
-                "zoom": {"type": "number", "minimum": 0.5, "maximum": 3, "description": "page zoom"},
-                "waitMs": {"type": "integer", "minimum": 0, "maximum": 15000, "description": "extra wait"},
-                "selector": {
-                    "type": "string",
-                    "minLength": 1,
-                    "maxLength": 200,
-                    "description": "CSS element to capture",
-                },
-            }
-        ),
+        f"(send it with send_file). {_MAIN_DEFAULT}",
+        parameters=action_parameters("ha_capture_screenshot"),
         run=lambda ctx, a: ctx.client.ha_capture_screenshot(
             a.get("dashboard"),
             a.get("view"),
@@ -565,7 +399,7 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
         result=result_schema(),
         farm_action=True,
         description=f"Poll Home Assistant now and rewrite the farm-state files. {_MAIN_DEFAULT}",
-        parameters=obj({}),
+        parameters=action_parameters("farm_state_refresh"),
         run=lambda ctx, a: ctx.client.farm_state_refresh(),
     ),
 )
@@ -593,7 +427,8 @@ def call_tool(context: ToolContext, name: str, arguments: Mapping[str, Any] | No
     try:
         if tool is None:
             raise InvalidRequestError(f"there is no tool {name!r}; tools: {', '.join(TOOLS_BY_NAME)}")
-        args = dict(arguments or {})
+        # null means the default, as on the host: models often send it for an argument they leave out.
+        args = {key: value for key, value in (arguments or {}).items() if value is not None}
         check(tool.parameters, args)
         result = tool.run(context, args)
     except FarmagentError as err:

@@ -9,10 +9,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from farmagent.errors import HostUnavailableError, InvalidRequestError, NoResultError, ProtocolError
+from farmagent.ipc.core import IpcCore
+
 from farmhost.cli.commands import open_existing
 from farmhost.config import Settings
 from farmhost.errors import InvalidRequest
-from farmhost.ipc.client import wait_result, write_request
 from farmhost.layout import DataLayout
 from farmhost.protocol.codes import HOST_STATUS, Queue
 from farmhost.store import groups
@@ -59,6 +61,8 @@ def send(args: argparse.Namespace, settings: Settings) -> int:
         raise InvalidRequest("the request must be a JSON object")
     if payload.get("requestId", "") is None:  # null means "no id", as it does for the daemon
         del payload["requestId"]
+    if "requestId" in payload and not isinstance(payload["requestId"], str):
+        raise InvalidRequest(f"requestId {payload['requestId']!r} is not valid: it must be text")
     db = open_existing(settings)
     try:
         if groups.get_group(db.conn, args.group) is None:
@@ -66,29 +70,31 @@ def send(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         db.close()
     group_ipc = DataLayout(settings.data_dir).group_ipc(args.group)
+    # The agent's own client writes and waits: what this command proves is what an agent gets.
+    core = IpcCore(group_ipc, timeout=args.timeout)
     try:
-        request_id = write_request(group_ipc / args.queue, payload)
-    except ValueError as err:
-        raise InvalidRequest(str(err)) from None
-    result = wait_result(group_ipc, request_id, timeout=args.timeout)
-    if result is None:
+        request_id = core.write(args.queue, payload)
+    except (InvalidRequestError, HostUnavailableError) as err:
+        raise InvalidRequest(err.message) from None
+    try:
+        result = core.wait(request_id, queue=args.queue)
+    except NoResultError as err:
         print(f"farmhost: no result for {request_id} within {args.timeout:g} s", file=sys.stderr)
-        print(f"farmhost: {_withdraw(group_ipc / args.queue / f'{request_id}.json')}", file=sys.stderr)
+        print(f"farmhost: {_fate(err.withdrawn, group_ipc)}", file=sys.stderr)
         print(f"farmhost: {_daemon_state(group_ipc / HOST_STATUS, settings)}", file=sys.stderr)
         return EXIT_NO_RESULT
-    print(json.dumps(result, indent=2, ensure_ascii=False))
-    return EXIT_SUCCESS if result.get("status") == "success" else EXIT_ERROR
+    except (HostUnavailableError, ProtocolError) as err:
+        print(f"farmhost: {err.message}", file=sys.stderr)
+        print(f"farmhost: {_daemon_state(group_ipc / HOST_STATUS, settings)}", file=sys.stderr)
+        return EXIT_NO_RESULT
+    print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
+    return EXIT_SUCCESS if result.ok else EXIT_ERROR
 
 
-def _withdraw(request_file: Path) -> str:
-    # The daemon claims a request by renaming it away, so the unlink either wins (never executed) or finds nothing.
-    try:
-        request_file.unlink()
-    except FileNotFoundError:
-        return (
-            f"the daemon picked the request up; its result will appear in {request_file.parent.parent}/action_results/"
-        )
-    return "the request was withdrawn and will not be executed"
+def _fate(withdrawn: bool, group_ipc: Path) -> str:
+    if withdrawn:
+        return "the request was withdrawn and will not be executed"
+    return f"the daemon picked the request up; its result will appear in {group_ipc}/action_results/"
 
 
 def _daemon_state(status_file: Path, settings: Settings) -> str:

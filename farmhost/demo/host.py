@@ -17,12 +17,13 @@ import os
 from pathlib import Path
 from typing import Any, Final
 
+from farmagent.errors import FarmagentError
+from farmagent.ipc.core import IpcCore
+
 from farmhost.config import Settings
 from farmhost.errors import ConfigError, FarmhostError
 from farmhost.groups.registry import new_group, register
-from farmhost.ipc.client import wait_result, write_request
 from farmhost.layout import DataLayout
-from farmhost.protocol.codes import Queue
 from farmhost.store import groups
 from farmhost.store.db import Database, now_utc
 
@@ -115,16 +116,15 @@ async def farm_action(data_dir: Path, action: str, params: dict[str, Any]) -> di
     Raises:
         FarmhostError: the action answered with an error, or no answer came within ACTION_WAIT.
     """
-    group_ipc = DataLayout(data_dir).group_ipc(MAIN_FOLDER)
+    core = IpcCore(DataLayout(data_dir).group_ipc(MAIN_FOLDER), timeout=ACTION_WAIT)
     payload: dict[str, Any] = {"type": "farm_action", "action": action, "params": params}
-    request_id = write_request(group_ipc / Queue.ACTIONS.value, payload)
-    answer = await asyncio.to_thread(wait_result, group_ipc, request_id, timeout=ACTION_WAIT)
-    if answer is None:
-        raise FarmhostError(f"{action}: no answer from farmhost within {ACTION_WAIT:g} s")
-    if answer.get("status") != "success":
-        raise FarmhostError(f"{action} failed: {answer.get('error')} ({answer.get('errorCode')})")
-    result = answer.get("result")
-    return result if isinstance(result, dict) else {}
+    try:
+        answer = await asyncio.to_thread(core.request, payload)
+    except FarmagentError as err:
+        raise FarmhostError(f"{action}: {err.message}") from None
+    if not answer.ok:
+        raise FarmhostError(f"{action} failed: {answer.error} ({answer.error_code})")
+    return answer.result if isinstance(answer.result, dict) else {}
 
 
 async def apply_dashboard(data_dir: Path) -> dict[str, Any]:

@@ -22,7 +22,11 @@ from farmhost.protocol.codes import (
 RequestId = Annotated[str, StringConstraints(pattern=REQUEST_ID_RE.pattern)]
 FolderName = Annotated[str, StringConstraints(pattern=FOLDER_RE.pattern)]
 DashboardName = Annotated[str, StringConstraints(pattern=DASHBOARD_RE.pattern)]
-ChatJid = Annotated[str, StringConstraints(min_length=3, max_length=256, pattern=CHAT_JID_RE.pattern)]
+ChatJid = Annotated[
+    str,
+    StringConstraints(min_length=3, max_length=256, pattern=CHAT_JID_RE.pattern),
+    Field(description="chat id, e.g. telegram:-1001234"),
+]
 
 _NUL_PROBLEM: Final = "contains a NUL character (\\u0000); remove it, no chat, task or Home Assistant can use it"
 
@@ -87,7 +91,9 @@ class MessageRequest(_Request):
 
     type: Literal["message"]
     chatJid: ChatJid
-    text: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT_CHARS), NoNul]
+    text: Annotated[
+        str, StringConstraints(min_length=1, max_length=MAX_TEXT_CHARS), NoNul, Field(description="the message")
+    ]
     groupFolder: str | None = None
 
 
@@ -96,8 +102,14 @@ class FileRequest(_Request):
 
     type: Literal["file"]
     chatJid: ChatJid
-    path: Annotated[str, StringConstraints(min_length=1, max_length=1024)]
-    caption: Annotated[str, StringConstraints(max_length=1024), NoNul] | None = None
+    path: Annotated[
+        str,
+        StringConstraints(min_length=1, max_length=1024),
+        Field(description="relative to the group's workspace, e.g. screenshots/x.png"),
+    ]
+    caption: (
+        Annotated[str, StringConstraints(max_length=1024), NoNul, Field(description="text shown with the file")] | None
+    ) = None
     groupFolder: str | None = None
 
 
@@ -108,19 +120,32 @@ class ScheduleTaskRequest(_Request):
     """Create a cron/interval/once task."""
 
     type: Literal["schedule_task"]
-    prompt: Annotated[str, StringConstraints(min_length=1, max_length=MAX_PROMPT_CHARS), NoNul]
-    schedule_type: Literal["cron", "interval", "once"]
-    schedule_value: Annotated[str, StringConstraints(min_length=1, max_length=200), NoNul] | int
-    context_mode: Literal["isolated", "group"] = "isolated"
-    groupFolder: FolderName | None = None
-    taskId: RequestId | None = None
+    prompt: Annotated[
+        str,
+        StringConstraints(min_length=1, max_length=MAX_PROMPT_CHARS),
+        NoNul,
+        Field(description="what the agent is asked when the task runs"),
+    ]
+    schedule_type: Annotated[Literal["cron", "interval", "once"], Field(description="kind of schedule")]
+    schedule_value: Annotated[
+        Annotated[str, StringConstraints(min_length=1, max_length=200), NoNul] | int,
+        Field(description="cron expression (5 fields), interval in ms (at least 1000), or ISO-8601 time"),
+    ]
+    context_mode: Annotated[
+        Literal["isolated", "group"],
+        Field(description="'group' continues the group's conversation, 'isolated' starts fresh"),
+    ] = "isolated"
+    groupFolder: Annotated[
+        FolderName | None, Field(description="another group to schedule for (main only); default this group")
+    ] = None
+    taskId: Annotated[RequestId | None, Field(description="choose the task's id; default a new one")] = None
 
 
 class TaskIdRequest(_Request):
     """Pause, resume or cancel one task."""
 
     type: Literal["pause_task", "resume_task", "cancel_task"]
-    taskId: RequestId
+    taskId: Annotated[RequestId, Field(description="the task's id (see list_tasks)")]
     groupFolder: str | None = None
 
 
@@ -136,13 +161,20 @@ class RegisterGroupRequest(_Request):
 
     type: Literal["register_group"]
     jid: ChatJid
-    name: Annotated[str, StringConstraints(min_length=1, max_length=200), NoNul]
+    name: Annotated[str, StringConstraints(min_length=1, max_length=200), NoNul, Field(description="display name")]
     # The pattern is for the exported schema only: `_folder_is_valid` checks it with the contract's own message.
     folder: Annotated[
-        str, StringConstraints(min_length=1, max_length=64), Field(json_schema_extra={"pattern": FOLDER_RE.pattern})
+        str,
+        StringConstraints(min_length=1, max_length=64),
+        Field(
+            description="the new group's workspace folder; not 'global' or 'errors'",
+            json_schema_extra={"pattern": FOLDER_RE.pattern},
+        ),
     ]
-    trigger: Annotated[str, StringConstraints(min_length=1, max_length=100), NoNul] | None = None
-    requiresTrigger: bool = True
+    trigger: (
+        Annotated[str, StringConstraints(min_length=1, max_length=100), NoNul, Field(description="e.g. @farm")] | None
+    ) = None
+    requiresTrigger: Annotated[bool, Field(description="answer only messages with the trigger")] = True
     groupFolder: str | None = None
 
     @field_validator("folder")
@@ -164,7 +196,7 @@ FILE_WRITING_ACTIONS: Final = frozenset({"ha_capture_screenshot", "farm_state_re
 
 
 class FarmActionRequest(_Request):
-    """A Home Assistant / farm action; its params are checked by the action itself."""
+    """A Home Assistant / farm action; its params are checked by its model (farmhost.protocol.params)."""
 
     type: Literal["farm_action"]
     action: FarmActionName

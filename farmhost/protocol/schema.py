@@ -1,13 +1,18 @@
-"""The JSON Schema of the whole IPC contract, exported by `farmhost schema` into docs/schema/."""
+"""The JSON Schema of the whole IPC contract, exported by `farmhost schema` into docs/schema/ and into farmagent.
+
+The agent package carries the same document (`farmagent/ipc_contract.json`): its tool definitions are generated
+from `actions` (every action's params) and `requests` (every request type) there.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import TypeAdapter
 
 from farmhost.protocol.codes import ErrorCode, Status
-from farmhost.protocol.requests import ActionsRequest, MessagesRequest, TasksRequest
+from farmhost.protocol.params import ACTION_PARAMS
+from farmhost.protocol.requests import ActionsRequest, AnyRequest, MessagesRequest, TasksRequest
 
 SCHEMA_ID = "https://farmhost.invalid/schema/ipc-v1.json"
 
@@ -18,6 +23,8 @@ QUEUE_DEFS: dict[str, tuple[str, Any]] = {
     "actions": ("ActionsRequest", ActionsRequest),
 }
 RESULT_DEF = "Result"
+# The request models whose `params` depend on their `action`.
+ACTION_REQUEST_DEFS = {"FarmActionRequest", "MemoryActionRequest"}
 
 
 def result_schema() -> dict[str, Any]:
@@ -64,23 +71,50 @@ def contract_schema() -> dict[str, Any]:
     """
     defs: dict[str, Any] = {}
     for union_name, union in QUEUE_DEFS.values():
-        schema = TypeAdapter(union).json_schema(mode="validation")
-        for name, definition in schema.pop("$defs", {}).items():
-            if defs.setdefault(name, definition) != definition:
-                raise ValueError(f"two request models are both called {name!r}")
-        defs[union_name] = schema
+        defs[union_name] = _merge_defs(defs, TypeAdapter(union).json_schema(mode="validation"))
+    actions = {}
+    for action, model in ACTION_PARAMS.items():
+        defs[model.__name__] = _merge_defs(defs, model.model_json_schema(mode="validation"))
+        actions[action] = {"$ref": f"#/$defs/{model.__name__}"}
+    for name in ACTION_REQUEST_DEFS:
+        choices = defs[name]["properties"]["action"]
+        names = choices.get("enum") or [choices["const"]]
+        defs[name]["allOf"] = [
+            {"if": {"properties": {"action": {"const": a}}}, "then": {"properties": {"params": actions[a]}}}
+            for a in names
+        ]
     defs[RESULT_DEF] = result_schema()
     refs = {queue: {"$ref": f"#/$defs/{union_name}"} for queue, (union_name, _) in QUEUE_DEFS.items()}
+    requests = {
+        kind: {"$ref": f"#/$defs/{model.__name__}"}
+        for model in get_args(AnyRequest)
+        for kind in get_args(model.model_fields["type"].annotation)
+    }
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": SCHEMA_ID,
         "title": "farmhost IPC contract v1",
         "description": (
             "Requests an agent writes to ipc/<folder>/<queue>/*.json and the result the host writes back. "
-            "Validate a request against queues.<queue> (messages, tasks, actions), a result against result."
+            "Validate a request against queues.<queue> (messages, tasks, actions), a result against result; "
+            "requests.<type> is each request type's model and actions.<action> each action's params."
         ),
         "anyOf": [*refs.values(), {"$ref": f"#/$defs/{RESULT_DEF}"}],
         "queues": refs,
+        "requests": requests,
+        "actions": actions,
         "result": {"$ref": f"#/$defs/{RESULT_DEF}"},
         "$defs": defs,
     }
+
+
+def _merge_defs(defs: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    """Move `schema`'s own `$defs` into the shared `defs` and return the rest of it.
+
+    Raises:
+        ValueError: two different models share a name.
+    """
+    for name, definition in schema.pop("$defs", {}).items():
+        if defs.setdefault(name, definition) != definition:
+            raise ValueError(f"two contract models are both called {name!r}")
+    return schema

@@ -367,7 +367,18 @@ def _deps(host: FarmHost) -> FarmDeps:
 
 # names and links -------------------------------------------------------------------------------------
 
-BAD_NAMES = ["../x", "farm/../../etc", "FARM", "a b", "", "a" * 65, "farm\x00", "/etc/passwd", "farm.yaml", 7]  # null is the default dashboard
+BAD_NAMES = [
+    "../x",
+    "farm/../../etc",
+    "FARM",
+    "a b",
+    "",
+    "a" * 65,
+    "farm\x00",
+    "/etc/passwd",
+    "farm.yaml",
+    7,
+]  # null is the default dashboard
 
 
 async def test_names_that_are_not_names_are_refused(host: FarmHost) -> None:

@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 import pytest
 from agent_support import Farm, offline_context, pending
@@ -16,29 +16,7 @@ from farmagent import wire
 from farmagent.tools import TOOLS, TOOLS_BY_NAME, call_tool, tools_for
 from farmhost_testing import MAIN_JID
 
-from farmhost.ipc import snapshots
-from farmhost.protocol import codes
-from farmhost.protocol.requests import QUEUE_TYPES, FarmActionName, MemoryActionRequest
-
 CONTAINER = Path(__file__).parents[2] / "container"
-
-
-def test_the_wire_constants_are_the_hosts() -> None:
-    assert {c.value for c in wire.ErrorCode} == {c.value for c in codes.ErrorCode}
-    assert {q.value for q in wire.Queue} == {q.value for q in codes.Queue}
-    assert {t: q.value for t, q in wire.QUEUE_OF_TYPE.items()} == {
-        t: q.value for q, ts in QUEUE_TYPES.items() for t in ts
-    }
-    assert get_args(FarmActionName) == wire.FARM_ACTIONS
-    assert set(wire.MEMORY_ACTIONS) == set(get_args(MemoryActionRequest.model_fields["action"].annotation))
-    for name in ("REQUEST_ID_RE", "FOLDER_RE", "DASHBOARD_RE"):
-        assert getattr(wire, name).pattern == getattr(codes, name).pattern, name
-    assert wire.RESULTS_DIR == codes.RESULTS_DIR
-    assert (wire.CURRENT_TASKS, wire.AVAILABLE_GROUPS, wire.HOST_STATUS) == (
-        snapshots.CURRENT_TASKS,
-        snapshots.AVAILABLE_GROUPS,
-        snapshots.HOST_STATUS,
-    )
 
 
 def test_farmagent_never_imports_farmhost() -> None:
@@ -132,7 +110,7 @@ def test_every_tool_reaches_the_real_host(farm: Farm, name: str, arguments: dict
         ("memory_search", {"query": "x", "top_k": 5}, "unknown argument 'top_k'"),
         ("memory_get", {"path": "MEMORY.md", "lines": True}, "arguments.lines must be integer"),
         ("schedule_task", {"prompt": "p", "schedule_type": "weekly", "schedule_value": "x"}, "one of 'cron'"),
-        ("ha_set_entity", {"entityId": "switch.a", "value": None}, "arguments.value must be number or string"),
+        ("ha_set_entity", {"entityId": "switch.a", "value": None}, "arguments.value is required"),
         ("ha_dashboard_patch", {"operations": []}, "item count must be at least 1"),
         ("ha_dashboard_patch", {"operations": ["add_view"]}, "operations[0] must be object"),
         ("ha_capture_screenshot", {"zoom": 9}, "at most 3"),

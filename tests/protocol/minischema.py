@@ -14,8 +14,9 @@ from typing import Any
 
 # Keywords that only describe (they never make an instance invalid).
 ANNOTATIONS = frozenset({"$schema", "$id", "$defs", "title", "description", "default", "examples", "discriminator"})
-# The two entry points of farmhost's document (`queues.<queue>`, `result`): maps of sub-schemas, checked as such.
-FARMHOST_ENTRIES = frozenset({"queues", "result"})
+# The entry points of farmhost's document (`queues.<queue>`, `requests.<type>`, `actions.<action>`, `result`):
+# maps of sub-schemas, checked as such.
+FARMHOST_ENTRIES = frozenset({"queues", "requests", "actions", "result"})
 ASSERTIONS = frozenset(
     {
         "$ref",
@@ -29,6 +30,10 @@ ASSERTIONS = frozenset(
         "oneOf",
         "allOf",
         "items",
+        "minItems",
+        "maxItems",
+        "if",
+        "then",
         "pattern",
         "minLength",
         "maxLength",
@@ -64,11 +69,12 @@ def subschemas(schema: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
     for key in ("anyOf", "oneOf", "allOf"):
         for i, sub in enumerate(schema.get(key, [])):
             yield f"{key}/{i}", sub
-    for key in ("additionalProperties", "items", "result"):
+    for key in ("additionalProperties", "items", "result", "if", "then"):
         if isinstance(schema.get(key), dict):
             yield key, schema[key]
-    for name, sub in schema.get("queues", {}).items():
-        yield f"queues/{name}", sub
+    for entry in ("queues", "requests", "actions"):
+        for name, sub in schema.get(entry, {}).items():
+            yield f"{entry}/{name}", sub
 
 
 def walk(schema: dict[str, Any], where: str = "#") -> Iterator[tuple[str, dict[str, Any]]]:
@@ -124,6 +130,10 @@ def errors(instance: Any, schema: dict[str, Any], root: dict[str, Any], path: st
     found += _combinator_errors(instance, schema, root, path)
     if isinstance(instance, dict):
         found += _object_errors(instance, schema, root, path)
+    if isinstance(instance, list) and not schema.get("minItems", 0) <= len(instance) <= schema.get(
+        "maxItems", len(instance)
+    ):
+        found.append(f"{path}: {len(instance)} items, outside minItems/maxItems")
     if isinstance(instance, list) and isinstance(schema.get("items"), dict):
         for i, item in enumerate(instance):
             found += errors(item, schema["items"], root, f"{path}[{i}]")
@@ -144,6 +154,8 @@ def _combinator_errors(instance: Any, schema: dict[str, Any], root: dict[str, An
             found.append(f"{path}: matches {matches} of oneOf, not exactly one")
     for sub in schema.get("allOf", []):
         found += errors(instance, sub, root, path)
+    if "if" in schema and not errors(instance, schema["if"], root, path) and "then" in schema:
+        found += errors(instance, schema["then"], root, path)
     return found
 
 

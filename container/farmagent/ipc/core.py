@@ -20,6 +20,7 @@ from farmagent.wire import (
     CURRENT_TASKS,
     DEFAULT_TIMEOUT,
     HOST_STATUS,
+    QUEUE_DIRS,
     QUEUE_OF_TYPE,
     RESULTS_DIR,
     STALE_HEARTBEAT_SECONDS,
@@ -131,13 +132,34 @@ class IpcCore:
         if ttl is not None:
             document["ttl"] = ttl
         self.host_alive()
-        queue_dir = self.ipc_dir / QUEUE_OF_TYPE[str(kind)].value
+        return self.write(QUEUE_OF_TYPE[str(kind)].value, document)
+
+    def write(self, queue: str, document: Mapping[str, Any]) -> str:
+        """Write `document` into `queue` exactly as given (atomically), without checks of its content.
+
+        The primitive under `submit`, for a caller that sends what someone else wrote (`farmhost ipc send`): the
+        host is the one that judges the request. Returns the document's `requestId`, or a new one added to it.
+
+        Raises:
+            InvalidRequestError: not a queue of the contract, or a `requestId` the host would refuse as a name.
+            HostUnavailableError: the queue directory cannot be written.
+        """
+        if queue not in QUEUE_DIRS:
+            raise InvalidRequestError(f"unknown queue {queue!r}; queues: {', '.join(QUEUE_DIRS)}")
+        rid = document.get("requestId")
+        if rid is None:
+            rid = new_request_id()
+            document = {**document, "requestId": rid}
+        problem = request_id_problem(rid)
+        if problem:
+            raise InvalidRequestError(problem)
+        queue_dir = self.ipc_dir / queue
         data = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         try:
             write_atomic(queue_dir, f"{rid}.json", data)
         except OSError as err:
             raise HostUnavailableError(f"cannot write into {queue_dir} ({err.strerror})") from None
-        return rid
+        return str(rid)
 
     def wait(self, request_id: str, *, queue: str | None = None, timeout: float | None = None) -> IpcResult:
         """Wait for `action_results/<request_id>.json`, read it (no links, size-capped), delete it, parse it.
