@@ -260,7 +260,7 @@ elif [ -z "$NPM_ARCH" ]; then
 elif has_opencode "$PREFIX/opencode"; then
     say "      OpenCode $OPENCODE_VERSION kept ($PREFIX/opencode)"
 elif has_opencode "$REPO/.tools/opencode"; then
-    say "      OpenCode $OPENCODE_VERSION copied from $REPO/.tools/opencode"
+    say "      OpenCode $OPENCODE_VERSION from $REPO/.tools/opencode (this checkout's, make opencode)"
     run rm -rf "$PREFIX/opencode.new"
     run mkdir -p "$PREFIX/opencode.new/node_modules"
     run cp -a "$REPO/.tools/opencode/node_modules/opencode-ai" "$REPO/.tools/opencode/node_modules/opencode-linux-$NPM_ARCH" \
