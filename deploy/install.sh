@@ -4,9 +4,11 @@
 #
 #   sudo deploy/install.sh --user farmhost                  # /opt/farmhost, /var/lib/farmhost, /etc/farmhost
 #   deploy/install.sh --no-systemd --prefix ~/farmhost --data-dir ~/farmhost-data   # files only, as yourself
+#   sudo deploy/install.sh --user farmhost --with-opencode  # and OpenCode, for agents of kind opencode
 #
 # Safe to run again (an upgrade is `git pull` and the same command): the virtualenv is synced to the lock, the
-# source copy and the unit are replaced, the settings file and the data directory are kept.
+# source copy and the unit are replaced, the settings file and the data directory are kept; an OpenCode installed
+# once is brought to the pinned version on every run.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,9 +19,10 @@ RUN_USER=
 SYSTEMD=1
 DRY_RUN=0
 PYTHON=
+OPENCODE=0
 UNIT_DIR=/etc/systemd/system
 STEP=0
-STEPS=7
+STEPS=8
 
 usage() {
     cat <<EOF
@@ -34,6 +37,9 @@ Install farmhost from this checkout into a prefix, with the exact dependency ver
   --user NAME        the user the daemon runs as, created as a system user if missing (needs root);
                      required when run as root unless --no-systemd
   --python PATH      the Python 3.11+ to build the virtualenv on (default /usr/bin/python3, else python3)
+  --with-opencode    also install OpenCode (agent kind opencode, about 190 MB) at the version farmhost pins into
+                     DIR/opencode, from its npm package (needs npm), or copied from this checkout's .tools/opencode
+                     when that holds the version (make opencode); kept up to date by later runs
   --no-systemd       install the files only: no unit in $UNIT_DIR, no systemctl
   --dry-run          print what would be done and change nothing
   -h, --help         this text
@@ -76,6 +82,7 @@ while [ $# -gt 0 ]; do
         --user=*) RUN_USER=${1#*=}; shift ;;
         --python) PYTHON=${2:?--python needs a path}; shift 2 ;;
         --python=*) PYTHON=${1#*=}; shift ;;
+        --with-opencode) OPENCODE=1; shift ;;
         --no-systemd) SYSTEMD=0; shift ;;
         --dry-run) DRY_RUN=1; shift ;;
         -h | --help) usage; exit 0 ;;
@@ -139,6 +146,8 @@ say "  prefix      $PREFIX  (command: $PREFIX/bin/farmhost)"
 say "  data dir    $DATA_DIR"
 say "  settings    $CONFIG_DIR/farmhost.env"
 say "  user        $RUN_USER"
+[ -d "$PREFIX/opencode" ] && OPENCODE=1  # installed once: kept at the pinned version
+say "  opencode    $([ "$OPENCODE" = 1 ] && echo "yes, $PREFIX/opencode" || echo "no (--with-opencode)")"
 say "  systemd     $([ "$SYSTEMD" = 1 ] && echo "yes, $UNIT_DIR/farmhost.service" || echo no)"
 [ "$DRY_RUN" = 1 ] && say "  dry run: nothing is changed"
 
@@ -227,7 +236,47 @@ run "$UV" sync --quiet --frozen --no-dev --directory "$PREFIX/src"
 run "$PREFIX/bin/python" -m compileall -q "$PREFIX/src/farmhost" "$PREFIX/src/container/farmagent"
 [ "$DRY_RUN" = 1 ] || say "      $("$PREFIX/bin/farmhost" --version)"
 
-# ------------------------------------------------------------------------------------------ 4. settings
+# ------------------------------------------------------------------------------------------ 4. OpenCode
+# The binary of the npm package opencode-ai at the version farmhost/agents/kinds.py pins, where an installed
+# farmhost looks for it (PREFIX/opencode, next to the interpreter; bwrap mounts it read-only into runs of kind
+# opencode). The checkout's own copy (`make opencode`) when it is that version, else scripts/opencode-install (npm).
+step "OpenCode"
+OPENCODE_VERSION=$(sed -n 's/^OPENCODE_VERSION: Final = "\(.*\)".*/\1/p' "$REPO/farmhost/agents/kinds.py")
+[ -n "$OPENCODE_VERSION" ] || die "cannot read OPENCODE_VERSION from $REPO/farmhost/agents/kinds.py"
+# has_opencode DIR: DIR holds opencode-ai at the pinned version and the binary of this machine.
+has_opencode() {
+    grep -q "\"version\": \"$OPENCODE_VERSION\"" "$1/node_modules/opencode-ai/package.json" 2>/dev/null \
+        && [ -x "$1/node_modules/opencode-linux-$NPM_ARCH/bin/opencode" ]
+}
+case "$(uname -m)" in
+    x86_64) NPM_ARCH=x64 ;;
+    aarch64) NPM_ARCH=arm64 ;;
+    *) NPM_ARCH= ;;
+esac
+if [ "$OPENCODE" = 0 ]; then
+    say "      not installed (--with-opencode installs OpenCode $OPENCODE_VERSION for agents of kind opencode)"
+elif [ -z "$NPM_ARCH" ]; then
+    die "OpenCode has no prebuilt binary for $(uname -m); leave out --with-opencode"
+elif has_opencode "$PREFIX/opencode"; then
+    say "      OpenCode $OPENCODE_VERSION kept ($PREFIX/opencode)"
+elif has_opencode "$REPO/.tools/opencode"; then
+    say "      OpenCode $OPENCODE_VERSION from $REPO/.tools/opencode (this checkout's, make opencode)"
+    run rm -rf "$PREFIX/opencode.new"
+    run mkdir -p "$PREFIX/opencode.new/node_modules"
+    run cp -a "$REPO/.tools/opencode/node_modules/opencode-ai" "$REPO/.tools/opencode/node_modules/opencode-linux-$NPM_ARCH" \
+        "$PREFIX/opencode.new/node_modules/"
+    run rm -rf "$PREFIX/opencode"
+    run mv "$PREFIX/opencode.new" "$PREFIX/opencode"
+else
+    command -v npm >/dev/null 2>&1 || die "--with-opencode needs npm (apt-get install npm), or run 'make opencode' in $REPO first"
+    say "      OpenCode $OPENCODE_VERSION from npm (about 190 MB)"
+    run "$REPO/scripts/opencode-install" "$PREFIX/opencode"
+fi
+if [ "$OPENCODE" = 1 ] && [ "$DRY_RUN" = 0 ]; then
+    say "      $PREFIX/opencode/node_modules/opencode-linux-$NPM_ARCH/bin/opencode"
+fi
+
+# ------------------------------------------------------------------------------------------ 5. settings
 step "settings file $CONFIG_DIR/farmhost.env"
 run mkdir -p "$CONFIG_DIR"
 if [ -e "$CONFIG_DIR/farmhost.env" ]; then
@@ -239,7 +288,7 @@ else
 fi
 run install -m 0644 "$REPO/.env.example" "$CONFIG_DIR/farmhost.env.example"
 
-# ------------------------------------------------------------------------------------------ 5. data directory
+# ------------------------------------------------------------------------------------------ 6. data directory
 step "data directory $DATA_DIR"
 if [ "$IS_ROOT" = 1 ]; then
     run install -d -o "$RUN_USER" -g "$RUN_GROUP" -m 0750 "$DATA_DIR"
@@ -252,7 +301,7 @@ fi
 # From /, with a clean environment: no stray .env or FARMHOST_* of this shell ends up in the data directory.
 (cd / && run "${AS_USER[@]}" env -i PATH=/usr/bin:/bin "$PREFIX/bin/farmhost" init --data-dir "$DATA_DIR" | sed -n 's/^/      /; 1p')
 
-# ------------------------------------------------------------------------------------------ 6. systemd unit
+# ------------------------------------------------------------------------------------------ 7. systemd unit
 step "systemd unit"
 UNIT=$PREFIX/share/farmhost/farmhost.service
 render_unit() {
@@ -296,7 +345,7 @@ else
     say "      not installed (--no-systemd); to use it: install -m 0644 $UNIT $UNIT_DIR/"
 fi
 
-# ------------------------------------------------------------------------------------------ 7. check
+# ------------------------------------------------------------------------------------------ 8. check
 step "checking the install (farmhost doctor, without the settings file)"
 if [ "$DRY_RUN" = 0 ]; then
     (cd / && "${AS_USER[@]}" env -i PATH=/usr/bin:/bin "$PREFIX/bin/farmhost" doctor --data-dir "$DATA_DIR" \

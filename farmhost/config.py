@@ -79,6 +79,11 @@ class Settings(BaseSettings):
     # Each request's max_tokens is capped to this (and set to it when the agent sends none): a turn's answer is a
     # tool call or a reply of a few hundred tokens, and the cap bounds what one request can cost.
     llm_max_tokens: int = Field(default=4096, ge=16, le=1_000_000, validation_alias="FARMHOST_LLM_MAX_TOKENS")
+    # A stream is cut when the upstream sends nothing for this long (the whole stream is bounded by the 300 s request
+    # timeout): a hosted model sends a token every few ms, a small machine may read a long prompt for a minute first.
+    llm_stream_idle_timeout: float = Field(
+        default=90.0, gt=0, le=3600, validation_alias="FARMHOST_LLM_STREAM_IDLE_TIMEOUT"
+    )
     # Per group per day (the farm's time zone), persisted across restarts; agent-limits.json may override them.
     # 500 requests is ten full 12-turn runs and more; 2M tokens bounds a day's cost on a hosted model.
     llm_requests_per_day: int = Field(default=500, ge=1, le=1_000_000, validation_alias="FARMHOST_LLM_REQUESTS_PER_DAY")

@@ -2,14 +2,17 @@
 
 Every kind runs in the same sandbox with the same limits and contract (AgentInput on stdin, AgentResult as the
 last stdout line); a kind only changes the program and what it needs mounted. OpenCode is the binary of the
-`opencode-ai` npm package at a pinned version, installed by `scripts/opencode-install` (or named by
-FARMHOST_OPENCODE_BIN); it is mounted read-only and driven by `farmagent.opencode_run`.
+`opencode-ai` npm package at a pinned version, driven by `farmagent.opencode_run`: in the agent image (docker,
+podman) the one `container/Dockerfile` installed at IMAGE_OPENCODE_BIN; on the host (bwrap, process) the one
+`scripts/opencode-install` put in the checkout's `.tools/opencode` or `deploy/install.sh --with-opencode` in the
+prefix's `opencode/` (or FARMHOST_OPENCODE_BIN), mounted read-only.
 """
 
 from __future__ import annotations
 
 import platform
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
@@ -19,8 +22,13 @@ from farmhost.config import Settings
 from farmhost.layout import REPO_ROOT
 
 KindName = Literal["farmagent", "opencode", "command"]
-OPENCODE_VERSION: Final = "1.18.33"  # scripts/opencode-install installs exactly this
+# scripts/opencode-install installs exactly this; container/Dockerfile's OPENCODE_VERSION defaults to it.
+OPENCODE_VERSION: Final = "1.18.33"
 OPENCODE_DIR: Final = REPO_ROOT / ".tools" / "opencode"
+# deploy/install.sh --with-opencode: next to the virtualenv the daemon runs from (sys.prefix is the install prefix).
+PREFIX_OPENCODE_DIR: Final = Path(sys.prefix) / "opencode"
+# Where container/Dockerfile puts the binary in the agent image.
+IMAGE_OPENCODE_BIN: Final = "/opt/opencode/bin/opencode"
 _NPM_ARCH: Final = {"x86_64": "x64", "aarch64": "arm64"}
 
 
@@ -38,20 +46,30 @@ class AgentKind:
 
 
 def opencode_binary(settings: Settings) -> Path | None:
-    """FARMHOST_OPENCODE_BIN, else the one scripts/opencode-install put under .tools/, else `opencode` on PATH."""
+    """The host's OpenCode (bwrap, process).
+
+    FARMHOST_OPENCODE_BIN, else the checkout's .tools/opencode, else the install prefix's opencode/ (both installed
+    by scripts/opencode-install), else `opencode` on PATH.
+    """
     if settings.opencode_bin is not None:
         return settings.opencode_bin
     arch = _NPM_ARCH.get(platform.machine())
     if arch is not None:
-        installed = OPENCODE_DIR / "node_modules" / f"opencode-linux-{arch}" / "bin" / "opencode"
-        if installed.is_file():
-            return installed
+        for directory in (OPENCODE_DIR, PREFIX_OPENCODE_DIR):
+            installed = directory / "node_modules" / f"opencode-linux-{arch}" / "bin" / "opencode"
+            if installed.is_file():
+                return installed
     found = shutil.which("opencode")
     return Path(found).resolve() if found else None
 
 
-def agent_kind(name: KindName, command: tuple[str, ...] | None, settings: Settings) -> AgentKind:
+def agent_kind(
+    name: KindName, command: tuple[str, ...] | None, settings: Settings, *, in_image: bool = False
+) -> AgentKind:
     """The AgentKind of a run.
+
+    `in_image`: the run is a container of the agent image (docker, podman), which has its own OpenCode at
+    IMAGE_OPENCODE_BIN, so the host's is neither needed nor mounted.
 
     Raises:
         SandboxError: kind `opencode` without an OpenCode binary, or `command` without its argv.
@@ -60,12 +78,15 @@ def agent_kind(name: KindName, command: tuple[str, ...] | None, settings: Settin
         if not command:
             raise SandboxError("agent kind command has no command (FARMHOST_AGENT_COMMAND or agentCommand)")
         return AgentKind(name=name, argv=command, needs_llm=False)
+    if name == "opencode" and in_image:
+        return AgentKind(name=name, module="farmagent.opencode_run", env={"FARMAGENT_OPENCODE": IMAGE_OPENCODE_BIN},
+                         address_limit=False)  # fmt: skip
     if name == "opencode":
         binary = opencode_binary(settings)
         if binary is None or not binary.is_file():
             raise SandboxError(
                 f"agent kind opencode: no OpenCode binary (run scripts/opencode-install for {OPENCODE_VERSION}, "
-                "or set FARMHOST_OPENCODE_BIN)"
+                "or deploy/install.sh --with-opencode for an installed farmhost, or set FARMHOST_OPENCODE_BIN)"
             )
         mount = Mount(source=binary.parent, target=str(binary.parent), read_only=True)
         # Bun's JavaScriptCore reserves tens of GB of address space it never touches: RLIMIT_AS would stop it at

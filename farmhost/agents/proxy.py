@@ -38,9 +38,6 @@ SOCKET_NAME: Final = "llm.sock"
 MAX_BODY_BYTES: Final = 4 * 1024 * 1024
 # A hosted model answers in seconds, a model on a Pi's neighbour in minutes; the run's own timeout bounds it too.
 LLM_REQUEST_TIMEOUT: Final = 300.0
-# A stream is cut when the upstream sends nothing for this long (a stream may last up to LLM_REQUEST_TIMEOUT): a
-# hosted model sends a token every few ms, a small machine may read a long prompt for a minute before its first one.
-STREAM_IDLE_TIMEOUT: Final = 90.0
 MAX_RESPONSE_BYTES: Final = 16 * 1024 * 1024
 # A connection must be inside a request within this long of opening or of its last response: the agent's client sends
 # a request's headers in one write, and an idle kept-alive connection is cheap to open again.
@@ -72,7 +69,7 @@ class LlmProxy:
         max_body_bytes: int = MAX_BODY_BYTES,
         idle_timeout: float = IDLE_TIMEOUT,
         body_timeout: float = BODY_TIMEOUT,
-        stream_idle_timeout: float = STREAM_IDLE_TIMEOUT,
+        stream_idle_timeout: float | None = None,
     ) -> None:
         """A proxy for the daemon's runs; nothing opens before `start()`.
 
@@ -84,7 +81,8 @@ class LlmProxy:
             max_body_bytes: the largest request body accepted (413 above).
             idle_timeout: seconds a connection may stay outside a request before it is dropped.
             body_timeout: seconds a request's body has to arrive (408 after).
-            stream_idle_timeout: seconds a stream's upstream may send nothing before the stream is cut.
+            stream_idle_timeout: seconds a stream's upstream may send nothing before the stream is cut (default:
+                FARMHOST_LLM_STREAM_IDLE_TIMEOUT).
         """
         self._settings = settings
         self._layout = layout
@@ -95,7 +93,9 @@ class LlmProxy:
         self._max_body = max_body_bytes
         self._idle_timeout = idle_timeout
         self._body_timeout = body_timeout
-        self._stream_idle_timeout = stream_idle_timeout
+        self._stream_idle_timeout = (
+            settings.llm_stream_idle_timeout if stream_idle_timeout is None else stream_idle_timeout
+        )
         self._usage_missing_logged = False
         self._caps = ConnectionCaps(settings.llm_max_connections)
         self._session: aiohttp.ClientSession | None = None

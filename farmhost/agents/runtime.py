@@ -19,6 +19,7 @@ from farmhost.agents.backends import (
 )
 from farmhost.agents.backends.base import LaunchPlan
 from farmhost.agents.backends.bwrap import BwrapBackend
+from farmhost.agents.backends.docker import DockerBackend
 from farmhost.agents.cgroups import CgroupSupport, detect_sync, open_run_cgroup_sync
 from farmhost.agents.inputs import AgentResult, agent_input, parse_result, trim_memory
 from farmhost.agents.jobs import AgentJob, AgentOutcome, Status
@@ -263,7 +264,7 @@ class AgentRuntime:
         if self._command is not None:  # tests run their probes as a command
             return AgentKind(name="command", argv=self._command, needs_llm=False)
         name, command = self._limits.agent_choice(folder, self._settings.agent_kind, self._settings.agent_command_argv)
-        return agent_kind(name, command, self._settings)
+        return agent_kind(name, command, self._settings, in_image=isinstance(self._backend, DockerBackend))
 
     async def _prepare(self, folder: str) -> None:
         try:

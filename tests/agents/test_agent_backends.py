@@ -28,7 +28,7 @@ from farmhost.agents.backends import (
 from farmhost.agents.backends.docker import cli_env
 from farmhost.agents.backends.host import find_python_install_sync, minimal_paths
 from farmhost.agents.identity import AgentIdentity
-from farmhost.agents.kinds import agent_kind
+from farmhost.agents.kinds import IMAGE_OPENCODE_BIN, agent_kind
 from farmhost.agents.sandbox import sandbox_spec
 from farmhost.config import Settings
 from farmhost.layout import REPO_ROOT, DataLayout
@@ -328,18 +328,19 @@ def test_docker_command_for_each_agent_kind(root: Path, tmp_path: Path, kind: st
     binary.write_bytes(b"\x7fELF")
     settings = Settings(_env_file=None, FARMHOST_DATA_DIR=root, FARMHOST_OPENCODE_BIN=binary)  # type: ignore[call-arg]
     command = ("/workspace/group/agent", "--fast") if kind == "command" else None
-    chosen = agent_kind(kind, command, settings)  # type: ignore[arg-type]
+    chosen = agent_kind(kind, command, settings, in_image=True)  # type: ignore[arg-type]
     layout = DataLayout(root)
     run = sandbox_spec(layout, folder="field", run_id="r-1", is_main=False, limits=LIMITS, timezone="UTC", kind=chosen)
     argv = list(DockerBackend(image="farmagent:1", user=(1000, 1001), data_root=str(root)).plan(run).argv)
     tail = argv[argv.index("farmagent:1") + 1 :]
     volumes = [argv[i + 1] for i, arg in enumerate(argv) if arg == "-v"]
+    assert not any(str(binary.parent) in volume for volume in volumes), volumes  # nothing of the host's OpenCode
     if kind == "farmagent":
         assert tail == ["python", "-m", "farmagent.run"]
     elif kind == "opencode":
         assert tail == ["python", "-m", "farmagent.opencode_run"]
-        assert f"{binary.parent}:{binary.parent}:ro" in volumes, volumes  # the pinned binary, read-only
-        assert f"FARMAGENT_OPENCODE={binary}" in argv
+        # The image's own OpenCode (container/Dockerfile installs it there), even with FARMHOST_OPENCODE_BIN set.
+        assert f"FARMAGENT_OPENCODE={IMAGE_OPENCODE_BIN}" in argv and IMAGE_OPENCODE_BIN == "/opt/opencode/bin/opencode"
     else:
         assert tail == ["/workspace/group/agent", "--fast"]
     assert "--network" in argv and argv[argv.index("--network") + 1] == "none"  # every kind: the same sandbox

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import math
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,9 @@ from llm_stub import Fail, Reply, ScriptedLLM, Streamed, ToolCall, ToolCalls
 from openai.types.chat import ChatCompletionChunk
 from test_llm_proxy import KEY, ask, configured, limits_file, proxied
 
+from farmhost.agents.proxy import LlmProxy
 from farmhost.agents.proxy_stream import estimate_prompt_tokens
+from farmhost.layout import DataLayout
 
 STREAM_LOGGER = "farmhost.agents.proxy_stream"
 
@@ -187,6 +190,27 @@ async def test_an_idle_upstream_is_cut_and_a_stream_is_bounded_by_the_upstream_t
         "llm field run run-1: the stream was cut: the LLM endpoint sent nothing for 0.3 s",
         "llm field run run-1: the stream was cut: the LLM endpoint's stream did not end within 2 s",
     ]
+
+
+async def test_the_stream_idle_timeout_is_the_setting(root: Path, llm: ScriptedLLM) -> None:
+    """FARMHOST_LLM_STREAM_IDLE_TIMEOUT (90 s by default) is how long the real proxy lets an upstream stay silent."""
+    assert LlmProxy(settings=configured(root, llm), layout=DataLayout(root)).stream_idle_timeout == 90
+    stalled = Streamed(Reply("pump north on, pump south off"), chunk_chars=4, hold_after=3)
+    try:
+        llm.script(stalled)
+        async with proxied(configured(root, llm, FARMHOST_LLM_STREAM_IDLE_TIMEOUT="1")) as (client, usage, _):
+            chunks = aiter(await ask(client, stream=True))
+            first = [await next_chunk(chunks), await next_chunk(chunks), await next_chunk(chunks)]
+            silent_since = time.monotonic()  # the upstream holds its fourth event from here on
+            with pytest.raises(openai.APIError) as idle:
+                await next_chunk(chunks)
+            silent_for = time.monotonic() - silent_since
+    finally:
+        stalled.release.set()
+    assert text_of(first) == "pump nor" and llm.events_sent == 3  # the role, then two pieces
+    assert idle.value.message == "the LLM endpoint sent nothing for 1 s" and idle.value.code == "upstream_timeout"
+    assert silent_for >= 0.9  # cut by the setting's second, not at once (and not after the default 90 s)
+    assert usage.requests == 1 and usage.completion_tokens > 0  # the part that came is counted
 
 
 async def test_the_key_never_reaches_the_agent_in_a_stream(root: Path, llm: ScriptedLLM) -> None:

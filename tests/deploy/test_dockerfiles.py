@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from farmhost_testing import clean_env
 
+from farmhost.agents.kinds import IMAGE_OPENCODE_BIN, OPENCODE_VERSION
+
 REPO = Path(__file__).resolve().parents[2]
 # (Dockerfile, build context) as docker-compose.yml builds them (tests/deploy/test_compose_config.py checks that).
 IMAGES = {"farmhost": (REPO / "Dockerfile", REPO), "agent": (REPO / "container" / "Dockerfile", REPO / "container")}
@@ -41,6 +43,31 @@ class Dockerfile:
 
     def all(self, keyword: str) -> list[Instruction]:
         return [i for i in self.instructions if i.keyword == keyword]
+
+    def global_args(self) -> dict[str, str]:
+        """The defaults of the ARGs before the first FROM (what a FROM line may use)."""
+        defaults: dict[str, str] = {}
+        for instruction in self.instructions:
+            if instruction.keyword == "FROM":
+                break
+            if instruction.keyword == "ARG":
+                name, _, default = instruction.args.partition("=")
+                defaults[name] = default
+        return defaults
+
+    def base(self, instruction: Instruction) -> str:
+        """The image a FROM names, with the global ARGs' defaults substituted."""
+        image = instruction.args.split()[0]
+        for name, default in self.global_args().items():
+            image = image.replace(f"${{{name}}}", default).replace(f"${name}", default)
+        return image
+
+    def stage(self, index: int) -> list[Instruction]:
+        """The instructions of the `index`th stage (-1: the final one, the image), from its FROM on."""
+        starts = [n for n, i in enumerate(self.instructions) if i.keyword == "FROM"]
+        begin = starts[index]
+        end = next((s for s in starts if s > begin), len(self.instructions))
+        return self.instructions[begin:end]
 
 
 def parse(path: Path) -> Dockerfile:
@@ -174,7 +201,7 @@ def test_nothing_is_fetched_but_pinned_images_and_registry_packages(image: str) 
     dockerfile, _ = IMAGES[image]
     parsed = parse(dockerfile)
     for instruction in parsed.all("FROM"):
-        base = instruction.args.split()[0]
+        base = parsed.base(instruction)  # FROM ${BASE_IMAGE}: the ARG's default must be pinned
         assert base in parsed.stages or _pinned(base), f"line {instruction.line}: FROM {base} is not pinned to a tag"
     for instruction in parsed.all("ADD"):
         assert not FETCHERS.search(instruction.args), f"line {instruction.line}: ADD {instruction.args}"
@@ -188,6 +215,12 @@ def test_nothing_is_fetched_but_pinned_images_and_registry_packages(image: str) 
                 for package in packages:
                     pinned = re.fullmatch(r"[A-Za-z0-9_.-]+==[^=]+", package) is not None
                     assert pinned or package.startswith("/"), f"line {instruction.line}: pip install {package}"
+            if words[:2] == ["npm", "install"]:
+                packages = [w for w in words[2:] if not w.startswith("-") and not w.startswith("/")]
+                assert packages, f"line {instruction.line}: npm install of the package.json's ranges"
+                for package in packages:  # name@version, the version an ARG whose default is an exact version
+                    pinned = re.fullmatch(r"[a-z0-9@/._-]+@(\d+\.\d+\.\d+|\$\{[A-Z_]+\})", package) is not None
+                    assert pinned, f"line {instruction.line}: npm install {package}"
 
 
 def test_the_ignore_rules_keep_secrets_and_local_state_out_of_the_farmhost_build() -> None:
@@ -241,10 +274,35 @@ def test_each_image_carries_the_licence_of_its_package(image: str) -> None:
 def test_the_agent_image_is_built_from_container_only() -> None:
     parsed = parse(REPO / "container" / "Dockerfile")
     text = (REPO / "container" / "Dockerfile").read_text(encoding="utf-8")
-    assert all("--from" not in i.args for i in parsed.all("COPY"))
+    for instruction in parsed.all("COPY"):  # from the context or its own stages, never from another image
+        flags, _ = _args_of(instruction)
+        assert flags.get("from", parsed.stages[0]) in parsed.stages, f"line {instruction.line}: {instruction.args}"
     users = [i.args for i in parsed.all("USER")]
     assert users and users[-1].split(":")[0] not in ("0", "root")
     assert "farmagent.run" in text
+
+
+def test_the_agent_image_has_the_pinned_opencode_from_its_npm_package_and_no_npm() -> None:
+    parsed = parse(REPO / "container" / "Dockerfile")
+    # Both stages build on the base the BASE_IMAGE build argument names (python:3.12-slim unless told).
+    assert parsed.global_args() == {"BASE_IMAGE": "python:3.12-slim"}
+    assert [i.args.split()[0] for i in parsed.all("FROM")] == ["${BASE_IMAGE}", "${BASE_IMAGE}"]
+    assert parsed.stages == ["opencode"]
+    build = parsed.stage(0)
+    versions = [
+        i.args.partition("=")[2] for i in build if i.keyword == "ARG" and i.args.startswith("OPENCODE_VERSION=")
+    ]
+    assert versions == [OPENCODE_VERSION]  # the build argument's default is the version farmhost pins
+    runs = " && ".join(i.args for i in build if i.keyword == "RUN")
+    assert '"opencode-ai@${OPENCODE_VERSION}"' in runs and "--ignore-scripts" in runs
+    assert IMAGE_OPENCODE_BIN == "/opt/opencode/bin/opencode" and IMAGE_OPENCODE_BIN in runs
+    assert 'test "$(HOME=/tmp /opt/opencode/bin/opencode --version)" = "$OPENCODE_VERSION"' in runs
+    # The image takes only the binary (and its package.json) from that stage: no node, no npm.
+    image = parsed.stage(-1)
+    copies = [_args_of(i) for i in image if i.keyword == "COPY" and "--from" in i.args]
+    assert copies == [({"from": "opencode"}, ["/opt/opencode", "/opt/opencode"])]
+    image_runs = " ".join(i.args for i in image if i.keyword == "RUN")
+    assert "npm" not in image_runs and "node" not in image_runs
 
 
 @pytest.mark.slow

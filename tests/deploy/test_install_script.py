@@ -1,7 +1,9 @@
 """deploy/install.sh into a throw-away prefix: the installed farmhost works as a non-root user, agents included.
 
-The test runs as root (as CI does). One install (as root, `--no-systemd --user nobody`) is shared by the module: it takes ~8 s here with uv's cache
-warm (most of it compiling bytecode); a second run takes ~2 s. Everything the daemon's user does is run as that
+The test runs as root (as CI does). One install (as root, `--no-systemd --user nobody --with-opencode`) is shared by
+the module: it takes ~8 s here with uv's cache warm (most of it compiling bytecode), plus ~1 s copying OpenCode from
+the checkout's .tools/opencode (`make opencode`; without it the installer fetches the npm package); a second run
+takes ~2 s. Everything the daemon's user does is run as that
 user (`setpriv`), so no root-owned file ends up in its data directory.
 """
 
@@ -9,6 +11,8 @@ from __future__ import annotations
 
 import grp
 import json
+import os
+import platform
 import pwd
 import re
 import shutil
@@ -25,6 +29,8 @@ from typing import Any
 import pytest
 from farmhost_testing import clean_env, scaled, wait_for
 from llm_stub import Reply, ScriptedLLM, ToolCall
+
+from farmhost.agents.kinds import OPENCODE_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "deploy" / "install.sh"
@@ -89,7 +95,7 @@ def installed() -> Iterator[Install]:
         "--config-dir",
         str(install.config_dir),
     )
-    done = _install(*args, "--no-systemd", "--user", USER, cwd=root)
+    done = _install(*args, "--no-systemd", "--user", USER, "--with-opencode", cwd=root)
     try:
         assert done.returncode == 0, done.stdout + done.stderr
         yield Install(root, install.prefix, install.data_dir, install.config_dir, done.stdout)
@@ -99,8 +105,8 @@ def installed() -> Iterator[Install]:
 
 @pytest.mark.slow
 def test_the_installed_farmhost_runs_and_its_doctor_passes_as_the_daemon_user(installed: Install) -> None:
-    for n in range(1, 8):
-        assert f"[{n}/7]" in installed.output  # progress, step by step
+    for n in range(1, 9):
+        assert f"[{n}/8]" in installed.output  # progress, step by step
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     done = subprocess.run([installed.farmhost, "--version"], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == f"farmhost {version}"
@@ -130,6 +136,32 @@ def test_the_installed_farmhost_runs_and_its_doctor_passes_as_the_daemon_user(in
     assert sorted(p.name for p in (installed.prefix / "src").iterdir()) == [
         "LICENSE", "README.md", "container", "dashboards", "farmhost", "memory", "pyproject.toml", "uv.lock",
     ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_opencode_is_installed_in_the_prefix_where_the_installed_farmhost_finds_it(installed: Install) -> None:
+    arch = {"x86_64": "x64", "aarch64": "arm64"}[platform.machine()]
+    binary = installed.prefix / "opencode" / "node_modules" / f"opencode-linux-{arch}" / "bin" / "opencode"
+    assert f"OpenCode {OPENCODE_VERSION}" in installed.output and str(binary) in installed.output
+    # The installed farmhost, as the daemon's user and with no setting pointing at it, finds that binary...
+    probe = "from farmhost.agents.kinds import opencode_binary; from farmhost.config import Settings; "
+    probe += "print(opencode_binary(Settings(_env_file=None)))"
+    found = subprocess.run(
+        _as_user(str(installed.prefix / "bin" / "python"), "-c", probe),
+        check=True, capture_output=True, text=True, cwd=installed.root, env=clean_env(), timeout=scaled(60),
+    )  # fmt: skip
+    assert found.stdout.strip() == str(binary)
+    # ...which that user can run, at the pinned version (OpenCode makes its data dir under a writable HOME).
+    home = installed.root / "opencode-home"
+    home.mkdir()
+    account = pwd.getpwnam(USER)
+    os.chown(home, account.pw_uid, account.pw_gid)
+    version = subprocess.run(
+        _as_user(str(binary), "--version"),
+        check=True, capture_output=True, text=True, cwd=installed.root, env=clean_env(HOME=str(home)),
+        timeout=scaled(60),
+    )  # fmt: skip
+    assert version.stdout.strip() == OPENCODE_VERSION
 
 
 def _unit(text: str) -> dict[str, list[str]]:
@@ -260,6 +292,7 @@ def test_running_it_again_keeps_the_settings_and_the_data(installed: Install) ->
     )
     assert again.returncode == 0, again.stdout + again.stderr
     assert "kept" in again.stdout
+    assert f"OpenCode {OPENCODE_VERSION} kept" in again.stdout  # installed once, kept at the pinned version
     assert env_file.read_text().endswith("TZ=Europe/Lisbon\n") and marker.exists()
     assert (installed.data_dir / "farmhost.db").stat().st_ino == db_inode
     assert not (installed.prefix / "src.new").exists() and not (installed.prefix / "src.old").exists()
@@ -297,11 +330,12 @@ def test_paths_that_would_leak_or_break_are_refused(tmp_path: Path, extra: tuple
 
 def test_a_dry_run_prints_the_plan_and_changes_nothing(tmp_path: Path) -> None:
     args = ("--prefix", str(tmp_path / "p"), "--data-dir", str(tmp_path / "d"), "--config-dir", str(tmp_path / "c"))
-    done = _install(*args, "--dry-run", "--user", "farmhost-never-created", cwd=tmp_path)
+    done = _install(*args, "--dry-run", "--user", "farmhost-never-created", "--with-opencode", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "dry run: nothing is changed" in done.stdout
     assert re.search(r"would run: useradd --system .* farmhost-never-created", done.stdout)
     assert re.search(r"would run: \S+ sync --quiet --frozen --no-dev", done.stdout)
     assert "would run: install -m 0644" in done.stdout and "farmhost.service" in done.stdout
+    assert re.search(rf"would run: (cp -a \S+/opencode-ai|\S+/opencode-install) .*{tmp_path}/p/opencode", done.stdout)
     assert sorted(tmp_path.iterdir()) == []
     assert subprocess.run(["id", "farmhost-never-created"], check=False, capture_output=True).returncode != 0
