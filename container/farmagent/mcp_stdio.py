@@ -3,8 +3,8 @@
 The SDK's own streams (`anyio.wrap_file`) run every `readline`, `write` and `flush` in a worker thread: three
 thread hops and event-loop wake-ups per tool call, about a millisecond on a small machine. When stdin and stdout
 are pipes or sockets (as every MCP client spawns its server), `piped_stdio` serves them with asyncio's pipe
-transports instead and returns objects `stdio_server(stdin, stdout)` accepts; otherwise (a terminal, a file) it
-yields None and the SDK's own streams are used.
+transports instead (`claim_stdio`, then `piped_stdio`) and gives `stdio_server(stdin, stdout)` objects it accepts;
+otherwise (a terminal, a file) the SDK's own streams are used.
 
 Like the SDK's own claim of fd 0 and 1, the wire moves to private descriptors while serving: fd 0 reads the null
 device and fd 1 goes to stderr, so stray output of a handler cannot corrupt the JSON-RPC stream. Both are put
@@ -16,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import json
 import os
 import stat
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 # A line (one JSON-RPC message) may be large: a memory_write of a long file. The reader grows to this.
@@ -70,50 +72,85 @@ class PipeIn:
 
 
 class PipeOut:
-    """`await write(text)` and `await flush()` over an asyncio pipe transport (non-blocking, flow-controlled)."""
+    """`await write(text)` and `await flush()` over an asyncio pipe transport (non-blocking, flow-controlled).
 
-    def __init__(self, transport: asyncio.WriteTransport, protocol: _Writer) -> None:
+    A response whose id is in `drop_ids` is not written, once: the early handshake (`farmagent.mcp_early`)
+    answered that request already.
+    """
+
+    def __init__(self, transport: asyncio.WriteTransport, protocol: _Writer, drop_ids: set[int | str]) -> None:
         self._transport = transport
         self._protocol = protocol
+        self._drop = drop_ids
 
     async def write(self, text: str) -> int:
         """Queue `text` on the pipe (never blocks the loop; `flush` waits while the pipe is full)."""
         if self._transport.is_closing():
             raise BrokenPipeError("the MCP client closed its end of stdout")
-        data = text.encode("utf-8")
-        self._transport.write(data)
+        if self._drop and self._answered_early(text):
+            return len(text)
+        self._transport.write(text.encode("utf-8"))
         return len(text)
 
     async def flush(self) -> None:
         """Wait until the pipe's buffer is below its high-water mark."""
         await self._protocol.drain()
 
+    def _answered_early(self, text: str) -> bool:
+        message = json.loads(text)
+        rid = message.get("id") if isinstance(message, dict) and "method" not in message else None
+        if isinstance(rid, int | str) and not isinstance(rid, bool) and rid in self._drop:
+            self._drop.discard(rid)
+            return True
+        return False
 
-@contextlib.asynccontextmanager
-async def piped_stdio() -> AsyncIterator[tuple[Any, Any] | None]:
-    """`(stdin, stdout)` for `stdio_server` when fd 0 and 1 are pipes or sockets; None otherwise."""
+
+@dataclass
+class Wire:
+    """The client's stdin and stdout on private descriptors; fd 0 reads the null device and fd 1 is stderr."""
+
+    fd_in: int
+    fd_out: int
+
+    def restore(self) -> None:
+        """Put the wire back on fd 0 and 1."""
+        for wire, fd in ((self.fd_in, 0), (self.fd_out, 1)):
+            with contextlib.suppress(OSError):
+                os.dup2(wire, fd)
+            with contextlib.suppress(OSError):
+                os.close(wire)
+
+
+def claim_stdio() -> Wire | None:
+    """Move the wire off fd 0 and 1 when both are pipes or sockets; None (nothing moved) otherwise."""
     if not (_is_stream(0) and _is_stream(1)):
-        yield None
-        return
-    loop = asyncio.get_running_loop()
-    wire_in = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3)
-    wire_out = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3)
+        return None
+    wire = Wire(fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3), fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3))
     null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
     os.dup2(null, 0)
     os.close(null)
     os.dup2(2, 1)
+    return wire
+
+
+@contextlib.asynccontextmanager
+async def piped_stdio(
+    wire: Wire, *, replay: bytes = b"", drop_ids: set[int | str] | None = None
+) -> AsyncIterator[tuple[Any, Any]]:
+    """`(stdin, stdout)` for `stdio_server` on `wire`: `replay` is read first, then the wire."""
+    loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=_LINE_LIMIT, loop=loop)
-    # The transports own (and close) duplicates; wire_in and wire_out put the process's fd 0 and 1 back.
+    if replay:
+        reader.feed_data(replay)
+    # The transports own (and close) duplicates, so that `wire` can still be restored afterwards.
     read_transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader, loop=loop), os.fdopen(os.dup(wire_in), "rb", buffering=0)
+        lambda: asyncio.StreamReaderProtocol(reader, loop=loop), os.fdopen(os.dup(wire.fd_in), "rb", buffering=0)
     )
-    write_transport, protocol = await loop.connect_write_pipe(_Writer, os.fdopen(os.dup(wire_out), "wb", buffering=0))
+    write_transport, protocol = await loop.connect_write_pipe(
+        _Writer, os.fdopen(os.dup(wire.fd_out), "wb", buffering=0)
+    )
     try:
-        yield PipeIn(reader), PipeOut(write_transport, protocol)
+        yield PipeIn(reader), PipeOut(write_transport, protocol, drop_ids if drop_ids is not None else set())
     finally:
         read_transport.close()
         write_transport.close()
-        for wire, fd in ((wire_in, 0), (wire_out, 1)):
-            with contextlib.suppress(OSError):
-                os.dup2(wire, fd)
-            os.close(wire)
