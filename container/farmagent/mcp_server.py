@@ -7,20 +7,30 @@ Run `farmagent-mcp` or `python -m farmagent.mcp_server`; it is configured by the
 tool error (`isError`) whose text is `{"errorCode": ..., "error": ...}`.
 
 The MCP SDK is imported only once the command line has been parsed: `--help` and `--version` answer at once.
+While a thread imports it, `farmagent.mcp_early` answers the client's `initialize` and `tools/list`, so a client
+can list the tools in a tenth of the SDK's import time.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import importlib
 import json
+import os
 import sys
+import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Final
 
 from farmagent import __version__
 from farmagent.config import AgentSettings
 from farmagent.errors import ConfigError
+from farmagent.mcp_early import Early, Handshake, answer_until_ready
+from farmagent.mcp_stdio import Wire, claim_stdio, piped_stdio
 from farmagent.tools import Hints, ToolContext, ToolSpec, call_tool, tools_for
 
 if TYPE_CHECKING:
@@ -35,6 +45,8 @@ INSTRUCTIONS: Final = (
 # OpenCode gives up on a tool after 5 s and the TypeScript SDK after 60 s unless progress resets the clock;
 # ha_restart waits minutes. Every 2 s keeps both waiting at the cost of a few bytes.
 PROGRESS_INTERVAL: Final = 2.0
+# Tool calls that wait for the host at once (each in a thread); further calls queue. anyio's default was 40.
+MAX_CONCURRENT_CALLS: Final = 40
 _DESCRIPTION: Final = (
     "Serve farmhost's IPC requests (messages, tasks, memory, Home Assistant actions) as MCP tools over stdio. "
     "Each call writes a request file into the group's IPC directory and waits for the host's result."
@@ -70,13 +82,12 @@ def structured(value: Any) -> dict[str, Any]:
 
 def build_server(context: ToolContext, tools: Sequence[ToolSpec]) -> Server[Any]:
     """An MCP server offering `tools`, run with `context`."""
-    import anyio
-    import anyio.to_thread
     from mcp import types
     from mcp.server import Server
 
+    workers = ThreadPoolExecutor(max_workers=MAX_CONCURRENT_CALLS, thread_name_prefix="farmagent-tool")
     offered = {tool.name: tool for tool in tools}
-    listing = types.ListToolsResult(tools=[_tool(types, tool) for tool in tools])
+    listing = types.ListToolsResult(tools=[types.Tool.model_validate(tool_listing(tool)) for tool in tools])
 
     async def list_tools(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
@@ -88,59 +99,106 @@ def build_server(context: ToolContext, tools: Sequence[ToolSpec]) -> Server[Any]
             refusal = f"there is no tool {params.name!r} here; tools: {', '.join(offered)}"
             text = json.dumps({"errorCode": "invalid_request", "error": refusal})
             return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
+        # The tools block on files; a worker thread keeps the server answering other calls meanwhile. Plain
+        # asyncio (anyio runs on it) costs less per call than anyio.to_thread plus a task group for the beat.
+        loop = asyncio.get_running_loop()
+        running = loop.run_in_executor(workers, call_tool, context, params.name, params.arguments)
         started = time.monotonic()
-        async with anyio.create_task_group() as beats:
-
-            async def beat() -> None:
-                while True:
-                    await anyio.sleep(PROGRESS_INTERVAL)
-                    waited = time.monotonic() - started
-                    # A no-op unless the client sent a progressToken with the call.
-                    await ctx.session.report_progress(waited, None, f"waiting for the host: {waited:.0f} s")
-
-            beats.start_soon(beat)
-            # The tools block on files; a thread keeps the server answering other calls meanwhile.
-            outcome = await anyio.to_thread.run_sync(call_tool, context, params.name, params.arguments)
-            beats.cancel_scope.cancel()
+        while not (await asyncio.wait((running,), timeout=PROGRESS_INTERVAL))[0]:
+            waited = time.monotonic() - started
+            # A no-op unless the client sent a progressToken with the call.
+            await ctx.session.report_progress(waited, None, f"waiting for the host: {waited:.0f} s")
+        outcome = running.result()
         return types.CallToolResult(
             content=[types.TextContent(text=outcome.text)],
             structured_content=None if outcome.is_error else structured(outcome.value),
             is_error=outcome.is_error,
         )
 
-    return Server(
+    server: Server[Any] = Server(
         "farmagent",
         version=__version__,
         instructions=INSTRUCTIONS,
         on_list_tools=list_tools,
         on_call_tool=run_tool,
     )
+    # The SDK wraps every request in an OpenTelemetry span by default; the sandbox has no collector to send
+    # spans to, and the span costs a tenth of a tool call's time in the server.
+    server.middleware = []
+    return server
 
 
-def _tool(types: Any, tool: ToolSpec) -> Any:
+def tool_listing(tool: ToolSpec) -> dict[str, Any]:
+    """The tool as `tools/list` lists it (MCP's `Tool` in its wire form)."""
     hints: Hints = tool.hints
-    return types.Tool(
-        name=tool.name,
-        description=tool.description,
-        input_schema=tool.parameters,
-        output_schema=output_schema(tool),
-        annotations=types.ToolAnnotations(
-            title=tool.name.replace("_", " "),
-            read_only_hint=hints.read_only,
-            destructive_hint=hints.destructive,
-            idempotent_hint=hints.idempotent,
-            open_world_hint=hints.open_world,
-        ),
-    )
+    return {
+        "name": tool.name,
+        "description": tool.description,
+        "inputSchema": tool.parameters,
+        "outputSchema": output_schema(tool),
+        "annotations": {
+            "title": tool.name.replace("_", " "),
+            "readOnlyHint": hints.read_only,
+            "destructiveHint": hints.destructive,
+            "idempotentHint": hints.idempotent,
+            "openWorldHint": hints.open_world,
+        },
+    }
 
 
-async def serve(context: ToolContext, tools: Sequence[ToolSpec]) -> None:
-    """Serve `tools` on stdin/stdout until the client closes the connection."""
+def handshake(tools: Sequence[ToolSpec]) -> Handshake:
+    """What the early `initialize` and `tools/list` answers say (the SDK's own answers, see farmagent.mcp_early)."""
+    initialize = {
+        "capabilities": {"tools": {"listChanged": False}},
+        "instructions": INSTRUCTIONS,
+        "serverInfo": {"name": "farmagent", "version": __version__},
+    }
+    return Handshake(initialize=initialize, tools=[tool_listing(tool) for tool in tools])
+
+
+async def serve(
+    context: ToolContext, tools: Sequence[ToolSpec], wire: Wire | None = None, early: Early | None = None
+) -> None:
+    """Serve `tools` on stdin/stdout (on `wire` when claimed, after `early`) until the client closes the connection."""
     from mcp.server.stdio import stdio_server
 
     server = build_server(context, tools)
-    async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+    options = server.create_initialization_options()
+    if wire is None:
+        async with stdio_server() as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, options)
+        return
+    early = early or Early()
+    async with (
+        piped_stdio(wire, replay=early.replay, drop_ids=early.drop_ids) as streams,
+        stdio_server(*streams) as (read_stream, write_stream),
+    ):
+        await server.run(read_stream, write_stream, options)
+
+
+def _import_sdk(ready: int) -> None:
+    try:
+        # An ImportError is raised again, and reported, when the main thread imports the same modules.
+        with contextlib.suppress(ImportError):
+            for module in ("anyio", "mcp.server.lowlevel", "mcp.server.stdio"):
+                importlib.import_module(module)
+    finally:
+        os.write(ready, b"!")
+
+
+def start(tools: Sequence[ToolSpec]) -> tuple[Wire | None, Early | None]:
+    """Claim the wire and answer the handshake while a thread imports the SDK (only on pipes and sockets)."""
+    wire = claim_stdio()
+    if wire is None:
+        return None, None
+    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+    threading.Thread(target=_import_sdk, args=(ready_w,), name="farmagent-mcp-import", daemon=True).start()
+    try:
+        early = answer_until_ready(wire.fd_in, wire.fd_out, ready_r, handshake(tools))
+    finally:
+        os.close(ready_r)
+    os.close(ready_w)
+    return wire, early
 
 
 def parser() -> argparse.ArgumentParser:
@@ -166,9 +224,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ConfigError as err:
         print(f"farmagent-mcp: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    tools = offered_tools(settings, all_tools=args.all_tools)
+    context = ToolContext.from_settings(settings)
+    wire, early = start(tools)
     import anyio
 
-    anyio.run(serve, ToolContext.from_settings(settings), offered_tools(settings, all_tools=args.all_tools))
+    try:
+        anyio.run(serve, context, tools, wire, early)
+    finally:
+        if wire is not None:
+            wire.restore()
 
 
 if __name__ == "__main__":
