@@ -20,6 +20,8 @@ from farmhost.layout import REPO_ROOT
 
 KindName = Literal["farmagent", "opencode", "command"]
 OPENCODE_VERSION: Final = "1.18.33"  # scripts/opencode-install installs exactly this
+# Where scripts/opencode-install puts it in a checkout; an installed farmhost has no such directory and finds
+# OpenCode through FARMHOST_OPENCODE_BIN or PATH instead (opencode_binary).
 OPENCODE_DIR: Final = REPO_ROOT / ".tools" / "opencode"
 _NPM_ARCH: Final = {"x86_64": "x64", "aarch64": "arm64"}
 
