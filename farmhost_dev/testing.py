@@ -242,10 +242,18 @@ def quarantined(data_dir: Path, folder: str) -> list[dict[str, Any]]:
 class Daemon:
     """A real `farmhost run` process on a data directory."""
 
-    def __init__(self, data_dir: Path, *, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+        python: str | Path = sys.executable,
+    ) -> None:
         self.data_dir = data_dir
         self.env = env or clean_env()
         self.args = args  # extra `farmhost run` options, e.g. ("--log-format", "json")
+        self.python = python  # the interpreter whose farmhost runs (another venv's, for an installed wheel)
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = data_dir.parent / "daemon.log"
 
@@ -255,7 +263,7 @@ class Daemon:
         before = status.stat().st_mtime_ns if wait_group and status.exists() else None
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "farmhost", "run", "--data-dir", str(self.data_dir), *self.args],
+            [str(self.python), "-m", "farmhost", "run", "--data-dir", str(self.data_dir), *self.args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=self.env,
