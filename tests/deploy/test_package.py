@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 from farmhost_testing import Daemon, clean_env, scaled
 
+pytestmark = pytest.mark.slow  # a build and an install (~5 s with uv's cache), then real CLI and daemon runs
+
 REPO = Path(__file__).resolve().parents[2]
 UV = REPO / ".tools" / "bin" / "uv"
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
