@@ -26,13 +26,13 @@ RUN pip install "uv==${UV_VERSION}"
 
 WORKDIR /app
 # Dependencies first (a layer that survives edits of farmhost's own code), then the two workspace members.
-COPY pyproject.toml uv.lock README.md LICENSE ./
+COPY pyproject.toml uv.lock README.md LICENSE hatch_build.py ./
 COPY container/pyproject.toml container/
 RUN uv sync --frozen --no-dev --no-install-workspace --python /usr/local/bin/python3.11
 COPY farmhost farmhost
 COPY container/farmagent container/farmagent
-# The starting dashboards and the global memory are seeded from the source tree (farmhost/layout.py: shipped_dir),
-# so farmhost stays an editable install of /app, as in a checkout.
+# The starting dashboards and the global memory are seeded from the source tree (farmhost/layout.py: shipped_dir;
+# a wheel carries them as package data), so farmhost stays an editable install of /app, as in a checkout.
 COPY dashboards dashboards
 COPY memory memory
 RUN uv sync --frozen --no-dev --python /usr/local/bin/python3.11 \

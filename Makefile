@@ -52,8 +52,8 @@ ha: install
 	.venv/bin/python -m farmhost.localha.harness install
 
 lint:
-	.venv/bin/ruff check farmhost container tests bench
-	.venv/bin/ruff format --check farmhost container tests bench
+	.venv/bin/ruff check farmhost container tests bench farmhost_dev
+	.venv/bin/ruff format --check farmhost container tests bench farmhost_dev
 
 typecheck:
 	.venv/bin/mypy

@@ -34,10 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from farmhost_testing import init_data_dir_in_process, register_in_process, running_daemon
-from llm_stub import Reply, ScriptedLLM, ToolCall
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # farmhost_dev: the dev tools at the repo root
 
 from farmhost.agents import AgentJob, AgentRuntime
 from farmhost.config import Settings
@@ -45,6 +42,8 @@ from farmhost.layout import DataLayout
 from farmhost.memory.search import MemoryService
 from farmhost.store.db import Database
 from farmhost.store.groups import Group, list_groups
+from farmhost_dev.llm_stub import Reply, ScriptedLLM, ToolCall
+from farmhost_dev.testing import init_data_dir_in_process, register_in_process, running_daemon
 
 
 def _settings(data_dir: Path, runtime: str, llm: ScriptedLLM, max_agents: int = 2) -> Settings:

@@ -35,13 +35,12 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from farmhost_testing import Daemon, clean_env, drop, register_in_process, wait_for, wait_result
-from llm_stub import Reply, ScriptedLLM, ToolCall
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # farmhost_dev: the dev tools at the repo root
 
 from farmhost.store import outbox
 from farmhost.store.db import Database
+from farmhost_dev.llm_stub import Reply, ScriptedLLM, ToolCall
+from farmhost_dev.testing import Daemon, clean_env, drop, register_in_process, wait_for, wait_result
 
 
 def status_kb(pid: int, field: str) -> int:

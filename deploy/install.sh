@@ -216,10 +216,10 @@ export UV_PYTHON_DOWNLOADS=never UV_COMPILE_BYTECODE=1 UV_PROJECT_ENVIRONMENT="$
 if [ ! -f "$PREFIX/pyvenv.cfg" ]; then
     run "$UV" venv --quiet --python "$PYTHON" "$PREFIX"
 fi
-# farmhost is installed editable from a copy of the sources in PREFIX/src, as in a checkout: the starting
-# dashboards and the global memory are seeded from there (farmhost/layout.py). The copy is swapped in whole.
-SOURCES=(pyproject.toml uv.lock README.md LICENSE farmhost container/pyproject.toml container/README.md
-    container/farmagent dashboards memory)
+# farmhost is installed editable from a copy of the sources in PREFIX/src, as in a checkout (the exact versions of
+# uv.lock; a wheel would resolve its own): the starting dashboards and the global memory are seeded from there. The copy is swapped in whole.
+SOURCES=(pyproject.toml uv.lock README.md LICENSE hatch_build.py farmhost container/pyproject.toml
+    container/README.md container/farmagent dashboards memory)
 if [ "$DRY_RUN" = 1 ]; then
     say "      would copy ${SOURCES[*]} to $PREFIX/src"
 else

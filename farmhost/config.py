@@ -7,7 +7,7 @@ import shlex
 import shutil
 import stat
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -220,20 +220,30 @@ class Settings(BaseSettings):
     @property
     def runtime(self) -> str:
         """The agent runtime: the configured one, else docker when its CLI and engine are there, else bwrap."""
-        return self.agent_runtime or ("docker" if shutil.which("docker") and _docker_engine_present() else "bwrap")
+        if self.agent_runtime:
+            return self.agent_runtime
+        return default_runtime(
+            docker_cli=shutil.which("docker"), docker_host=os.environ.get("DOCKER_HOST"), socket=DOCKER_SOCKET
+        )
 
 
-def _docker_engine_present() -> bool:
-    """Whether a Docker engine is configured: DOCKER_HOST set, or the default socket exists.
+DOCKER_SOCKET: Final = Path("/var/run/docker.sock")  # where a local Docker engine listens by default
 
-    A docker CLI without an engine (common on CI machines) must not make every agent run fail.
+
+def default_runtime(*, docker_cli: str | None, docker_host: str | None, socket: Path) -> str:
+    """The runtime when none is configured, from what the host has: `docker` or `bwrap`.
+
+    Docker needs its CLI (`docker_cli`, the program found on PATH) and an engine: DOCKER_HOST set, or a Unix
+    socket at `socket`. A docker CLI without an engine (common on CI machines) must not make every agent run fail.
     """
-    if os.environ.get("DOCKER_HOST"):
-        return True
+    if not docker_cli:
+        return "bwrap"
+    if docker_host:
+        return "docker"
     try:
-        return stat.S_ISSOCK(os.stat("/var/run/docker.sock").st_mode)
+        return "docker" if stat.S_ISSOCK(os.stat(socket).st_mode) else "bwrap"
     except OSError:
-        return False
+        return "bwrap"
 
 
 def load_settings(*, data_dir: Path | None = None, env_file: str | None = ".env") -> Settings:

@@ -8,16 +8,25 @@ from pathlib import Path
 
 from farmhost.protocol.codes import QUEUE_DIRS, RESULTS_DIR
 
-# The root of a source checkout: the directory holding pyproject.toml next to the `farmhost` package. It ships
-# the starting dashboards (`dashboards/`) and the global memory (`memory/`); a wheel install has neither.
-REPO_ROOT = Path(__file__).resolve().parents[1]
+# Where the shipped dashboards (`dashboards/`) and global memory (`memory/`) are found: in an installed wheel they
+# are package data under `farmhost/shipped/` (put there by hatch_build.py); in a source checkout (an editable
+# install, a development run) they are the top-level directories next to the `farmhost` package, their source.
+PACKAGE_DIR = Path(__file__).resolve().parent
+SHIPPED_PACKAGE_DIR = PACKAGE_DIR / "shipped"
+REPO_ROOT = PACKAGE_DIR.parent  # the checkout's root when farmhost runs from one; only a development fallback
 GLOBAL_MEMORY_FOLDER = "global"
 
 
 def shipped_dir(name: str) -> Path | None:
-    """A directory that ships with farmhost (`dashboards`, `memory`), or None outside a source checkout."""
-    path = REPO_ROOT / name
-    return path if (REPO_ROOT / "pyproject.toml").is_file() and path.is_dir() else None
+    """A directory that ships with farmhost (`dashboards`, `memory`): the wheel's package data, else the checkout's.
+
+    None when neither exists (a wheel built without them, which hatch_build.py refuses to build).
+    """
+    packaged = SHIPPED_PACKAGE_DIR / name
+    if packaged.is_dir():
+        return packaged
+    checkout = REPO_ROOT / name
+    return checkout if (REPO_ROOT / "pyproject.toml").is_file() and checkout.is_dir() else None
 
 
 @dataclass(frozen=True)
@@ -58,7 +67,7 @@ class DataLayout:
 
     @property
     def dashboards(self) -> Path:
-        """Working copies of the staged Lovelace dashboards (seeded from the repository's dashboards/)."""
+        """Working copies of the staged Lovelace dashboards (seeded from the shipped dashboards, `shipped_dir`)."""
         return self.root / "dashboards"
 
     @property

@@ -24,6 +24,8 @@ from farmhost.layout import REPO_ROOT
 KindName = Literal["farmagent", "opencode", "command"]
 # scripts/opencode-install installs exactly this; container/Dockerfile's OPENCODE_VERSION defaults to it.
 OPENCODE_VERSION: Final = "1.18.33"
+# Where scripts/opencode-install puts it in a checkout; an installed farmhost finds it next to its prefix
+# (deploy/install.sh --with-opencode), through FARMHOST_OPENCODE_BIN or on PATH instead (opencode_binary).
 OPENCODE_DIR: Final = REPO_ROOT / ".tools" / "opencode"
 # deploy/install.sh --with-opencode: next to the virtualenv the daemon runs from (sys.prefix is the install prefix).
 PREFIX_OPENCODE_DIR: Final = Path(sys.prefix) / "opencode"

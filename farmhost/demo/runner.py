@@ -4,7 +4,8 @@ Set-up runs step by step, each step raced against the stop signal: Ctrl-C (SIGIN
 ends the demo cleanly. Blocking Home Assistant work runs in worker threads that are never abandoned: the stop
 waits for a step in flight (an HA start takes a few seconds) and then stops what it started. The stop order is
 the reverse of the start: chat, simulator, farmhost (App.stop), Home Assistant (stopped and waited for, unless
---keep-ha). The last line printed is always "[demo] stopped ...".
+--keep-ha). The last line printed is always "[demo] stopped ...". The stop works with the output gone too (a
+`| tee` that Ctrl-C ended first): lines then go nowhere (farmhost/demo/output.py), the stop goes on.
 
 A failed dashboard or screenshot does not end the demo (it is reported and the rest runs); with
 --exit-after-setup it makes the exit status 1, so CI notices.
@@ -28,6 +29,7 @@ from farmhost.config import Settings
 from farmhost.demo import host
 from farmhost.demo.console import ConsoleChat, StdinLines
 from farmhost.demo.ha import DemoHa, HaProblem
+from farmhost.demo.output import LineOutput
 from farmhost.demo.simulator import FarmSimulator, clock_text
 from farmhost.demo.text import NO_LLM_HOWTO, NO_LLM_SHORT, Summary, summary
 from farmhost.errors import ConfigError, FarmhostError
@@ -68,11 +70,11 @@ class Demo:
         Args:
             options: the command line's choices.
             settings: the settings from the environment and .env (the demo overrides data dir, HA, Telegram).
-            write: where lines go (default: stdout, flushed per line).
+            write: where lines go (default: stdout, flushed per line, dropped once nobody reads it).
         """
         self.options = options
         self.base_settings = settings
-        self._write = write or _print
+        self._write = write or LineOutput()
         self._stop = asyncio.Event()
         self._threads: set[asyncio.Future[Any]] = set()
         self._tasks: list[asyncio.Task[None]] = []
@@ -118,8 +120,8 @@ class Demo:
         if self._stop.is_set():
             self.say("demo", "already stopping; please wait")
             return
+        self._stop.set()  # first: whatever happens to the line below, the signal stops the demo
         self.say("demo", f"{signal.Signals(sig).name}: stopping the chat, the simulator, farmhost and Home Assistant")
-        self._stop.set()
 
     async def _main(self) -> int:
         options = self.options
@@ -335,7 +337,3 @@ def _llm(settings: Settings) -> str:
     if not settings.llm_enabled:
         return "not configured (see below)"
     return f"{settings.llm_model} at {settings.llm_base_url}"
-
-
-def _print(line: str) -> None:
-    print(line, flush=True)

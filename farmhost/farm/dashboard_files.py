@@ -2,8 +2,8 @@
 
 The dashboards directory is visible to the main agent (`/workspace/dashboard`), so every file in it is opened
 relative to a held directory descriptor with O_NOFOLLOW: a link the agent planted (`farm.yaml -> /etc/...`,
-`backups -> /`) is refused, never followed. A missing staged copy is seeded from the repository's
-`dashboards/<name>.yaml` when farmhost runs from a source checkout that ships one.
+`backups -> /`) is refused, never followed. A missing staged copy is seeded from the shipped
+`dashboards/<name>.yaml` (package data of the installed wheel, or the checkout's `dashboards/`) when there is one.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ BACKUP_RE: Final = re.compile(r"^\d{8}T\d{6}\.\d{6}Z(-\d+)?\.json$")
 
 
 def shipped_dashboards() -> Path | None:
-    """The repository's `dashboards/` directory, or None when farmhost does not run from a source checkout."""
+    """The shipped `dashboards/` directory (package data, or the checkout's in development), or None."""
     return shipped_dir("dashboards")
 
 

@@ -1,35 +1,67 @@
-"""Which agent runtime farmhost picks when FARMHOST_AGENT_RUNTIME is not set."""
+"""Which agent runtime farmhost picks when FARMHOST_AGENT_RUNTIME is not set: from what the host has, not this machine.
+
+`default_runtime` decides from the docker CLI found on PATH, DOCKER_HOST and the engine's socket; the cases give
+it each combination on real files under tmp_path (a real Unix socket, a plain file of the same name, nothing), so
+the answer does not depend on whether the machine running the tests has Docker.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from farmhost.config import Settings
+from farmhost.config import DOCKER_SOCKET, Settings, default_runtime
 
 
 @pytest.fixture
-def docker_cli_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A `docker` program on PATH, as on machines with the CLI but no engine."""
+def engine_socket(tmp_path: Path) -> Iterator[Path]:
+    """A real listening Unix socket, as a Docker engine's."""
+    path = tmp_path / "docker.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen()
+    try:
+        yield path
+    finally:
+        server.close()
+
+
+def test_a_docker_cli_without_an_engine_falls_back_to_bwrap(tmp_path: Path) -> None:
+    cli = "/usr/bin/docker"
+    assert default_runtime(docker_cli=cli, docker_host=None, socket=tmp_path / "docker.sock") == "bwrap"
+    not_a_socket = tmp_path / "plain.sock"
+    not_a_socket.write_text("")
+    assert default_runtime(docker_cli=cli, docker_host=None, socket=not_a_socket) == "bwrap"
+    assert default_runtime(docker_cli=cli, docker_host="", socket=tmp_path / "docker.sock") == "bwrap"
+
+
+def test_an_engine_makes_docker_the_default_only_with_its_cli(engine_socket: Path, tmp_path: Path) -> None:
+    cli = "/usr/bin/docker"
+    assert default_runtime(docker_cli=cli, docker_host=None, socket=engine_socket) == "docker"
+    remote = "unix:///run/user/1000/docker.sock"
+    assert default_runtime(docker_cli=cli, docker_host=remote, socket=tmp_path / "absent.sock") == "docker"
+    # No CLI, no docker: farmhost runs agents through the docker program.
+    assert default_runtime(docker_cli=None, docker_host=remote, socket=engine_socket) == "bwrap"
+
+
+def test_the_settings_decide_with_what_this_host_has(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Unset, Settings.runtime is default_runtime of this host's PATH, DOCKER_HOST and socket, whatever they are."""
+    monkeypatch.delenv("FARMHOST_AGENT_RUNTIME", raising=False)
+    found = default_runtime(
+        docker_cli=shutil.which("docker"), docker_host=os.environ.get("DOCKER_HOST"), socket=DOCKER_SOCKET
+    )
+    assert Settings(_env_file=None).runtime == found  # type: ignore[call-arg]
+    # A docker CLI on PATH and DOCKER_HOST set: docker, on any machine.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    docker = bin_dir / "docker"
-    docker.write_text("#!/bin/sh\nexit 1\n")
-    docker.chmod(0o755)
+    (bin_dir / "docker").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "docker").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    monkeypatch.delenv("FARMHOST_AGENT_RUNTIME", raising=False)
-
-
-@pytest.mark.usefixtures("docker_cli_on_path")
-def test_a_docker_cli_without_an_engine_falls_back_to_bwrap(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("DOCKER_HOST", raising=False)
-    assert not Path("/var/run/docker.sock").exists()  # this machine has no engine
-    assert Settings(_env_file=None).runtime == "bwrap"  # type: ignore[call-arg]
-
-
-@pytest.mark.usefixtures("docker_cli_on_path")
-def test_a_configured_engine_makes_docker_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DOCKER_HOST", "unix:///run/user/1000/docker.sock")
     assert Settings(_env_file=None).runtime == "docker"  # type: ignore[call-arg]
 

@@ -1,0 +1,416 @@
+"""Test and benchmark helpers: drive the real `farmhost` CLI and daemon as subprocesses, drop real request files.
+
+Tests import these through tests/farmhost_testing.py; bench/ imports them from here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from farmhost.store.groups import Group
+
+T = TypeVar("T")
+
+MAIN_JID, FIELD_JID = "telegram:100", "telegram:200"
+
+# Variables a developer's shell might carry that would change what the tests see.
+_SCRUB = (
+    "FARMHOST_",
+    "HA_URL",
+    "HA_TOKEN",
+    "TELEGRAM_",
+    "FARM_MODE",
+    "FARM_PROFILE_PATH",
+    "TZ",
+)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment for a farmhost subprocess: no farmhost/HA/Telegram settings but `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUB)}
+    env.update(extra)
+    return env
+
+
+def farmhost(
+    *args: str, data_dir: Path, env: dict[str, str] | None = None, timeout: float = 60, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run `farmhost <args> --data-dir <data_dir>` and return the finished process (`timeout` scaled)."""
+    return subprocess.run(
+        [sys.executable, "-m", "farmhost", *args, "--data-dir", str(data_dir)],
+        capture_output=True,
+        text=True,
+        env=env or clean_env(),
+        cwd=data_dir.parent,
+        timeout=scaled(timeout),
+        input=input,
+        check=False,
+    )
+
+
+# Deadlines ------------------------------------------------------------------------------------------------
+#
+# A test waits for the condition its assertion needs, never for a fixed sleep; its deadline only bounds how long a
+# broken host may keep it waiting. Deadlines are written for an idle machine and stretched by `timeout_scale()` on a
+# busy one, so a loaded CI box (or a developer running two suites at once) gets slower tests, not failing ones.
+
+TIMEOUT_SCALE_ENV = "FARMHOST_TEST_TIMEOUT_SCALE"
+# Without the variable, the scale follows the load: 1 + (1-minute load average per CPU), between 1 and this.
+MAX_LOAD_SCALE = 4.0
+
+
+def timeout_scale() -> float:
+    """How many times longer than on an idle machine a test may wait (at least 1).
+
+    FARMHOST_TEST_TIMEOUT_SCALE (a number >= 1) when set; otherwise measured now: 1 + the 1-minute load average per
+    CPU, at most MAX_LOAD_SCALE (a 2-core machine with load 4 waits 3x as long).
+    """
+    raw = os.environ.get(TIMEOUT_SCALE_ENV, "").strip()
+    if raw:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"{TIMEOUT_SCALE_ENV} must be a number >= 1, got {raw!r}") from None
+        if not value >= 1:
+            raise ValueError(f"{TIMEOUT_SCALE_ENV} must be a number >= 1, got {raw!r}")
+        return value
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return 1.0
+    return min(MAX_LOAD_SCALE, max(1.0, 1.0 + load / (os.cpu_count() or 1)))
+
+
+def scaled(seconds: float) -> float:
+    """A deadline of `seconds` on an idle machine, stretched for this one (see `timeout_scale`)."""
+    return seconds * timeout_scale()
+
+
+def _describe(value: object, limit: int = 600) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
+
+
+class _Deadline:
+    """A scaled deadline that, given `progress`, restarts whenever the progress value changes (at most `cap`)."""
+
+    def __init__(
+        self, timeout: float, what: str, seen: Callable[[], object] | None, progress: Callable[[], object] | None
+    ) -> None:
+        self.limit = scaled(timeout)
+        self.what, self.seen, self.progress = what, seen, progress
+        self.started = self.moved = time.monotonic()
+        self.cap = self.started + 10 * self.limit
+        self.last_progress = progress() if progress else None
+
+    def check(self, last: object) -> None:
+        """Raise the failure (with `last`, the condition's last value) if the deadline passed; progress resets it."""
+        now = time.monotonic()
+        if self.progress is not None:
+            current = self.progress()
+            if current != self.last_progress:
+                self.last_progress, self.moved = current, now
+        if now - self.moved <= self.limit and now <= self.cap:
+            return
+        waited = now - self.started
+        stalled = f", no progress for {now - self.moved:.1f} s" if self.progress is not None else ""
+        message = f"timed out after {waited:.1f} s (deadline {self.limit:.1f} s{stalled}) waiting for {self.what}"
+        message += f"; last saw {_describe(last)}"
+        if self.seen is not None:
+            message += f"; {_describe(self.seen(), 4000)}"
+        raise AssertionError(message)
+
+
+def wait_for(
+    condition: Callable[[], T | None],
+    *,
+    timeout: float = 10.0,
+    interval: float = 0.005,
+    what: str = "",
+    seen: Callable[[], object] | None = None,
+    progress: Callable[[], object] | None = None,
+) -> T:
+    """Poll `condition` until it returns something truthy, and return that.
+
+    Fails after `timeout` seconds (scaled for the machine's load, see `scaled`) with what it waited for, the last
+    value `condition` returned and, when given, `seen()` (what the test can show about the state). With `progress`,
+    the deadline runs from the last change of `progress()` instead (for a long drain that keeps moving), up to ten
+    deadlines in all.
+    """
+    deadline = _Deadline(timeout, what or getattr(condition, "__name__", repr(condition)), seen, progress)
+    while True:
+        value = condition()
+        if value:
+            return value
+        deadline.check(value)
+        time.sleep(interval)
+
+
+async def wait_for_async(
+    condition: Callable[[], T | None | Awaitable[T | None]],
+    *,
+    timeout: float = 10.0,
+    interval: float = 0.01,
+    what: str = "",
+    seen: Callable[[], object] | None = None,
+    progress: Callable[[], object] | None = None,
+) -> T:
+    """`wait_for` for a test on an event loop: polls without blocking it; `condition` may be a coroutine function."""
+    deadline = _Deadline(timeout, what or getattr(condition, "__name__", repr(condition)), seen, progress)
+    while True:
+        value = condition()
+        if isinstance(value, Awaitable):
+            value = await value
+        if value:
+            return value
+        deadline.check(value)
+        await asyncio.sleep(interval)
+
+
+def drop(
+    data_dir: Path,
+    folder: str,
+    queue: str,
+    payload: dict[str, Any] | bytes,
+    *,
+    name: str | None = None,
+) -> str:
+    """Write a request the way an agent does (dot-temp file, then rename); returns the file's stem."""
+    queue_dir = data_dir / "ipc" / folder / queue
+    if name is None:
+        rid = payload.get("requestId") if isinstance(payload, dict) else None
+        name = f"{rid or f'{time.time_ns()}-{secrets.token_hex(3)}'}.json"
+    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    tmp = queue_dir / f".{name}.{secrets.token_hex(3)}.tmp"
+    tmp.write_bytes(data)
+    os.rename(tmp, queue_dir / name)
+    return name.removesuffix(".json")
+
+
+def result_path(data_dir: Path, folder: str, request_id: str) -> Path:
+    """Where the result of a request appears."""
+    return data_dir / "ipc" / folder / "action_results" / f"{request_id}.json"
+
+
+def read_result(data_dir: Path, folder: str, request_id: str) -> dict[str, Any] | None:
+    """The result of a request, if it is there."""
+    try:
+        return json.loads(result_path(data_dir, folder, request_id).read_bytes())  # type: ignore[no-any-return]
+    except FileNotFoundError:
+        return None
+
+
+def wait_result(data_dir: Path, folder: str, request_id: str, *, timeout: float = 10.0) -> dict[str, Any]:
+    """Wait for and return the result of a request (`timeout` scaled, like every deadline here)."""
+    return wait_for(
+        lambda: read_result(data_dir, folder, request_id),
+        timeout=timeout,
+        what=f"the result of {request_id} in {result_path(data_dir, folder, request_id).parent}",
+        seen=lambda: f"queued there: {_queued(data_dir, folder)}",
+    )
+
+
+def _queued(data_dir: Path, folder: str) -> list[str]:
+    found = []
+    for where in (data_dir / "ipc" / folder, data_dir / "ipc" / ".spool" / folder):
+        if where.is_dir():
+            found += [f"{p.parent.name}/{p.name}" for p in where.glob("*/*.json") if p.parent.name != "action_results"]
+    return sorted(found)
+
+
+def quarantined(data_dir: Path, folder: str) -> list[dict[str, Any]]:
+    """The `.reason.json` notes of a group's quarantine, oldest first."""
+    errors = data_dir / "ipc" / "errors" / folder
+    if not errors.is_dir():
+        return []
+    return [json.loads(p.read_text()) for p in sorted(errors.glob("*.reason.json"))]
+
+
+class Daemon:
+    """A real `farmhost run` process on a data directory."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+        python: str | Path = sys.executable,
+    ) -> None:
+        self.data_dir = data_dir
+        self.env = env or clean_env()
+        self.args = args  # extra `farmhost run` options, e.g. ("--log-format", "json")
+        self.python = python  # the interpreter whose farmhost runs (another venv's, for an installed wheel)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = data_dir.parent / "daemon.log"
+
+    def start(self, *, wait_group: str | None = "main", timeout: float = 15.0) -> Daemon:
+        """Start the daemon and wait until it reports alive in `wait_group`'s host_status.json."""
+        status = self.data_dir / "ipc" / (wait_group or "") / "host_status.json"
+        before = status.stat().st_mtime_ns if wait_group and status.exists() else None
+        log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
+        self.proc = subprocess.Popen(
+            [str(self.python), "-m", "farmhost", "run", "--data-dir", str(self.data_dir), *self.args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            cwd=self.data_dir.parent,
+        )
+        log.close()
+        if wait_group:
+            try:
+                wait_for(
+                    lambda: self._alive(status, before),
+                    timeout=timeout,
+                    what=f"the daemon to report alive in {status}",
+                    seen=lambda: f"daemon log:\n{self.log()[-3000:]}",
+                )
+            except BaseException:
+                self._reap()  # a daemon that failed to start must not outlive the test (and write into its tmp dir)
+                raise
+        return self
+
+    def _reap(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def _alive(self, status: Path, before: int | None) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
+        try:
+            doc = json.loads(status.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return False
+        return bool(doc.get("status") == "alive" and doc.get("pid") == self.proc.pid)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+        """Send `sig` and wait for the exit code (`timeout` scaled)."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout=scaled(timeout))
+        except subprocess.TimeoutExpired:
+            self._reap()
+            raise AssertionError(
+                f"the daemon did not exit within {scaled(timeout):.1f} s of signal {sig}; log:\n{self.log()[-3000:]}"
+            ) from None
+        self.proc = None
+        return code
+
+    def kill(self) -> None:
+        """Kill -9."""
+        self.stop(signal.SIGKILL)
+
+    def log(self) -> str:
+        """Everything the daemon printed so far."""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def init_data_dir(root: Path) -> Path:
+    """`farmhost init` on `root`, then groups `main` (main, telegram:100) and `field` (telegram:200)."""
+    for args in (
+        ("init",),
+        ("group", "add", "--jid", MAIN_JID, "--name", "Farm office", "--folder", "main", "--main"),
+        ("group", "add", "--jid", FIELD_JID, "--name", "Field crew", "--folder", "field"),
+    ):
+        done = farmhost(*args, data_dir=root)
+        assert done.returncode == 0, done.stderr
+    return root
+
+
+def copy_data_dir(template: Path, root: Path) -> Path:
+    """A copy at `root` of a data dir that `init_data_dir` made and nothing used since.
+
+    The same layout, modes and database, in milliseconds instead of three CLI starts (seconds each when busy).
+    """
+    assert not (template / "farmhost.db-wal").exists(), f"{template} is in use: copy only an idle data dir"
+    shutil.copytree(template, root, symlinks=True)
+    return root
+
+
+def init_data_dir_in_process(root: Path) -> Path:
+    """The same layout as `init_data_dir`, made in-process through the registry (no CLI start-up cost)."""
+    register_in_process(root, jid=MAIN_JID, name="Farm office", folder="main", is_main=True)
+    register_in_process(root, jid=FIELD_JID, name="Field crew", folder="field")
+    return root
+
+
+def register_in_process(
+    root: Path, *, jid: str, name: str, folder: str, is_main: bool = False, requires_trigger: bool = True
+) -> None:
+    """Register a group in `root` (created if needed) the way `farmhost group add` does, without a subprocess."""
+    from farmhost.groups.registry import new_group, register
+    from farmhost.layout import DataLayout
+    from farmhost.store.db import Database, now_utc
+
+    layout = DataLayout(root)
+    layout.create()
+    db = Database.open(root)
+    try:
+        with db.tx() as conn:
+            group = new_group(
+                conn, jid=jid, name=name, folder=folder, trigger=None, requires_trigger=requires_trigger,
+                is_main=is_main, at=now_utc(),
+            )  # fmt: skip
+            register(conn, layout, group)
+    finally:
+        db.close()
+
+
+def group_lookup(root: Path) -> Callable[[str], Group | None]:
+    """The registry lookup the app gives the agent runtime: a fresh read of the database (sees new groups at once)."""
+    from farmhost.store.db import Database
+    from farmhost.store.groups import get_group
+
+    def lookup(folder: str) -> Group | None:
+        db = Database.open(root)
+        try:
+            return get_group(db.conn, folder)
+        finally:
+            db.close()
+
+    return lookup
+
+
+@contextmanager
+def running_daemon(data_dir: Path, *, env: dict[str, str] | None = None) -> Iterator[Daemon]:
+    """A daemon for the block; it must stop cleanly (exit 0) at the end."""
+    daemon = Daemon(data_dir, env=env).start()
+    try:
+        yield daemon
+    finally:
+        if daemon.proc is not None:
+            assert daemon.stop() == 0, daemon.log()
+
+
+def ok(result: dict[str, Any]) -> Any:
+    """The `result` of a successful answer (fails the test otherwise)."""
+    assert result["status"] == "success", result
+    return result["result"]
+
+
+def refused(result: dict[str, Any], code: str, *words: str) -> str:
+    """The error sentence of a refusal with `code` that mentions every one of `words`."""
+    assert result["status"] == "error" and result["errorCode"] == code, result
+    message: str = result["error"]
+    for word in words:
+        assert word in message, message
+    return message
