@@ -137,6 +137,7 @@ async def test_a_request_with_the_farm_tools_is_accepted_and_answered(root: Path
     assert usage.requests == 2 and stored_usage(root)[0] == 2
 
 
+@pytest.mark.slow  # ~20 s on a loaded 2-core machine: the model reads the runner's ~1,600-token prompt at ~100/s
 @pytest.mark.timeout(120)
 def test_a_chat_message_gets_a_reply_from_the_built_in_runner_on_the_local_model(
     data_dir: Path, fake_telegram: FakeTelegram, local_llm: LocalLlm
