@@ -133,6 +133,7 @@ class RunHandler:
                 except (TimeoutError, aiohttp.ClientError) as err:
                     return self._unreachable(err, self._proxy.timeout)
                 return self._answer(reservation, upstream.status, data, upstream.content_type)
+            self._usage.upstream_answers += 1
             extra = {"group": self._folder, "runId": self._run_id}
             relay = self._proxy.relay(tally, f"llm {self._folder} run {self._run_id}", extra)
             try:
@@ -150,11 +151,15 @@ class RunHandler:
 
     def _answer(self, reservation: Reservation, status: int, data: bytes, content_type: str | None) -> web.Response:
         if 200 <= status < 300:
+            self._usage.upstream_answers += 1
             self._budgets.add_tokens(reservation, *_reported_tokens(data))
+        elif status >= 500:
+            self._usage.upstream_failures += 1
         return web.Response(status=status, body=data, content_type=content_type or "application/json")
 
     def _unreachable(self, err: BaseException, timeout: float) -> web.Response:
         """The 502 for an upstream that did not answer in time or could not be reached, logged."""
+        self._usage.upstream_failures += 1
         extra = {"group": self._folder, "runId": self._run_id}
         if isinstance(err, TimeoutError):
             logger.warning("llm %s run %s: no answer within %g s", self._folder, self._run_id, timeout, extra=extra)

@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any, Final
 
 from farmhost.agents.backends import (
@@ -21,6 +22,13 @@ from farmhost.agents.backends.base import LaunchPlan
 from farmhost.agents.backends.bwrap import BwrapBackend
 from farmhost.agents.backends.docker import DockerBackend
 from farmhost.agents.cgroups import CgroupSupport, detect_sync, open_run_cgroup_sync
+from farmhost.agents.fallback import (
+    ASSISTANT_NAME,
+    WHY_LLM_FAILED,
+    WHY_NO_LLM,
+    AssistFallback,
+    AssistUnavailable,
+)
 from farmhost.agents.inputs import AgentResult, agent_input, parse_result, trim_memory
 from farmhost.agents.jobs import AgentJob, AgentOutcome, Status
 from farmhost.agents.kinds import AgentKind, agent_kind
@@ -70,6 +78,7 @@ class AgentRuntime:
         backend: SandboxBackend | None = None,
         proxy: LlmProxy | None = None,
         term_grace: float = TERM_GRACE,
+        fallback: AssistFallback | None = None,
     ) -> None:
         """Build the runtime; nothing starts before `start()`.
 
@@ -83,6 +92,7 @@ class AgentRuntime:
             backend: a ready backend instead of the one `settings.runtime` names.
             proxy: the LLM proxy to serve during runs (default: one built from the settings).
             term_grace: seconds between SIGTERM and SIGKILL when a run times out.
+            fallback: who answers a chat message when no LLM is configured or none answers (default: Assist).
         """
         self._settings = settings
         self._layout = layout
@@ -93,6 +103,7 @@ class AgentRuntime:
         self._backend = backend
         self._backend_error: str | None = None
         self._term_grace = term_grace
+        self._fallback = fallback or AssistFallback(layout)
         self._limits = LimitsReader(layout.agent_limits, default_limits(settings), default_llm_budget(settings))
         self._proxy = proxy or LlmProxy(settings=settings, layout=layout, limits=self._limits)
         self._queue = RunQueue(settings.max_agents)
@@ -198,6 +209,9 @@ class AgentRuntime:
             return self._outcome(job, "error", error=err.message, started=started)
         if kind.needs_llm and not self._settings.llm_enabled:
             # The built-in runner needs a model; starting a sandbox only to hear that would waste a second.
+            words = self._fallback.words(job)
+            if words is not None:
+                return await self._assist(job, words, WHY_NO_LLM, NO_LLM, started)
             logger.warning("agent run %s for %s refused: no LLM is configured", job.run_id, job.folder, extra=_ids(job))
             return self._outcome(job, "error", error=NO_LLM, started=started)
         limits = self._limits.limits(job.folder)
@@ -258,7 +272,28 @@ class AgentRuntime:
                 record.out_of_memory = cgroup.hit_memory_limit()
                 await asyncio.to_thread(cgroup.close_sync)
             await asyncio.to_thread(after_run_sync, spec)
-        return await self._finish(record, run, started)
+        outcome = await self._finish(record, run, started)
+        usage = record.usage
+        # Only a run that got no answer from any endpoint at all: one that failed later may have acted already.
+        if outcome.status in ("error", "timeout") and usage and usage.upstream_failures and not usage.upstream_answers:
+            words = self._fallback.words(job)
+            if words is not None:
+                return await self._assist(job, words, WHY_LLM_FAILED, outcome.error or outcome.status, started)
+        return outcome
+
+    async def _assist(self, job: AgentJob, words: str, why: str, llm_error: str, started: float) -> AgentOutcome:
+        """The outcome of asking Home Assistant's Assist instead (ok with its speech, or an error saying both)."""
+        try:
+            speech = await self._fallback.answer(job, words)
+        except AssistUnavailable as err:
+            logger.warning("agent run %s for %s: %s, and Assist could not answer: %s", job.run_id, job.folder, why,
+                           err.message, extra=_ids(job))  # fmt: skip
+            error = f"{llm_error}; Home Assistant's Assist could not answer either: {err.message}"
+            return self._outcome(job, "error", error=error, started=started)
+        logger.info("agent run %s for %s answered by Home Assistant's Assist (%s)", job.run_id, job.folder, why,
+                    extra={**_ids(job), "event": "run_end", "status": "ok", "answeredBy": ASSISTANT_NAME})  # fmt: skip
+        outcome = self._outcome(job, "ok", answer=speech, started=started)
+        return replace(outcome, answered_by=ASSISTANT_NAME, fallback_why=why)
 
     def _kind(self, folder: str) -> AgentKind:
         if self._command is not None:  # tests run their probes as a command
