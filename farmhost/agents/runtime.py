@@ -34,7 +34,7 @@ from farmhost.agents.jobs import AgentJob, AgentOutcome, Status
 from farmhost.agents.kinds import AgentKind, agent_kind
 from farmhost.agents.launch import Exit, Launch
 from farmhost.agents.limits import LimitsReader, default_limits, default_llm_budget
-from farmhost.agents.proxy import REQUESTS_PER_TURN, LlmProxy
+from farmhost.agents.proxy import REQUESTS_PER_TURN, LlmProxy, ProxyUsage
 from farmhost.agents.queue import CHAT, SCHEDULED, QueueClosed, RunQueue
 from farmhost.agents.runlog import RunRecord, log_name, write_run_log_sync
 from farmhost.agents.sandbox import after_run_sync, prepare_mounts_sync, sandbox_spec
@@ -272,14 +272,31 @@ class AgentRuntime:
                 record.out_of_memory = cgroup.hit_memory_limit()
                 await asyncio.to_thread(cgroup.close_sync)
             await asyncio.to_thread(after_run_sync, spec)
-        outcome = await self._finish(record, run, started)
-        usage = record.usage
+        return await self._after_run(job, await self._finish(record, run, started), record.usage, started)
+
+    async def _after_run(
+        self, job: AgentJob, outcome: AgentOutcome, usage: ProxyUsage | None, started: float
+    ) -> AgentOutcome:
+        """Assist when no LLM endpoint answered the run at all; the fallback endpoint named when one answered."""
+        if usage is None:
+            return outcome
         # Only a run that got no answer from any endpoint at all: one that failed later may have acted already.
-        if outcome.status in ("error", "timeout") and usage and usage.upstream_failures and not usage.upstream_answers:
+        if outcome.status in ("error", "timeout") and usage.upstream_failures and not usage.upstream_answers:
             words = self._fallback.words(job)
             if words is not None:
                 return await self._assist(job, words, WHY_LLM_FAILED, outcome.error or outcome.status, started)
+        if outcome.status == "ok" and any(number != 1 for number in usage.answered_by):
+            return self._by_fallback(outcome, usage.answered_by)
         return outcome
+
+    def _by_fallback(self, outcome: AgentOutcome, answered_by: dict[int, str]) -> AgentOutcome:
+        """The answer, saying which fallback LLM endpoint gave it (the farmer should know it is not the usual one)."""
+        first = self._settings.llm_endpoints[0]
+        used = [f"endpoint {n}, {label}" for n, label in sorted(answered_by.items()) if n != 1]
+        some = "partly " if 1 in answered_by else ""
+        note = f"({some}answered by the fallback LLM {' and '.join(used)}: endpoint 1, {first.label}, did not answer)"
+        answer = f"{(outcome.answer or '').rstrip()}\n\n{note}".lstrip()
+        return replace(outcome, answer=answer, answered_by=" and ".join(used))
 
     async def _assist(self, job: AgentJob, words: str, why: str, llm_error: str, started: float) -> AgentOutcome:
         """The outcome of asking Home Assistant's Assist instead (ok with its speech, or an error saying both)."""
