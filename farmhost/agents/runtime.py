@@ -200,18 +200,18 @@ class AgentRuntime:
         if group is None:
             logger.warning("agent run %s refused: group %s is not registered", job.run_id, job.folder, extra=_ids(job))
             return self._outcome(job, "error", error=f"group {job.folder!r} is not registered", started=started)
-        if self._backend is None:
-            logger.warning("agent run %s for %s refused: agent runs are off", job.run_id, job.folder, extra=_ids(job))
-            return self._outcome(job, "error", error=f"agent runs are off: {self._backend_error}", started=started)
         try:
             kind = self._kind(job.folder)
         except SandboxError as err:
             return self._outcome(job, "error", error=err.message, started=started)
-        if kind.needs_llm and not self._settings.llm_enabled:
-            # The built-in runner needs a model; starting a sandbox only to hear that would waste a second.
-            words = self._fallback.words(job)
-            if words is not None:
-                return await self._assist(job, words, WHY_NO_LLM, NO_LLM, started)
+        no_llm = kind.needs_llm and not self._settings.llm_enabled
+        # The built-in runner needs a model: a chat message goes to Assist instead, which needs no sandbox either.
+        if no_llm and (words := self._fallback.words(job)) is not None:
+            return await self._assist(job, words, WHY_NO_LLM, NO_LLM, started)
+        if self._backend is None:
+            logger.warning("agent run %s for %s refused: agent runs are off", job.run_id, job.folder, extra=_ids(job))
+            return self._outcome(job, "error", error=f"agent runs are off: {self._backend_error}", started=started)
+        if no_llm:
             logger.warning("agent run %s for %s refused: no LLM is configured", job.run_id, job.folder, extra=_ids(job))
             return self._outcome(job, "error", error=NO_LLM, started=started)
         limits = self._limits.limits(job.folder)
