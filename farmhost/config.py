@@ -6,8 +6,10 @@ import os
 import shlex
 import shutil
 import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -16,6 +18,28 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from farmhost.errors import ConfigError
 
 DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class LlmEndpoint:
+    """One OpenAI-compatible endpoint of the chain: its place (1 is FARMHOST_LLM_*), URL, model and key."""
+
+    number: int
+    base_url: str
+    model: str
+    api_key: str | None = field(default=None, repr=False)
+
+    @property
+    def env_prefix(self) -> str:
+        """The settings' prefix: FARMHOST_LLM for the first, FARMHOST_LLM_<n> for the fallbacks."""
+        return "FARMHOST_LLM" if self.number == 1 else f"FARMHOST_LLM_{self.number}"
+
+    @property
+    def label(self) -> str:
+        """How logs, replies and the doctor name it: the model and the host, never the path or credentials."""
+        host = urlsplit(self.base_url).hostname or "?"
+        port = urlsplit(self.base_url).port
+        return f"{self.model} at {host}{f':{port}' if port else ''}"
 
 
 class Settings(BaseSettings):
@@ -74,6 +98,17 @@ class Settings(BaseSettings):
     sandbox_seccomp: Literal["required", "off"] = Field(default="required", validation_alias="FARMHOST_SANDBOX_SECCOMP")
     # The LLM proxy (docs/agent-runtime.md): connections a run may hold and all runs together, so a flood of them
     # can never take the daemon to its descriptor limit; an agent's client needs one or two.
+    # Fallback LLM endpoints, tried in this order after FARMHOST_LLM_BASE_URL/MODEL/API_KEY (agent-runtime.md): e.g. a
+    # hosted model first, then a llama.cpp or Ollama server on the farm's own network for when the internet is down.
+    llm_2_base_url: str | None = Field(default=None, validation_alias="FARMHOST_LLM_2_BASE_URL")
+    llm_2_model: str | None = Field(default=None, validation_alias="FARMHOST_LLM_2_MODEL")
+    llm_2_api_key: str | None = Field(default=None, validation_alias="FARMHOST_LLM_2_API_KEY", repr=False)
+    llm_3_base_url: str | None = Field(default=None, validation_alias="FARMHOST_LLM_3_BASE_URL")
+    llm_3_model: str | None = Field(default=None, validation_alias="FARMHOST_LLM_3_MODEL")
+    llm_3_api_key: str | None = Field(default=None, validation_alias="FARMHOST_LLM_3_API_KEY", repr=False)
+    # An endpoint that failed (no connection, a timeout, a 5xx) is tried last for this long: long enough that a
+    # run does not wait for a dead hosted endpoint at every turn, short enough to be back soon after the internet.
+    llm_cooldown_seconds: float = Field(default=120.0, ge=0, le=86400, validation_alias="FARMHOST_LLM_COOLDOWN_SECONDS")
     llm_run_connections: int = Field(default=8, ge=1, le=1024, validation_alias="FARMHOST_LLM_RUN_CONNECTIONS")
     llm_max_connections: int = Field(default=64, ge=1, le=4096, validation_alias="FARMHOST_LLM_MAX_CONNECTIONS")
     # Each request's max_tokens is capped to this (and set to it when the agent sends none): a turn's answer is a
@@ -156,7 +191,7 @@ class Settings(BaseSettings):
             raise ValueError("unknown time zone (use an IANA name such as Europe/Lisbon)") from None
         return name
 
-    @field_validator("ha_url", "telegram_api_base_url", "llm_base_url")
+    @field_validator("ha_url", "telegram_api_base_url", "llm_base_url", "llm_2_base_url", "llm_3_base_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
         if not value:
@@ -181,6 +216,46 @@ class Settings(BaseSettings):
         if self.agent_kind == "command" and self.agent_command is None:
             raise ValueError("FARMHOST_AGENT_KIND=command needs FARMHOST_AGENT_COMMAND (the agent's argv)")
         return self
+
+    @model_validator(mode="after")
+    def _fallbacks_in_order(self) -> Settings:
+        previous = "FARMHOST_LLM"
+        configured = self.llm_enabled
+        for number, (url, model, key) in ((2, self._llm_2), (3, self._llm_3)):
+            prefix = f"FARMHOST_LLM_{number}"
+            if url or model or key:
+                if not (url and model):
+                    missing = f"{prefix}_BASE_URL" if not url else f"{prefix}_MODEL"
+                    raise ValueError(f"the fallback LLM endpoint {number} needs {missing} too")
+                if not configured:
+                    raise ValueError(
+                        f"{prefix}_BASE_URL is a fallback tried after {previous}_BASE_URL and {previous}_MODEL, "
+                        "which are not set"
+                    )
+            else:
+                configured = False
+            previous = prefix
+        return self
+
+    @property
+    def _llm_2(self) -> tuple[str | None, str | None, str | None]:
+        return self.llm_2_base_url, self.llm_2_model, self.llm_2_api_key
+
+    @property
+    def _llm_3(self) -> tuple[str | None, str | None, str | None]:
+        return self.llm_3_base_url, self.llm_3_model, self.llm_3_api_key
+
+    @property
+    def llm_endpoints(self) -> tuple[LlmEndpoint, ...]:
+        """The configured OpenAI-compatible endpoints in the order the proxy tries them (empty: no LLM)."""
+        if not self.llm_enabled:
+            return ()
+        assert self.llm_base_url is not None and self.llm_model is not None
+        found = [LlmEndpoint(1, self.llm_base_url, self.llm_model, self.llm_api_key)]
+        for number, (url, model, key) in ((2, self._llm_2), (3, self._llm_3)):
+            if url and model:
+                found.append(LlmEndpoint(number, url, model, key))
+        return tuple(found)
 
     @property
     def agent_command_argv(self) -> tuple[str, ...] | None:

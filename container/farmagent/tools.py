@@ -402,6 +402,20 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
         parameters=action_parameters("farm_state_refresh"),
         run=lambda ctx, a: ctx.client.farm_state_refresh(),
     ),
+    ToolSpec(
+        name="ha_assist",
+        hints=Hints(read_only=False, destructive=True, open_world=True),
+        result=result_schema(
+            {"speech": {"type": "string"}, "responseType": {"type": "string"}, "targets": {"type": "array"}}, "speech"
+        ),
+        farm_action=True,
+        description="Say a sentence to Home Assistant's own assistant (Assist, no model): it understands simple "
+        "commands and questions about exposed entities ('turn on the irrigation pump', 'is the barn light on') and "
+        "acts. Returns its spoken answer in 'speech' and the entities it acted on. Prefer ha_set_entity or "
+        f"ha_call_service when you know the entity id. {_MAIN_DEFAULT}",
+        parameters=action_parameters("ha_assist"),
+        run=lambda ctx, a: ctx.client.farm_action("ha_assist", {k: v for k, v in a.items() if v is not None}),
+    ),
 )
 
 TOOLS_BY_NAME: Final = {tool.name: tool for tool in TOOLS}

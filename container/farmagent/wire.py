@@ -70,6 +70,7 @@ FarmActionName = Literal[
     "ha_apply_dashboard",
     "ha_capture_screenshot",
     "farm_state_refresh",
+    "ha_assist",
 ]
 MemoryActionName = Literal["memory_search", "memory_get"]
 FARM_ACTIONS: Final[tuple[str, ...]] = get_args(FarmActionName)

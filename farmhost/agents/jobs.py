@@ -34,6 +34,7 @@ class AgentJob:
     task_id: str | None = None
     chat_jid: str | None = None
     run_id: str = field(default_factory=new_run_id)
+    message: str | None = None  # a chat job: the farmer's own words (Assist hears these when no LLM answers)
 
     def __post_init__(self) -> None:
         if not FOLDER_RE.fullmatch(self.folder):
@@ -55,3 +56,5 @@ class AgentOutcome:
     duration_seconds: float
     exit_code: int | None
     log_path: Path
+    answered_by: str | None = None  # "assist" when Home Assistant's Assist answered instead of an LLM
+    fallback_why: str | None = None  # why it did ("no LLM is configured", ...), for the chat's one-time notice

@@ -10,6 +10,7 @@ and redacted. Connections are accepted within caps and deadlines (proxy_socket.p
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -24,10 +25,11 @@ from aiohttp import web
 
 from farmhost.agents.limits import LimitsReader, default_limits, default_llm_budget
 from farmhost.agents.proxy_budget import LlmBudgets, ProxyUsage
+from farmhost.agents.proxy_chain import EndpointChain, Upstream, failure_reason
 from farmhost.agents.proxy_handler import RunHandler
 from farmhost.agents.proxy_socket import HTTP_ERRORS, ConnectionCaps, ProxyListener
 from farmhost.agents.proxy_stream import StreamRelay, StreamTally
-from farmhost.config import Settings
+from farmhost.config import LlmEndpoint, Settings
 from farmhost.layout import DataLayout
 from farmhost.store.db import Database
 
@@ -38,6 +40,9 @@ SOCKET_NAME: Final = "llm.sock"
 MAX_BODY_BYTES: Final = 4 * 1024 * 1024
 # A hosted model answers in seconds, a model on a Pi's neighbour in minutes; the run's own timeout bounds it too.
 LLM_REQUEST_TIMEOUT: Final = 300.0
+# A connection to an endpoint is up within this long or the next endpoint is tried: a blackholed hosted endpoint (the
+# farm's internet is down) must not hold a request for the whole LLM_REQUEST_TIMEOUT.
+CONNECT_TIMEOUT: Final = 10.0
 MAX_RESPONSE_BYTES: Final = 16 * 1024 * 1024
 # A connection must be inside a request within this long of opening or of its last response: the agent's client sends
 # a request's headers in one write, and an idle kept-alive connection is cheap to open again.
@@ -101,6 +106,7 @@ class LlmProxy:
         self._session: aiohttp.ClientSession | None = None
         self._db: Database | None = None
         self._budgets: LlmBudgets | None = None
+        self._chain = EndpointChain(settings.llm_endpoints, cooldown=settings.llm_cooldown_seconds)
 
     async def start(self) -> None:
         """Open the budgets' database connection and the upstream HTTP session (when an LLM is configured)."""
@@ -171,31 +177,59 @@ class LlmProxy:
                 os.unlink(SOCKET_NAME, dir_fd=directory)
             os.close(directory)
 
-    async def forward(self, body: dict[str, Any]) -> tuple[int, bytes, str]:
-        """POST `body` to the upstream's chat completions; returns status, body and content type.
+    async def forward(self, body: dict[str, Any]) -> tuple[int, bytes, str, LlmEndpoint]:
+        """POST `body` to the chat completions of the first endpoint that answers; status, body, type, endpoint.
 
         Raises:
-            aiohttp.ClientError, TimeoutError: the upstream cannot be reached or does not answer in time.
+            aiohttp.ClientError, TimeoutError: no endpoint could be reached or answered in time.
         """
-        async with await self.post(body) as response:
-            return response.status, await self.read(response), response.content_type
+        upstream = await self.open(body)
+        async with upstream.response as response:
+            return response.status, await self.read(response), response.content_type, upstream.endpoint
 
-    async def post(self, body: dict[str, Any], *, stream: bool = False) -> aiohttp.ClientResponse:
-        """POST `body` upstream and return the response once its headers are in (the caller releases it).
+    async def open(
+        self, body: dict[str, Any], *, stream: bool = False, headers_within: float | None = None
+    ) -> Upstream:
+        """POST `body` to each endpoint in the chain's order until one answers below 500; its response (headers in).
 
-        A stream has no aiohttp deadline: the caller bounds the whole of it and each wait for bytes.
+        An endpoint that cannot be reached, sends no headers within `headers_within` seconds or answers 5xx is
+        marked failed (proxy_chain.py) and the next is tried; the last one's failure is what the caller gets. The
+        caller releases the response. A stream has no aiohttp deadline: the caller bounds the rest of it.
 
         Raises:
-            aiohttp.ClientError, TimeoutError: the upstream cannot be reached or does not answer in time.
+            aiohttp.ClientError, TimeoutError: the last endpoint tried cannot be reached or does not answer in time.
         """
-        assert self._session is not None and self._settings.llm_base_url is not None
+        order = self._chain.order()
+        for index, endpoint in enumerate(order):
+            after = order[index + 1] if index + 1 < len(order) else None
+            try:
+                async with asyncio.timeout(headers_within):
+                    response = await self._post(endpoint, body, stream=stream)
+            except (TimeoutError, aiohttp.ClientError) as err:
+                self._chain.failed(endpoint, failure_reason(err, headers_within or self._timeout), next_one=after)
+                if after is None:
+                    raise
+                continue
+            if response.status < 500:
+                self._chain.answered(endpoint)
+                return Upstream(response=response, endpoint=endpoint, tried=index + 1)
+            self._chain.failed(endpoint, f"HTTP {response.status}", next_one=after)
+            if after is None:
+                return Upstream(response=response, endpoint=endpoint, tried=index + 1)
+            response.release()
+        raise AssertionError("open() needs a configured LLM (see `configured`)")
+
+    async def _post(self, endpoint: LlmEndpoint, body: dict[str, Any], *, stream: bool) -> aiohttp.ClientResponse:
+        assert self._session is not None
         accept = "text/event-stream" if stream else "application/json"
         headers = {"Content-Type": "application/json", "Accept": accept}
-        if self._settings.llm_api_key:
-            headers["Authorization"] = f"Bearer {self._settings.llm_api_key}"
-        url = f"{self._settings.llm_base_url}/chat/completions"
-        timeout = aiohttp.ClientTimeout(total=None) if stream else self._session.timeout
-        return await self._session.post(url, data=json.dumps(body).encode(), headers=headers, timeout=timeout)
+        if endpoint.api_key:
+            headers["Authorization"] = f"Bearer {endpoint.api_key}"
+        url = f"{endpoint.base_url}/chat/completions"
+        total = None if stream else self._timeout
+        timeout = aiohttp.ClientTimeout(total=total, sock_connect=CONNECT_TIMEOUT)
+        data = json.dumps({**body, "model": endpoint.model}).encode()
+        return await self._session.post(url, data=data, headers=headers, timeout=timeout)
 
     async def read(self, response: aiohttp.ClientResponse) -> bytes:
         """A buffered answer's body, redacted.
@@ -231,7 +265,12 @@ class LlmProxy:
     @property
     def configured(self) -> bool:
         """An LLM endpoint is configured and the session is open."""
-        return self._session is not None
+        return self._session is not None and bool(self._chain.endpoints)
+
+    @property
+    def endpoints(self) -> tuple[LlmEndpoint, ...]:
+        """The endpoints in the operator's order (the first is FARMHOST_LLM_*)."""
+        return self._chain.endpoints
 
     @property
     def model(self) -> str:
@@ -264,9 +303,12 @@ class LlmProxy:
         return self._stream_idle_timeout
 
     def redact(self, data: bytes) -> bytes:
-        """`data` with the API key replaced by `[redacted]`."""
-        key = self._settings.llm_api_key
-        return data.replace(key.encode(), b"[redacted]") if key and len(key) >= 4 else data
+        """`data` with every endpoint's API key replaced by `[redacted]`."""
+        for endpoint in self._chain.endpoints:
+            key = endpoint.api_key
+            if key and len(key) >= 4:
+                data = data.replace(key.encode(), b"[redacted]")
+        return data
 
 
 def _bind(directory: int) -> socket.socket:

@@ -35,6 +35,9 @@ class ProxyUsage:
     refused: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    upstream_failures: int = 0  # requests no endpoint answered (unreachable, timed out, 5xx)
+    upstream_answers: int = 0  # requests an endpoint answered with 2xx (a stream: once its headers came)
+    answered_by: dict[int, str] = field(default_factory=dict)  # endpoint number -> label, of those that answered 2xx
 
 
 class BudgetExceeded(Exception):

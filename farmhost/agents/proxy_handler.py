@@ -19,6 +19,7 @@ from aiohttp import web
 from farmhost.agents.proxy_body import BodyRefused, rewrite, wants_usage
 from farmhost.agents.proxy_budget import BudgetExceeded, LlmBudgets, ProxyUsage, Reservation
 from farmhost.agents.proxy_stream import StreamTally, estimate_prompt_tokens
+from farmhost.config import LlmEndpoint
 
 if TYPE_CHECKING:
     from farmhost.agents.proxy import LlmProxy
@@ -108,10 +109,10 @@ class RunHandler:
         if body.get("stream"):
             return await self._stream(request, body, reservation, StreamTally(relay_usage=relay_usage))
         try:
-            status, data, content_type = await self._proxy.forward(body)
+            status, data, content_type, endpoint = await self._proxy.forward(body)
         except (TimeoutError, aiohttp.ClientError) as err:
             return self._unreachable(err, self._proxy.timeout)
-        return self._answer(reservation, status, data, content_type)
+        return self._answer(reservation, status, data, content_type, endpoint)
 
     async def _stream(
         self, request: web.Request, body: dict[str, Any], reservation: Reservation, tally: StreamTally
@@ -121,18 +122,20 @@ class RunHandler:
         deadline = loop.time() + self._proxy.timeout
         headers_within = min(self._proxy.timeout, self._proxy.stream_idle_timeout)
         try:
-            async with asyncio.timeout(headers_within):
-                upstream = await self._proxy.post(body, stream=True)
+            opened = await self._proxy.open(body, stream=True, headers_within=headers_within)
         except (TimeoutError, aiohttp.ClientError) as err:
             return self._unreachable(err, headers_within)
-        async with upstream:
+        endpoint = opened.endpoint
+        async with opened.response as upstream:
             if upstream.status != 200 or upstream.content_type != "text/event-stream":
                 try:  # an error, or an upstream that answers in one piece anyway
                     async with asyncio.timeout_at(deadline):
                         data = await self._proxy.read(upstream)
                 except (TimeoutError, aiohttp.ClientError) as err:
                     return self._unreachable(err, self._proxy.timeout)
-                return self._answer(reservation, upstream.status, data, upstream.content_type)
+                return self._answer(reservation, upstream.status, data, upstream.content_type, endpoint)
+            self._usage.upstream_answers += 1
+            self._usage.answered_by[endpoint.number] = endpoint.label
             extra = {"group": self._folder, "runId": self._run_id}
             relay = self._proxy.relay(tally, f"llm {self._folder} run {self._run_id}", extra)
             try:
@@ -148,20 +151,31 @@ class RunHandler:
                     )
                 self._budgets.add_tokens(reservation, *tally.tokens(estimate_prompt_tokens(body)))
 
-    def _answer(self, reservation: Reservation, status: int, data: bytes, content_type: str | None) -> web.Response:
+    def _answer(
+        self, reservation: Reservation, status: int, data: bytes, content_type: str | None, endpoint: LlmEndpoint
+    ) -> web.Response:
         if 200 <= status < 300:
+            self._usage.upstream_answers += 1
+            self._usage.answered_by[endpoint.number] = endpoint.label
             self._budgets.add_tokens(reservation, *_reported_tokens(data))
+        elif status >= 500:
+            self._usage.upstream_failures += 1
         return web.Response(status=status, body=data, content_type=content_type or "application/json")
 
     def _unreachable(self, err: BaseException, timeout: float) -> web.Response:
         """The 502 for an upstream that did not answer in time or could not be reached, logged."""
+        self._usage.upstream_failures += 1
         extra = {"group": self._folder, "runId": self._run_id}
+        several = len(self._proxy.endpoints) > 1
+        which = f"any of the {len(self._proxy.endpoints)} LLM endpoints" if several else "the LLM endpoint"
         if isinstance(err, TimeoutError):
             logger.warning("llm %s run %s: no answer within %g s", self._folder, self._run_id, timeout, extra=extra)
-            return _error(502, f"the LLM endpoint did not answer within {timeout:g} s", "upstream_timeout")
+            subject = f"none of the {len(self._proxy.endpoints)} LLM endpoints" if several else "the LLM endpoint"
+            return _error(502, f"{subject} did not answer within {timeout:g} s", "upstream_timeout")
         assert isinstance(err, aiohttp.ClientError)
         logger.warning("llm %s run %s: upstream unreachable: %s", self._folder, self._run_id, err, extra=extra)
-        return _error(502, f"the host cannot reach the LLM endpoint ({_reason(err)})", "upstream_unavailable")
+        last = " (the last one tried: " if several else " ("
+        return _error(502, f"the host cannot reach {which}{last}{_reason(err)})", "upstream_unavailable")
 
     def _log(self, status: int, started: float) -> None:
         usage = self._usage

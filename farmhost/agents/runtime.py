@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any, Final
 
 from farmhost.agents.backends import (
@@ -21,12 +22,19 @@ from farmhost.agents.backends.base import LaunchPlan
 from farmhost.agents.backends.bwrap import BwrapBackend
 from farmhost.agents.backends.docker import DockerBackend
 from farmhost.agents.cgroups import CgroupSupport, detect_sync, open_run_cgroup_sync
+from farmhost.agents.fallback import (
+    ASSISTANT_NAME,
+    WHY_LLM_FAILED,
+    WHY_NO_LLM,
+    AssistFallback,
+    AssistUnavailable,
+)
 from farmhost.agents.inputs import AgentResult, agent_input, parse_result, trim_memory
 from farmhost.agents.jobs import AgentJob, AgentOutcome, Status
 from farmhost.agents.kinds import AgentKind, agent_kind
 from farmhost.agents.launch import Exit, Launch
 from farmhost.agents.limits import LimitsReader, default_limits, default_llm_budget
-from farmhost.agents.proxy import REQUESTS_PER_TURN, LlmProxy
+from farmhost.agents.proxy import REQUESTS_PER_TURN, LlmProxy, ProxyUsage
 from farmhost.agents.queue import CHAT, SCHEDULED, QueueClosed, RunQueue
 from farmhost.agents.runlog import RunRecord, log_name, write_run_log_sync
 from farmhost.agents.sandbox import after_run_sync, prepare_mounts_sync, sandbox_spec
@@ -70,6 +78,7 @@ class AgentRuntime:
         backend: SandboxBackend | None = None,
         proxy: LlmProxy | None = None,
         term_grace: float = TERM_GRACE,
+        fallback: AssistFallback | None = None,
     ) -> None:
         """Build the runtime; nothing starts before `start()`.
 
@@ -83,6 +92,7 @@ class AgentRuntime:
             backend: a ready backend instead of the one `settings.runtime` names.
             proxy: the LLM proxy to serve during runs (default: one built from the settings).
             term_grace: seconds between SIGTERM and SIGKILL when a run times out.
+            fallback: who answers a chat message when no LLM is configured or none answers (default: Assist).
         """
         self._settings = settings
         self._layout = layout
@@ -93,6 +103,7 @@ class AgentRuntime:
         self._backend = backend
         self._backend_error: str | None = None
         self._term_grace = term_grace
+        self._fallback = fallback or AssistFallback(layout)
         self._limits = LimitsReader(layout.agent_limits, default_limits(settings), default_llm_budget(settings))
         self._proxy = proxy or LlmProxy(settings=settings, layout=layout, limits=self._limits)
         self._queue = RunQueue(settings.max_agents)
@@ -189,15 +200,18 @@ class AgentRuntime:
         if group is None:
             logger.warning("agent run %s refused: group %s is not registered", job.run_id, job.folder, extra=_ids(job))
             return self._outcome(job, "error", error=f"group {job.folder!r} is not registered", started=started)
-        if self._backend is None:
-            logger.warning("agent run %s for %s refused: agent runs are off", job.run_id, job.folder, extra=_ids(job))
-            return self._outcome(job, "error", error=f"agent runs are off: {self._backend_error}", started=started)
         try:
             kind = self._kind(job.folder)
         except SandboxError as err:
             return self._outcome(job, "error", error=err.message, started=started)
-        if kind.needs_llm and not self._settings.llm_enabled:
-            # The built-in runner needs a model; starting a sandbox only to hear that would waste a second.
+        no_llm = kind.needs_llm and not self._settings.llm_enabled
+        # The built-in runner needs a model: a chat message goes to Assist instead, which needs no sandbox either.
+        if no_llm and (words := self._fallback.words(job)) is not None:
+            return await self._assist(job, words, WHY_NO_LLM, NO_LLM, started)
+        if self._backend is None:
+            logger.warning("agent run %s for %s refused: agent runs are off", job.run_id, job.folder, extra=_ids(job))
+            return self._outcome(job, "error", error=f"agent runs are off: {self._backend_error}", started=started)
+        if no_llm:
             logger.warning("agent run %s for %s refused: no LLM is configured", job.run_id, job.folder, extra=_ids(job))
             return self._outcome(job, "error", error=NO_LLM, started=started)
         limits = self._limits.limits(job.folder)
@@ -258,7 +272,45 @@ class AgentRuntime:
                 record.out_of_memory = cgroup.hit_memory_limit()
                 await asyncio.to_thread(cgroup.close_sync)
             await asyncio.to_thread(after_run_sync, spec)
-        return await self._finish(record, run, started)
+        return await self._after_run(job, await self._finish(record, run, started), record.usage, started)
+
+    async def _after_run(
+        self, job: AgentJob, outcome: AgentOutcome, usage: ProxyUsage | None, started: float
+    ) -> AgentOutcome:
+        """Assist when no LLM endpoint answered the run at all; the fallback endpoint named when one answered."""
+        if usage is None:
+            return outcome
+        # Only a run that got no answer from any endpoint at all: one that failed later may have acted already.
+        if outcome.status in ("error", "timeout") and usage.upstream_failures and not usage.upstream_answers:
+            words = self._fallback.words(job)
+            if words is not None:
+                return await self._assist(job, words, WHY_LLM_FAILED, outcome.error or outcome.status, started)
+        if outcome.status == "ok" and any(number != 1 for number in usage.answered_by):
+            return self._by_fallback(outcome, usage.answered_by)
+        return outcome
+
+    def _by_fallback(self, outcome: AgentOutcome, answered_by: dict[int, str]) -> AgentOutcome:
+        """The answer, saying which fallback LLM endpoint gave it (the farmer should know it is not the usual one)."""
+        first = self._settings.llm_endpoints[0]
+        used = [f"endpoint {n}, {label}" for n, label in sorted(answered_by.items()) if n != 1]
+        some = "partly " if 1 in answered_by else ""
+        note = f"({some}answered by the fallback LLM {' and '.join(used)}: endpoint 1, {first.label}, did not answer)"
+        answer = f"{(outcome.answer or '').rstrip()}\n\n{note}".lstrip()
+        return replace(outcome, answer=answer, answered_by=" and ".join(used))
+
+    async def _assist(self, job: AgentJob, words: str, why: str, llm_error: str, started: float) -> AgentOutcome:
+        """The outcome of asking Home Assistant's Assist instead (ok with its speech, or an error saying both)."""
+        try:
+            speech = await self._fallback.answer(job, words)
+        except AssistUnavailable as err:
+            logger.warning("agent run %s for %s: %s, and Assist could not answer: %s", job.run_id, job.folder, why,
+                           err.message, extra=_ids(job))  # fmt: skip
+            error = f"{llm_error}; Home Assistant's Assist could not answer either: {err.message}"
+            return self._outcome(job, "error", error=error, started=started)
+        logger.info("agent run %s for %s answered by Home Assistant's Assist (%s)", job.run_id, job.folder, why,
+                    extra={**_ids(job), "event": "run_end", "status": "ok", "answeredBy": ASSISTANT_NAME})  # fmt: skip
+        outcome = self._outcome(job, "ok", answer=speech, started=started)
+        return replace(outcome, answered_by=ASSISTANT_NAME, fallback_why=why)
 
     def _kind(self, folder: str) -> AgentKind:
         if self._command is not None:  # tests run their probes as a command

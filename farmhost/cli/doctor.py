@@ -7,6 +7,7 @@ still going after a second says on stderr what it waits for, and none waits long
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -42,7 +43,7 @@ from farmhost.cli.hostchecks import (
     python_check,
     timezone_check,
 )
-from farmhost.config import Settings
+from farmhost.config import LlmEndpoint, Settings
 from farmhost.errors import ConfigError
 from farmhost.farm.policy import load_profile, profile_report
 from farmhost.layout import DataLayout
@@ -152,13 +153,7 @@ def _probes(settings: Settings) -> list[Probe]:
             PROBE_TIMEOUT + 2,
             "check the network (DNS, firewall) and TELEGRAM_API_BASE_URL",
         ),
-        Probe(
-            "llm",
-            lambda: [_llm(settings)],
-            f"the LLM endpoint {_safe_url(settings.llm_base_url or '')}/models",
-            PROBE_TIMEOUT + 2,
-            "check FARMHOST_LLM_BASE_URL and the network",
-        ),
+        *_llm_probes(settings),
         Probe(
             "sandbox",
             lambda: _runtime(settings),
@@ -450,45 +445,75 @@ def _enforcement(settings: Settings, check: Check) -> Check:
     return Check(check.part, "broken", f"{check.detail}; {refused}", fix)
 
 
-def _llm(settings: Settings) -> Check:
-    """The OpenAI-compatible endpoint: configured, reachable (GET /models with the key) and offering the model."""
+def _llm_probes(settings: Settings) -> list[Probe]:
+    """One probe per LLM endpoint of the chain ("llm", then "llm 2", "llm 3"); one "llm" line when none is set."""
+    endpoints = settings.llm_endpoints
+    if not endpoints:
+        return [Probe("llm", lambda: [_llm_off(settings)], "the LLM settings")]
+    return [
+        Probe(
+            _llm_part(endpoint),
+            functools.partial(_one_llm, endpoint),
+            f"the LLM endpoint {_safe_url(endpoint.base_url)}/models",
+            PROBE_TIMEOUT + 2,
+            f"check {endpoint.env_prefix}_BASE_URL and the network",
+        )
+        for endpoint in endpoints
+    ]
+
+
+def _one_llm(endpoint: LlmEndpoint) -> list[Check]:
+    return [_llm(endpoint, fallback=endpoint.number > 1)]
+
+
+def _llm_part(endpoint: LlmEndpoint) -> str:
+    return "llm" if endpoint.number == 1 else f"llm {endpoint.number}"
+
+
+def _llm_off(settings: Settings) -> Check:
     missing = [
         n
         for n, v in (("FARMHOST_LLM_BASE_URL", settings.llm_base_url), ("FARMHOST_LLM_MODEL", settings.llm_model))
         if not v
     ]
-    if missing:
-        fix = "set FARMHOST_LLM_BASE_URL, FARMHOST_LLM_MODEL (and FARMHOST_LLM_API_KEY) in .env; agent runs are refused until then"
-        return Check("llm", "off", f"{' and '.join(missing)} not set", fix)
-    assert settings.llm_base_url is not None
-    where = _safe_url(settings.llm_base_url)
-    headers = {"Authorization": f"Bearer {settings.llm_api_key}"} if settings.llm_api_key else {}
-    request = urllib.request.Request(f"{settings.llm_base_url}/models", headers=headers)
+    fix = (
+        "set FARMHOST_LLM_BASE_URL, FARMHOST_LLM_MODEL (and FARMHOST_LLM_API_KEY) in .env; until then chat messages "
+        "are answered by Home Assistant's Assist and scheduled agent runs are refused"
+    )
+    return Check("llm", "off", f"{' and '.join(missing)} not set", fix)
+
+
+def _llm(endpoint: LlmEndpoint, *, fallback: bool) -> Check:
+    """One OpenAI-compatible endpoint: reachable (GET /models with its key) and offering its model."""
+    part, env = _llm_part(endpoint), endpoint.env_prefix
+    lead = f"fallback {endpoint.number}: " if fallback else ""
+    url = _safe_url(endpoint.base_url)
+    where = f"{lead}{url}"
+    headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+    request = urllib.request.Request(f"{endpoint.base_url}/models", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT) as response:
             body = response.read(1 << 20)
     except urllib.error.HTTPError as err:
         if err.code in (401, 403):
-            fix = "check FARMHOST_LLM_API_KEY (the endpoint refused it)"
-            return Check("llm", "broken", f"{where}: HTTP {err.code} {err.reason}: the key was refused", fix)
+            fix = f"check {env}_API_KEY (the endpoint refused it)"
+            return Check(part, "broken", f"{where}: HTTP {err.code} {err.reason}: the key was refused", fix)
         if err.code == 404:
-            fix = (
-                "FARMHOST_LLM_BASE_URL must be the URL that /chat/completions hangs off, e.g. https://api.openai.com/v1"
-            )
-            return Check("llm", "warn", f"{where}: GET /models answered HTTP 404 (is /v1 missing?)", fix)
+            fix = f"{env}_BASE_URL must be the URL that /chat/completions hangs off, e.g. https://api.openai.com/v1"
+            return Check(part, "warn", f"{where}: GET /models answered HTTP 404 (is /v1 missing?)", fix)
         return Check(
-            "llm", "broken", f"{where}: HTTP {err.code} {err.reason}", "check the endpoint's status and the key"
+            part, "broken", f"{where}: HTTP {err.code} {err.reason}", "check the endpoint's status and the key"
         )
     except (urllib.error.URLError, OSError) as err:
-        return Check("llm", "broken", f"{where} {_unreachable(err)}", "check FARMHOST_LLM_BASE_URL and the network")
+        return Check(part, "broken", f"{where} {_unreachable(err)}", f"check {env}_BASE_URL and the network")
     offered = _model_ids(body)
-    model = settings.llm_model
+    model = endpoint.model
     if offered and model not in offered:
         listed = ", ".join(sorted(offered)[:8]) + (", ..." if len(offered) > 8 else "")
-        fix = "set FARMHOST_LLM_MODEL to a model the endpoint offers"
-        return Check("llm", "warn", f"{where} does not list model {model!r} (it offers {listed})", fix)
+        fix = f"set {env}_MODEL to a model the endpoint offers"
+        return Check(part, "warn", f"{where} does not list model {model!r} (it offers {listed})", fix)
     listed = f", {len(offered)} model(s) offered" if offered else ""
-    return Check("llm", "ok", f"model {model!r} at {where}, reachable{listed}")
+    return Check(part, "ok", f"{lead}model {model!r} at {url}, reachable{listed}")
 
 
 def _model_ids(body: bytes) -> set[str]:

@@ -7,7 +7,9 @@
 - Messages for `local:*` chats in the durable outbox (what agents send with `send_message`, task alerts) are
   printed and marked sent by this channel, since no Telegram delivers them; each lands in the transcript as
   Telegram's delivery would put it there. They are printed before the answer of the run that sent them.
-- Without an LLM the runtime refuses the run at once; the reply then says how to configure one.
+- Without an LLM (or when no LLM endpoint answers) Home Assistant's Assist answers through the farm action
+  `ha_assist` (farmhost/agents/fallback.py); the first such answer in the chat comes with a notice saying so and
+  what an LLM would add (given once per chat, remembered in the database).
 
 stdin is read by a daemon thread with `os.read` (no Python buffer lock, so a blocked read never holds up the
 exit); end of input is reported as None.
@@ -23,7 +25,8 @@ from collections.abc import Callable
 from typing import Final
 
 from farmhost.agents import AgentJob, AgentOutcome, AgentRuntime
-from farmhost.store import chats, outbox, transcripts
+from farmhost.agents.fallback import ASSISTANT_NAME, NOTICE_KEY, assist_notice
+from farmhost.store import chat_notices, chats, outbox, transcripts
 from farmhost.store.db import Database, now_utc
 from farmhost.store.outbox import OutboxEntry
 
@@ -116,7 +119,9 @@ class ConsoleChat:
             )
         if self._llm_configured:
             self._say(f"({BOT} is working on it ...)")
-        job = AgentJob(folder=self._folder, prompt=text, scheduled=False, context_mode="group", chat_jid=self._jid)
+        job = AgentJob(
+            folder=self._folder, prompt=text, scheduled=False, context_mode="group", chat_jid=self._jid, message=text
+        )
         # Shielded: the chat being cancelled (the demo stops) must not orphan the agent; the runtime ends its runs.
         submitted = asyncio.ensure_future(self._runtime.submit(job))
         self._submits.add(submitted)
@@ -128,6 +133,13 @@ class ConsoleChat:
         else:
             first = (outcome.error or f"the run ended with {outcome.status}").strip().splitlines()
             reply = f"I couldn't finish that: {first[0] if first else outcome.status}"
+        notice = None
+        if outcome.answered_by == ASSISTANT_NAME:
+            with self._db.tx() as conn:
+                if chat_notices.give_once(conn, jid=self._jid, notice=NOTICE_KEY, at=now_utc()):
+                    notice = assist_notice(outcome.fallback_why)
+        if notice is not None:
+            self._say(f"({notice})")
         self._say(f"{BOT}: {reply}")
         if outcome.status != "ok" and not self._llm_configured:
             self._say(self._no_llm_hint)

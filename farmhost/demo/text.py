@@ -7,9 +7,12 @@ from pathlib import Path
 from typing import Final
 
 NO_LLM_HOWTO: Final = """\
-No LLM is configured, so the farm agent cannot answer yet; everything else keeps running.
-Configure any OpenAI-compatible endpoint in .env (in the directory you start the demo from), then start
-the demo again. For example:
+No LLM is configured: Home Assistant's own assistant (Assist) answers the chat instead. It understands short
+commands and questions about the farm's devices, such as "turn on the irrigation pump", "what is the soil
+moisture of field 1" or "is the barn light on", and acts under farmhost's policy; everything else keeps running.
+For conversation, questions that need several steps or the farm's memory, schedules, dashboards and screenshots,
+configure any OpenAI-compatible endpoint in .env (in the directory you start the demo from), then start the
+demo again. For example:
 
   Ollama on this machine (a model that can call tools, e.g. `ollama pull qwen2.5:7b`):
     FARMHOST_LLM_BASE_URL=http://127.0.0.1:11434/v1
@@ -45,8 +48,8 @@ Run the whole appliance on this machine, on a simulated farm in a real Home Assi
 5. offers a terminal chat that stands in for the Telegram main chat: each line you type is an agent
    run of the main group; its answer, and any message the agent sends to the main chat, are printed
    here and stored in the chat's transcript. The LLM comes from .env (FARMHOST_LLM_BASE_URL,
-   FARMHOST_LLM_MODEL, FARMHOST_LLM_API_KEY); without one the demo says how to configure it and
-   keeps running.
+   FARMHOST_LLM_MODEL, FARMHOST_LLM_API_KEY); without one Home Assistant's Assist answers simple
+   commands and questions ("turn on the irrigation pump") and the demo says how to configure an LLM.
 
 When stdin ends (no terminal, e.g. in CI) the demo keeps running until a signal, unless --exit-on-eof.
 Ctrl-C (SIGINT) or SIGTERM stops everything cleanly: the chat, the simulator, farmhost, and Home

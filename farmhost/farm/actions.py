@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from farmhost.errors import FarmhostError
 from farmhost.farm import policy
+from farmhost.farm.assist import ha_assist
 from farmhost.farm.audit import AuditLog
 from farmhost.farm.core_actions import ha_call_service, ha_get_status, ha_restart, ha_set_entity
 from farmhost.farm.dashboard_actions import (
@@ -80,6 +81,8 @@ ACTIONS: Final[dict[str, FarmActionSpec]] = {
     "ha_apply_dashboard": _row(ha_apply_dashboard, "ha_apply_dashboard"),
     "ha_capture_screenshot": _row(ha_capture_screenshot, "ha_capture_screenshot", timeout=35.0),
     "farm_state_refresh": _row(farm_state_refresh, "farm_state_refresh"),
+    # Three HA calls (exposed entities, registry, states) and Assist's own service calls, each within 10 s.
+    "ha_assist": _row(ha_assist, "ha_assist"),
 }
 assert set(ACTIONS) == set(ACTION_NAMES), "every FarmActionName needs a row"
 

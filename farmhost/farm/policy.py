@@ -32,6 +32,11 @@ ALL_GROUPS: Final = "*"
 ACTION_NAMES: Final = frozenset(get_args(FarmActionName))
 # Targets HA resolves to entities on its own side: under an entity allow-list they cannot be checked.
 INDIRECT_TARGETS: Final = ("device_id", "area_id", "floor_id", "label_id")
+# Entities Assist can only read (its intents answer questions about them and call no service on them): they do not
+# count against a profile's allowedDomains/allowedEntities, which narrow control.
+ASSIST_READ_ONLY_DOMAINS: Final = frozenset(
+    {"sensor", "binary_sensor", "weather", "calendar", "sun", "zone", "person", "device_tracker", "event"}
+)
 
 _DomainPattern = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_*]+$", max_length=64)]
 _ServicePattern = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_*]+\.[a-z0-9_*]+$", max_length=128)]
@@ -251,6 +256,61 @@ def check_service(domain: str, service: str, entity_ids: list[str], *, indirect:
     refused = [e for e in entity_ids if e == "all" or not _matches(e, profile.allowed_entities)]
     if refused:
         raise NotAllowed(f"the farm profile does not allow control of {', '.join(refused)}")
+
+
+def check_assist(exposed: frozenset[str], *, loaded: LoadedProfile) -> None:
+    """The service policy for ha_assist, where Assist picks the entity and the service: checked on what it can reach.
+
+    Assist acts only on the entities exposed to it, so those are held to the rules a direct call would be: no
+    entity of a denied domain, and under a profile that narrows control, every exposed entity Assist could
+    control (not only read) inside `allowedDomains` / `allowedEntities`. A profile with `allowedServices` cannot be
+    checked (Assist chooses the service), so ha_assist is refused under one.
+
+    Args:
+        exposed: the entity ids exposed to Assist (or that may be, by Home Assistant's defaults).
+        loaded: the farm profile.
+
+    Raises:
+        NotAllowed: a sentence naming the entities and the rule, and what the operator can change.
+    """
+    denied = sorted(e for e in exposed if _domain(e) in DEFAULT_DENIED_DOMAINS)
+    if denied:
+        raise NotAllowed(
+            f"ha_assist is refused: Home Assistant exposes {_few(denied)} to Assist, and agents may never act on "
+            "those domains; un-expose them in Home Assistant (Settings > Voice assistants > Expose)"
+        )
+    profile = loaded.profile
+    if profile is None:
+        return
+    if profile.allowed_services is not None:
+        raise NotAllowed(
+            "ha_assist is refused: the farm profile limits control to listed services (allowedServices), and "
+            "Assist chooses the service itself; use ha_call_service, or remove allowedServices from the profile"
+        )
+    controllable = sorted(e for e in exposed if _domain(e) not in ASSIST_READ_ONLY_DOMAINS)
+    if profile.allowed_domains is not None:
+        outside = [e for e in controllable if not _matches(_domain(e), profile.allowed_domains)]
+        if outside:
+            raise NotAllowed(
+                f"ha_assist is refused: Home Assistant exposes {_few(outside)} to Assist, outside the farm profile's "
+                f"allowedDomains ({_list(profile.allowed_domains)}); un-expose them or allow their domains"
+            )
+    if profile.allowed_entities is not None:
+        outside = [e for e in controllable if not _matches(e, profile.allowed_entities)]
+        if outside:
+            raise NotAllowed(
+                f"ha_assist is refused: Home Assistant exposes {_few(outside)} to Assist, and the farm profile "
+                "allows control only of its allowedEntities; un-expose them in Home Assistant or list them there"
+            )
+
+
+def _domain(entity_id: str) -> str:
+    return entity_id.split(".", 1)[0]
+
+
+def _few(entity_ids: list[str], shown: int = 5) -> str:
+    more = len(entity_ids) - shown
+    return ", ".join(entity_ids[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 def _matches(value: str, patterns: frozenset[str]) -> bool:

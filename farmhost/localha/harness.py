@@ -392,6 +392,14 @@ FARM_DEFAULTS: dict[str, float | str] = {
     "input_select.fertigation_program_raw": "none",
     "input_select.weather_condition_raw": "partlycloudy",
 }
+# The simulator's helpers: the knobs behind the farm, not something a farmer talks about.
+SIM_DOMAINS: frozenset[str] = frozenset({"input_number", "input_boolean", "input_select"})
+# What a farmer says for an entity, beside its name (Assist matches names and aliases, e.g. "what is the {name}").
+ASSIST_ALIASES: dict[str, tuple[str, ...]] = {
+    "sensor.field_1_soil_moisture": ("soil moisture of field 1", "field 1 moisture"),
+    "sensor.field_2_soil_moisture": ("soil moisture of field 2", "field 2 moisture"),
+    "switch.irrigation_pump": ("pump", "water pump"),
+}
 CALENDAR_NAME = "Farm"
 CALENDAR_ENTITY = "calendar.farm"
 
@@ -685,6 +693,25 @@ class HaInstance:
                 },
             )
         self.check_entities()
+        self.expose_to_assist()
+
+    def expose_to_assist(self) -> None:
+        """Expose the farm's own entities (not the sim helpers) to Assist, with the aliases farmers say (ASSIST_ALIASES).
+
+        HA exposes only some domains by default (switch, light, fan, not moisture sensors, numbers or selects), so
+        "what is the soil moisture of field 1" would find nothing without this.
+        """
+        exposed = [e.entity_id for e in FARM_ENTITIES if e.entity_id.split(".", 1)[0] not in SIM_DOMAINS]
+        with self.ws() as ws:
+            answer = ws.command(
+                "homeassistant/expose_entity", assistants=["conversation"], entity_ids=exposed, should_expose=True
+            )
+            if not answer.get("success"):
+                raise HaSetupError(f"exposing the farm to Assist failed: {answer.get('error')}")
+            for entity_id, aliases in ASSIST_ALIASES.items():
+                answer = ws.command("config/entity_registry/update", entity_id=entity_id, aliases=list(aliases))
+                if not answer.get("success"):
+                    raise HaSetupError(f"setting the Assist aliases of {entity_id} failed: {answer.get('error')}")
 
     def wait_entities(self, entity_ids: list[str], *, timeout: float) -> None:
         """Wait until HA has all these entities."""

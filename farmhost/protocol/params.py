@@ -38,6 +38,10 @@ MAX_TOP_K: Final = 64
 MAX_QUERY_CHARS: Final = 1000
 DEFAULT_LINES: Final = 200
 MAX_LINES: Final = 2000
+# A spoken or typed command; Assist's sentence templates match a few words, and a chat message is cut to this.
+MAX_ASSIST_CHARS: Final = 1000
+# A BCP 47 tag as Home Assistant takes it: "en", "nl", "pt-BR", "zh-Hant".
+LANGUAGE_RE: Final = re.compile(r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8}){0,2}$")
 
 # What a name of each pattern looks like, for the error that refuses one (pydantic would print the regex).
 _PATTERN_HINTS: Final = {
@@ -47,6 +51,7 @@ _PATTERN_HINTS: Final = {
     DASHBOARD_RE.pattern: "a dashboard name: 1-64 lower-case letters, digits, '_' or '-' (such as 'farm', never a path)",
     VIEW_PATH_RE.pattern: "a view path: 1-64 letters, digits, '_' or '-' (a name, never a URL)",
     FOLDER_RE.pattern: "a group folder name: 1-64 letters, digits, '_' or '-' (never a path)",
+    LANGUAGE_RE.pattern: "a language tag such as en, nl or pt-BR",
     SELECTOR_RE.pattern: "a CSS selector of letters, digits, spaces and _ . # : , > + ~ * [ ] = \" ' ( ) -",
 }
 
@@ -202,6 +207,30 @@ class HaCaptureScreenshotParams(ActionParams):
         return self
 
 
+class HaAssistParams(ActionParams):
+    """A sentence for Home Assistant's own conversation agent (Assist), which answers and acts on exposed entities."""
+
+    text: Annotated[
+        str,
+        StringConstraints(min_length=1, max_length=MAX_ASSIST_CHARS),
+        Field(description="what the farmer says, e.g. 'turn on the irrigation pump' or 'is the barn light on'"),
+    ]
+    language: (
+        Annotated[
+            str,
+            StringConstraints(pattern=LANGUAGE_RE.pattern),
+            Field(description="language tag, e.g. 'en' (default: Home Assistant's own language)"),
+        ]
+        | None
+    ) = None
+
+    @model_validator(mode="after")
+    def _said_something(self) -> HaAssistParams:
+        if not self.text.strip():
+            raise ValueError("text must contain words for Assist to understand")
+        return self
+
+
 # memory actions ----------------------------------------------------------------------------------
 
 
@@ -248,6 +277,7 @@ ACTION_PARAMS: Final[dict[str, type[ActionParams]]] = {
     "ha_apply_dashboard": HaApplyDashboardParams,
     "ha_capture_screenshot": HaCaptureScreenshotParams,
     "farm_state_refresh": NoParams,
+    "ha_assist": HaAssistParams,
     "memory_search": MemorySearchParams,
     "memory_get": MemoryGetParams,
 }

@@ -188,8 +188,9 @@ class RegisterGroupRequest(_Request):
 
 # actions/ ----------------------------------------------------------------------------------------
 
+# ha_assist is control: Home Assistant's Assist may switch whatever is exposed to it (farmhost/farm/assist.py).
 CONTROL_ACTIONS: Final = frozenset(
-    {"ha_call_service", "ha_set_entity", "ha_restart", "ha_apply_dashboard", "ha_dashboard_patch"}
+    {"ha_call_service", "ha_set_entity", "ha_restart", "ha_apply_dashboard", "ha_dashboard_patch", "ha_assist"}
 )
 # Actions that write files (a screenshot, farm-state): not HA control, but not safe to re-run blindly after a crash.
 FILE_WRITING_ACTIONS: Final = frozenset({"ha_capture_screenshot", "farm_state_refresh"})

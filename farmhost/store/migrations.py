@@ -164,4 +164,13 @@ MIGRATIONS: Final[tuple[str, ...]] = (
         PRIMARY KEY (folder, day)
     ) WITHOUT ROWID
     """,
+    # 7: the notices each chat has been given once (that its answers come from Home Assistant's Assist, ...)
+    """
+    CREATE TABLE chat_notices (
+        chat_jid TEXT NOT NULL,
+        notice TEXT NOT NULL,
+        given_at TEXT NOT NULL,
+        PRIMARY KEY (chat_jid, notice)
+    ) WITHOUT ROWID
+    """,
 )

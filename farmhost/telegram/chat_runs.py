@@ -22,8 +22,9 @@ from telegram import Bot
 from telegram.constants import ChatAction
 
 from farmhost.agents import AgentJob, AgentOutcome, AgentRuntime
+from farmhost.agents.fallback import ASSISTANT_NAME, NOTICE_KEY, assist_notice
 from farmhost.config import Settings
-from farmhost.store import groups, telegram_state
+from farmhost.store import chat_notices, groups, telegram_state
 from farmhost.store.db import Database
 from farmhost.store.telegram_state import QueuedRun
 from farmhost.telegram.bot import chat_id_of
@@ -116,7 +117,13 @@ class ChatRuns:
         with self._db.tx() as conn:
             if telegram_state.finish_run(conn, run.update_id, status=status, note=outcome.status) and text:
                 key, at = f"reply:{outcome.run_id}", self._clock()
-                if status == "done":
+                if outcome.answered_by == ASSISTANT_NAME:  # plain text, as Assist speaks it; told once per chat
+                    if chat_notices.give_once(conn, jid=run.chat_jid, notice=NOTICE_KEY, at=at):
+                        notice = assist_notice(outcome.fallback_why)
+                        enqueue_notice(conn, key=f"notice:{NOTICE_KEY}:{run.chat_jid}", jid=run.chat_jid, text=notice,
+                                       at=at)  # fmt: skip
+                    enqueue_notice(conn, key=key, jid=run.chat_jid, text=text, at=at)
+                elif status == "done":
                     enqueue_answer(conn, key=key, jid=run.chat_jid, folder=job.folder, text=text, at=at)
                 else:
                     enqueue_notice(conn, key=key, jid=run.chat_jid, text=text, at=at)
@@ -142,7 +149,14 @@ class ChatRuns:
         username = self._username()
         context = [message for message in context if not _is_command(message.text, username)]
         prompt = build_prompt(trigger, context, zone=self._settings.zone, omitted=omitted)
-        return AgentJob(folder=group.folder, prompt=prompt, scheduled=False, context_mode="group", chat_jid=group.jid)
+        return AgentJob(
+            folder=group.folder,
+            prompt=prompt,
+            scheduled=False,
+            context_mode="group",
+            chat_jid=group.jid,
+            message=trigger.text,
+        )
 
     async def _submit(self, job: AgentJob) -> AgentOutcome:
         submitted = asyncio.ensure_future(self._runtime.submit(job))

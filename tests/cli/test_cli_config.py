@@ -109,3 +109,21 @@ def test_commands_that_read_refuse_a_data_dir_without_database(tmp_path: Path) -
             f"farmhost: error: no farmhost database in {typo}; create it with `farmhost init --data-dir {typo}`"
         ), cmd
     assert list(typo.iterdir()) == [], "nothing may be created in a directory that is not a data dir"
+
+
+def test_fallback_llm_endpoints_must_be_complete_and_in_order(tmp_path: Path) -> None:
+    first = {"FARMHOST_LLM_BASE_URL": "http://127.0.0.1:1/v1", "FARMHOST_LLM_MODEL": "m"}
+    cases = [
+        ({**first, "FARMHOST_LLM_2_BASE_URL": "http://127.0.0.1:2/v1"}, "needs FARMHOST_LLM_2_MODEL too"),
+        ({**first, "FARMHOST_LLM_2_MODEL": "q"}, "needs FARMHOST_LLM_2_BASE_URL too"),
+        ({"FARMHOST_LLM_2_BASE_URL": "http://127.0.0.1:2/v1", "FARMHOST_LLM_2_MODEL": "q"},
+         "FARMHOST_LLM_2_BASE_URL is a fallback tried after FARMHOST_LLM_BASE_URL and FARMHOST_LLM_MODEL"),
+        ({**first, "FARMHOST_LLM_3_BASE_URL": "http://127.0.0.1:3/v1", "FARMHOST_LLM_3_MODEL": "q"},
+         "tried after FARMHOST_LLM_2_BASE_URL and FARMHOST_LLM_2_MODEL, which are not set"),
+        ({**first, "FARMHOST_LLM_2_BASE_URL": "ftp://x", "FARMHOST_LLM_2_MODEL": "q"}, "FARMHOST_LLM_2_BASE_URL"),
+    ]  # fmt: skip
+    with ThreadPoolExecutor(max_workers=len(cases)) as pool:
+        runs = list(pool.map(lambda case: farmhost("init", data_dir=tmp_path / "d", env=clean_env(**case[0])), cases))
+    for (_, words), done in zip(cases, runs, strict=True):
+        assert done.returncode == 2 and words in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr

@@ -148,6 +148,32 @@ def test_llm_endpoint_reachable_refused_unreachable_and_wrong_model(tmp_path: Pa
         assert "sk-wrong-key" not in done.stdout + done.stderr and API_KEY not in done.stdout + done.stderr
 
 
+def test_each_endpoint_of_the_fallback_chain_is_checked(tmp_path: Path, llm_api: LlmApi) -> None:
+    dead = f"http://127.0.0.1:{_closed_port()}/v1"
+    env = {
+        "FARMHOST_LLM_BASE_URL": dead,
+        "FARMHOST_LLM_MODEL": "hosted-model",
+        "FARMHOST_LLM_2_BASE_URL": llm_api.base_url,
+        "FARMHOST_LLM_2_MODEL": MODEL,
+        "FARMHOST_LLM_2_API_KEY": API_KEY,
+        "FARMHOST_LLM_3_BASE_URL": llm_api.base_url,
+        "FARMHOST_LLM_3_MODEL": "not-offered",
+        "FARMHOST_LLM_3_API_KEY": API_KEY,
+    }
+    done, checks = _doctor(tmp_path / "data", **env)
+    first, second, third = checks["llm"], checks["llm 2"], checks["llm 3"]
+    assert first["state"] == "broken" and "unreachable" in first["detail"] and "FARMHOST_LLM_BASE_URL" in first["fix"]
+    assert second == {
+        "part": "llm 2",
+        "state": "ok",
+        "detail": f"fallback 2: model '{MODEL}' at {llm_api.base_url}, reachable, 2 model(s) offered",
+        "fix": "",
+    }
+    assert third["state"] == "warn" and third["detail"].startswith("fallback 3: ")
+    assert third["fix"] == "set FARMHOST_LLM_3_MODEL to a model the endpoint offers"
+    assert API_KEY not in done.stdout + done.stderr
+
+
 def test_a_slow_probe_says_what_it_waits_for_and_a_dead_one_gives_up(tmp_path: Path) -> None:
     data = tmp_path / "data"
     with _serve(LlmApi(models=[MODEL], delay=2.0)) as server:

@@ -3,7 +3,7 @@
 Without FARMHOST_LLM_* the demo says how to configure a model (Ollama and OpenAI examples) and everything else
 keeps running: the simulated night brings a frost (binary_sensor.frost_risk on in HA), the pump with field 2's
 valve open waters field 2 until the pump faults, a value set by hand in HA is where the simulation carries on
-from, a chat line gets a plain "no LLM" reply, and after stdin ends the simulator still moves the farm until a
+from, chat lines are answered by Home Assistant's Assist (with a one-time notice) and act on the farm, and after stdin ends the simulator still moves the farm until a
 signal. `--keep-ha` leaves HA running at the stop; the next demo on the same data dir
 reuses it (no second HA start) and, without `--keep-ha`, stops it.
 """
@@ -87,10 +87,17 @@ def _no_llm_then_reuse(data_dir: Path, env: dict[str, str]) -> None:
         soil_1 = wait_for(lambda: _field_1_below_80(url, token), timeout=5, what="field 1 drying from 80 %")
         assert soil_1 > 78
 
-        run.send("Will it freeze tonight?")
-        run.wait_line("you: Will it freeze tonight?")
-        run.wait_line("farm bot: I couldn't finish that: no LLM is configured")
-        run.wait_line("(no LLM is configured: set FARMHOST_LLM_BASE_URL and FARMHOST_LLM_MODEL in .env")
+        # No LLM: Home Assistant's Assist answers the chat and acts on the farm; the notice comes once.
+        run.send("turn on the barn light")
+        run.wait_line("you: turn on the barn light")
+        run.wait_line("(Answers in this chat come from Home Assistant's own assistant (Assist), because no LLM")
+        run.wait_line("farm bot: Turned on the light")
+        assert get_state(url, token, "light.barn_light")["state"] == "on"
+        run.send("what is the soil moisture of field 1")
+        run.wait_line(lambda line: line.startswith("farm bot: Soil moisture of field 1 is "))
+        run.send("is the barn light on")
+        run.wait_line("farm bot: Yes")
+        assert run.output().count("Answers in this chat come from") == 1
 
         run.close_stdin()
         run.wait_line("[demo] end of input: the chat is closed; the demo keeps running until Ctrl-C")
