@@ -45,11 +45,19 @@ def test_the_readme_documents_every_setting() -> None:
 def test_the_image_is_slim_non_root_and_runs_the_runner() -> None:
     lines = [line.strip() for line in (CONTAINER / "Dockerfile").read_text().splitlines()]
     instructions = [line for line in lines if line and not line.startswith("#")]
-    assert re.fullmatch(r"FROM python:3\.1[12]-slim", instructions[0])
-    assert "USER 1000:1000" in instructions and "WORKDIR /workspace/group" in instructions
-    assert instructions[-1] == 'ENTRYPOINT ["python", "-m", "farmagent.run"]'
-    copies = [line for line in instructions if line.startswith(("COPY", "ADD"))]
-    assert copies == ["COPY pyproject.toml /src/farmagent/", "COPY farmagent /src/farmagent/farmagent"]
-    assert not re.search(r"amd64|arm64|x86_64|aarch64", "\n".join(instructions))  # nothing architecture-specific
+    assert re.fullmatch(r"ARG BASE_IMAGE=python:3\.1[12]-slim", instructions[0])
+    # The final stage: after the last FROM (the OpenCode stage before it only picks the platform's binary).
+    last_from = max(i for i, line in enumerate(instructions) if line.startswith("FROM"))
+    final = instructions[last_from:]
+    assert final[0] == "FROM ${BASE_IMAGE}"
+    assert "USER 1000:1000" in final and "WORKDIR /workspace/group" in final
+    assert final[-1] == 'ENTRYPOINT ["python", "-m", "farmagent.run"]'
+    copies = [line for line in final if line.startswith(("COPY", "ADD"))]
+    assert copies == [
+        "COPY pyproject.toml /src/farmagent/",
+        "COPY farmagent /src/farmagent/farmagent",
+        "COPY --from=opencode /opt/opencode /opt/opencode",
+    ]
+    assert not re.search(r"amd64|arm64|x86_64|aarch64", "\n".join(final))  # nothing architecture-specific
     assert not re.search(r"(?i)(api_key|token|secret)\s*=", "\n".join(instructions))
     assert (CONTAINER / ".dockerignore").read_text().splitlines()[1] == "*"
