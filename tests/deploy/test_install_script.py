@@ -134,7 +134,8 @@ def test_the_installed_farmhost_runs_and_its_doctor_passes_as_the_daemon_user(in
     assert env_file.stat().st_mode & 0o777 == 0o640 and env_file.stat().st_gid == pwd.getpwnam(USER).pw_gid
     # Nothing of the checkout but the package and what it seeds from: no .env, no tests, no .venv.
     assert sorted(p.name for p in (installed.prefix / "src").iterdir()) == [
-        "LICENSE", "README.md", "container", "dashboards", "farmhost", "memory", "pyproject.toml", "uv.lock",
+        "LICENSE", "README.md", "container", "dashboards", "farmhost", "hatch_build.py", "memory", "pyproject.toml",
+        "uv.lock",
     ]  # fmt: skip
 
 
