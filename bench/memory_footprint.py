@@ -16,7 +16,7 @@ Every figure is read from `/proc/<pid>/status` of real processes:
   is the largest VmHWM of one process and the largest sum of PSS over the run's processes;
 - a dashboard screenshot (with HA): `ha_apply_dashboard` then `ha_capture_screenshot` at 1280x800, Chromium's
   processes sampled the same way;
-- Home Assistant: the `hass` process of the test instance (2025.4.4, the farm configuration of tests/ha), VmRSS
+- Home Assistant: the `hass` process of the test instance (2025.4.4, the farm configuration of farmhost/localha/farm), VmRSS
   after the same settle time.
 
 The figures are documented in docs/deployment.md. The script reports; it never gates (exit 0).
