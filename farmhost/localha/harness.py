@@ -7,7 +7,8 @@ Command line (any Python >= 3.11; `.venv/bin/python` or the system `python3`):
     .venv/bin/python -m farmhost.localha.harness status [--dir D]   # print D/ha.env if the instance runs (exit 1 if not)
     .venv/bin/python -m farmhost.localha.harness stop [--dir D]     # SIGTERM to the supervisor (KILL only if it hangs)
 
-The pytest plugin `tests/ha_fixture.py` uses the same code (`install()`, `HaInstance`). See tests/ha/README.md (in the source checkout).
+The test suite's pytest plugin (`ha_fixture`, in a source checkout only) uses the same code (`install()`, `HaInstance`);
+its README in the checkout's test directory describes the test instance.
 """
 
 from __future__ import annotations
