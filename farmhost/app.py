@@ -14,9 +14,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 from farmhost import __version__
 from farmhost.agents import AgentJob, AgentRuntime
+from farmhost.approvals.desk import ApprovalDesk
 from farmhost.config import Settings
 from farmhost.errors import ConfigError
-from farmhost.farm.actions import farm_handlers
+from farmhost.farm.actions import approved_runner, farm_handlers
+from farmhost.farm.audit import AuditLog
+from farmhost.farm.auto_off import AutoOff
 from farmhost.farm.deps import FarmDeps
 from farmhost.farm.homeassistant import HAClient
 from farmhost.farm.state import StateCollector, collector_options
@@ -28,6 +31,11 @@ from farmhost.ipc.snapshots import HostIdentity
 from farmhost.layout import DataLayout
 from farmhost.loop_monitor import LoopMonitor
 from farmhost.memory.search import MemoryService, memory_handlers
+from farmhost.mqtt import device
+from farmhost.mqtt.broker import parse_broker
+from farmhost.mqtt.device import HaDevice
+from farmhost.mqtt.discovery import OFFLINE, Topics
+from farmhost.mqtt.link import MqttLink
 from farmhost.scheduler.requests import HANDLERS as TASK_HANDLERS
 from farmhost.scheduler.runs import RunReport, TaskRun
 from farmhost.scheduler.service import SchedulerService
@@ -66,14 +74,16 @@ def raise_nofile_limit() -> tuple[int, int]:
     return soft, soft
 
 
-def build_handlers(identity: HostIdentity, farm: FarmDeps, memory: MemoryService | None = None) -> Handlers:
+def build_handlers(
+    identity: HostIdentity, farm: FarmDeps, memory: MemoryService | None = None, audit: AuditLog | None = None
+) -> Handlers:
     """The full handler table, assembled from every capability's own table."""
     return {
         **ping_handlers(identity),
         **MESSAGE_HANDLERS,
         **TASK_HANDLERS,
         **GROUP_HANDLERS,
-        **farm_handlers(farm),
+        **farm_handlers(farm, audit=audit),
         **memory_handlers(memory or MemoryService(farm.layout)),
     }
 
@@ -93,6 +103,10 @@ class App:
         self.scheduler: SchedulerService | None = None
         self.runtime: AgentRuntime | None = None
         self.telegram: TelegramService | None = None  # set in start() when TELEGRAM_BOT_TOKEN is set
+        self.desk: ApprovalDesk | None = None
+        self.auto_off: AutoOff | None = None
+        self.mqtt: MqttLink | None = None
+        self.device: HaDevice | None = None
         self.loop_monitor = LoopMonitor(self.layout.logs)
 
     async def start(self) -> None:
@@ -112,22 +126,41 @@ class App:
             farm = replace(farm, state=self.collector)
             await self.collector.start()  # returns at once; the first poll runs in the background
         memory = MemoryService(self.layout)
+        audit = AuditLog(self.layout.farm_state, max_bytes=self.settings.request_log_max_bytes)
+        handlers = build_handlers(self.identity, farm, memory, audit)
         self.ipc = IpcService(
-            settings=self.settings,
-            layout=self.layout,
-            db=self.db,
-            handlers=build_handlers(self.identity, farm, memory),
-            identity=self.identity,
+            settings=self.settings, layout=self.layout, db=self.db, handlers=handlers, identity=self.identity
         )
         await self.ipc.start()
+        self.desk = ApprovalDesk(
+            db=self.db,
+            audit=audit,
+            execute=approved_runner(handlers, settings=self.settings, layout=self.layout, db=self.db),
+            wake_outbox=self._wake_outbox,
+        )
+        await self.desk.start()
+        if self.ha is not None:
+            self.auto_off = AutoOff(
+                ha=self.ha,
+                db=self.db,
+                profile_path=self.settings.profile_path,
+                audit=audit,
+                started_at=self.identity.started_at,
+                wake_outbox=self._wake_outbox,
+            )
+            await self.auto_off.start()
         self.runtime = AgentRuntime(
             settings=self.settings,
             layout=self.layout,
             group=self._group,
             before_run=self._before_run,
             memory_snippets=lambda folder, prompt: memory.search(folder, prompt, top_k=MEMORY_HITS_PER_RUN),
+            host_notes=self.desk.notes,
         )
         await self.runtime.start()
+        device.restore_pause(self.db, self.runtime)
+        if self.settings.mqtt_url:
+            await self._start_mqtt(self.settings.mqtt_url)
         if self.settings.telegram_enabled:
             # Imported here: python-telegram-bot and httpx cost ~20 MB of RSS a daemon without Telegram never needs.
             from farmhost.telegram.service import TelegramService
@@ -139,6 +172,7 @@ class App:
                 runtime=self.runtime,
                 status=self._status,
                 on_groups_changed=self.ipc.reload_groups,
+                desk=self.desk,
             )
             self.ipc.add_change_listener(self.telegram.ipc_changed)
             await self.telegram.start()
@@ -157,8 +191,36 @@ class App:
             "on" if self.settings.telegram_enabled else "off",
         )
 
+    async def _start_mqtt(self, url: str) -> None:
+        """Farmhost as a device in Home Assistant over MQTT (docs/mqtt.md); the broker may be down: it retries."""
+        assert self.db is not None and self.runtime is not None
+        topics = Topics(self.settings.site_name)
+        self.mqtt = MqttLink(
+            parse_broker(url),
+            client_id=topics.node,
+            will_topic=topics.availability,
+            will_payload=OFFLINE,
+            on_connect=lambda: self.device.announce() if self.device is not None else None,
+        )
+        self.device = HaDevice(
+            link=self.mqtt,
+            topics=topics,
+            db=self.db,
+            runtime=self.runtime,
+            alerts=self.collector,
+            zone=self.settings.zone,
+        )
+        await self.mqtt.start()
+        await self.device.start()
+        logger.info("mqtt: site %s on %s", topics.site, self.mqtt.broker.shown)
+
     async def stop(self) -> None:
         """Stop in reverse order; `host_status.json` says `stopped` afterwards."""
+        if self.device is not None:
+            await self.device.stop()
+            if self.mqtt is not None:
+                await self.mqtt.stop(goodbye=self.device.goodbye)
+            self.device = self.mqtt = None
         if self.scheduler is not None:
             await self.scheduler.stop()
             self.scheduler = None
@@ -168,6 +230,12 @@ class App:
         if self.runtime is not None:
             await self.runtime.stop()
             self.runtime = None
+        if self.auto_off is not None:
+            await self.auto_off.stop()
+            self.auto_off = None
+        if self.desk is not None:
+            await self.desk.stop()
+            self.desk = None
         if self.ipc is not None:
             await self.ipc.stop()
             self.ipc = None
@@ -236,11 +304,17 @@ class App:
         """Rewrite the snapshots so the agent starts from the current tasks and groups (SPEC section 6)."""
         if self.ipc is not None:
             await self.ipc.refresh_snapshots(folder)
+        if self.db is not None:
+            device.count_run(self.db, self.settings.zone, now_utc())
 
     def _tasks_changed(self) -> None:
         """The scheduler moved a task on (next_run, last_run, status): agents see it in current_tasks.json."""
         if self.ipc is not None:
             self.ipc.write_snapshots({Change.TASKS})
+
+    def _wake_outbox(self) -> None:
+        if self.telegram is not None:
+            self.telegram.delivery.wake()
 
     def _take_lock(self) -> None:
         fd = os.open(self.layout.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import socket
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from farmhost.errors import ConfigError
+from farmhost.mqtt.broker import SITE_RE, parse_broker, site_name
 
 DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024
 
@@ -68,6 +70,8 @@ class Settings(BaseSettings):
     llm_api_key: str | None = Field(default=None, validation_alias="FARMHOST_LLM_API_KEY", repr=False)
     llm_model: str | None = Field(default=None, validation_alias="FARMHOST_LLM_MODEL")
     ipc_mode: Literal["inotify", "poll"] = Field(default="inotify", validation_alias="FARMHOST_IPC_MODE")
+    mqtt_url: str | None = Field(default=None, validation_alias="FARMHOST_MQTT_URL", repr=False)
+    site: str | None = Field(default=None, validation_alias="FARMHOST_SITE")
 
     # farmhost's own knobs (not in the contract's table, documented in docs/configuration.md)
     # Agent runs: defaults for every group; <data>/agent-limits.json may override them per group.
@@ -200,6 +204,26 @@ class Settings(BaseSettings):
             raise ValueError("must start with http:// or https://")
         return value.rstrip("/")
 
+    @field_validator("mqtt_url")
+    @classmethod
+    def _mqtt_url(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        try:
+            parse_broker(value)
+        except ConfigError as err:
+            raise ValueError(err.message.removeprefix("FARMHOST_MQTT_URL ")) from None
+        return value
+
+    @field_validator("site")
+    @classmethod
+    def _site(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        if not SITE_RE.fullmatch(value):
+            raise ValueError("must be 1-63 lower-case letters, digits, - and _ (one MQTT topic level), e.g. pump-house")
+        return value
+
     @field_validator("agent_command")
     @classmethod
     def _shell_words(cls, value: str | None) -> str | None:
@@ -283,6 +307,11 @@ class Settings(BaseSettings):
         return bool(self.ha_url and self.ha_token)
 
     @property
+    def site_name(self) -> str:
+        """This farmhost's site on the broker: FARMHOST_SITE, else the host name (lower case, topic-safe)."""
+        return site_name(self.site or socket.gethostname())
+
+    @property
     def telegram_enabled(self) -> bool:
         """Telegram is configured."""
         return bool(self.telegram_bot_token)
@@ -334,7 +363,9 @@ def load_settings(*, data_dir: Path | None = None, env_file: str | None = ".env"
         if not first["loc"]:  # a rule about several settings at once: its message names them
             raise ConfigError(_plain(first["msg"])) from None
         field = str(first["loc"][0])
-        raise ConfigError(f"{field}: {_plain(first['msg'])} (got {first.get('input')!r})") from None
+        secret = {str(info.validation_alias) for info in Settings.model_fields.values() if not info.repr}
+        shown = "" if field in secret else f" (got {first.get('input')!r})"  # a URL or token may hold a password
+        raise ConfigError(f"{field}: {_plain(first['msg'])}{shown}") from None
     if data_dir is not None:
         settings = settings.model_copy(update={"data_dir": data_dir})
     return settings.model_copy(update={"data_dir": Path(os.path.abspath(settings.data_dir))})

@@ -9,6 +9,7 @@ class FarmhostError(Exception):
     """Root of farmhost's errors; `code` is what the agent sees in its result."""
 
     code: ErrorCode = ErrorCode.INTERNAL
+    result: object = None  # what the error result carries besides the sentence (pending_approval: the approval)
 
     def __init__(self, message: str, *, code: ErrorCode | None = None) -> None:
         super().__init__(message)
@@ -57,6 +58,16 @@ class RateLimited(FarmhostError):
     """The group asked for more than its share (of the outbox, of actuator time); it may try again later."""
 
     code = ErrorCode.RATE_LIMITED
+
+
+class PendingApproval(FarmhostError):
+    """A control action the farm profile puts under approval: asked in the chat, not executed (yet)."""
+
+    code = ErrorCode.PENDING_APPROVAL
+
+    def __init__(self, message: str, *, result: dict[str, object]) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 class ConfigError(FarmhostError):

@@ -9,7 +9,7 @@ import pytest
 from farmhost_testing import TIMEOUT_SCALE_ENV, Daemon, copy_data_dir, init_data_dir, timeout_scale
 
 # real Home Assistant (`ha`, `ha_env`, `ha_reset`); scripted LLM `llm_stub`; fake Bot API `fake_telegram`
-pytest_plugins = ["ha_fixture", "llm_stub", "telegram_stub"]
+pytest_plugins = ["ha_fixture", "llm_stub", "telegram_stub", "mosquitto"]
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -34,6 +34,7 @@ class ErrorCode(StrEnum):
     TIMEOUT = "timeout"
     INTERRUPTED = "interrupted"
     RATE_LIMITED = "rate_limited"
+    PENDING_APPROVAL = "pending_approval"
     INTERNAL = "internal"
 
 

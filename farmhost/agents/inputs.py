@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Final, Literal
 
@@ -46,6 +47,14 @@ def _citation(hit: dict[str, Any]) -> str:
     if hit.get("source") == "session":  # a chat message: who said it, where and when
         return f"{hit.get('sender') or '?'} in {hit.get('chatJid') or '?'} at {hit.get('timestamp') or '?'}"
     return str(hit.get("path") or "")
+
+
+def with_notes(job: AgentJob, notes: list[str]) -> AgentJob:
+    """The job with the host's notes before its prompt (unchanged without notes)."""
+    if not notes:
+        return job
+    lines = "\n".join(f"- {note}" for note in notes)
+    return replace(job, prompt=f"[farmhost: since your last run]\n{lines}\n\n{job.prompt}")
 
 
 def agent_input(

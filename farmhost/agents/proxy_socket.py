@@ -23,6 +23,8 @@ from typing import Any, Final
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from farmhost.background import cancel_and_wait
+
 logger = logging.getLogger(__name__)
 
 # After a failed accept, wait this long before the next try, doubling up to the maximum: a full descriptor table
@@ -123,11 +125,8 @@ class ProxyListener:
 
     async def stop(self) -> None:
         """Stop accepting and close the listening socket (connections are left to `abort_all`)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         self._sock.close()
 
     def abort_all(self) -> None:

@@ -29,7 +29,7 @@ from farmhost.agents.fallback import (
     AssistFallback,
     AssistUnavailable,
 )
-from farmhost.agents.inputs import AgentResult, agent_input, parse_result, trim_memory
+from farmhost.agents.inputs import AgentResult, agent_input, parse_result, trim_memory, with_notes
 from farmhost.agents.jobs import AgentJob, AgentOutcome, Status
 from farmhost.agents.kinds import AgentKind, agent_kind
 from farmhost.agents.launch import Exit, Launch
@@ -54,6 +54,9 @@ MEMORY_QUERY_CHARS: Final = 1000
 
 BeforeRun = Callable[[str], Awaitable[None]]
 MemorySnippets = Callable[[str, str], Awaitable[list[dict[str, Any]]]]
+# `folder -> notes`: what the host has to tell the group's agent (approvals decided since its last run), each
+# note given once; they come before the prompt.
+HostNotes = Callable[[str], list[str]]
 GroupLookup = Callable[[str], Group | None]
 
 
@@ -79,6 +82,7 @@ class AgentRuntime:
         proxy: LlmProxy | None = None,
         term_grace: float = TERM_GRACE,
         fallback: AssistFallback | None = None,
+        host_notes: HostNotes | None = None,
     ) -> None:
         """Build the runtime; nothing starts before `start()`.
 
@@ -93,12 +97,14 @@ class AgentRuntime:
             proxy: the LLM proxy to serve during runs (default: one built from the settings).
             term_grace: seconds between SIGTERM and SIGKILL when a run times out.
             fallback: who answers a chat message when no LLM is configured or none answers (default: Assist).
+            host_notes: what the host tells a group's agent before its prompt (approval outcomes), once each.
         """
         self._settings = settings
         self._layout = layout
         self._group = group
         self._before_run = before_run
         self._memory_snippets = memory_snippets
+        self._host_notes = host_notes
         self._command = tuple(command) if command is not None else None
         self._backend = backend
         self._backend_error: str | None = None
@@ -112,6 +118,7 @@ class AgentRuntime:
         self._started = False
         self._stopping = False
         self._cgroups: CgroupSupport | None = None
+        self._paused: str | None = None
 
     @property
     def backend(self) -> SandboxBackend | None:
@@ -173,6 +180,24 @@ class AgentRuntime:
             return self._outcome(job, "cancelled", error=error, started=time.monotonic())
 
     @property
+    def paused(self) -> str | None:
+        """Why agent runs are paused (who paused them, when), or None while they run."""
+        return self._paused
+
+    def pause(self, reason: str) -> None:
+        """Start no run until `resume`; the runs going on now are ended (SIGTERM, SIGKILL after STOP_GRACE)."""
+        self._paused = reason
+        for launch in self._active.values():
+            launch.cancel(grace=STOP_GRACE)
+        logger.warning("agent runs paused: %s", reason)
+
+    def resume(self) -> None:
+        """Runs start again (what arrived while paused was answered as paused, not kept)."""
+        if self._paused is not None:
+            logger.warning("agent runs resumed (were paused: %s)", self._paused)
+        self._paused = None
+
+    @property
     def running(self) -> list[str]:
         """The run ids of the runs going on now."""
         return list(self._active)
@@ -200,6 +225,11 @@ class AgentRuntime:
         if group is None:
             logger.warning("agent run %s refused: group %s is not registered", job.run_id, job.folder, extra=_ids(job))
             return self._outcome(job, "error", error=f"group {job.folder!r} is not registered", started=started)
+        if self._paused is not None:
+            logger.warning("agent run %s for %s not started: paused", job.run_id, job.folder, extra=_ids(job))
+            return self._outcome(
+                job, "cancelled", error=f"agent runs are paused ({self._paused}); nothing was run", started=started
+            )
         try:
             kind = self._kind(job.folder)
         except SandboxError as err:
@@ -230,7 +260,7 @@ class AgentRuntime:
             kind=kind,
         )
         document = agent_input(
-            job,
+            with_notes(job, self._host_notes(job.folder) if self._host_notes is not None else []),
             is_main=group.is_main,
             timezone=self._settings.zone.key,
             now=now_utc(),

@@ -45,6 +45,7 @@ from farmhost.cli.hostchecks import (
 )
 from farmhost.config import LlmEndpoint, Settings
 from farmhost.errors import ConfigError
+from farmhost.farm import rules
 from farmhost.farm.policy import load_profile, profile_report
 from farmhost.layout import DataLayout
 from farmhost.store import groups, outbox
@@ -161,7 +162,8 @@ def _probes(settings: Settings) -> list[Probe]:
             PYTHON_PROBE_TIMEOUT + PROBE_TIMEOUT + 2,
         ),
         Probe("agent limits", lambda: [_agent_limits(settings)], "agent-limits.json"),
-        Probe("farm profile", lambda: [_farm_profile(settings)], "the farm profile"),
+        Probe("farm profile", lambda: [_farm_profile(settings), _actuator_rules(settings)], "the farm profile"),
+        Probe("mqtt", lambda: [Check("mqtt", *_mqtt_state(settings))], "the MQTT broker", PROBE_TIMEOUT + 2),
     ]
 
 
@@ -312,6 +314,22 @@ def _farm_profile(settings: Settings) -> Check:
     if state == "off" and not fix:
         fix = f"optional: write {settings.profile_path} to narrow the policy (docs/farm-actions.md)"
     return Check("farm profile", cast(State, state), detail, fix)
+
+
+def _mqtt_state(settings: Settings) -> tuple[State, str, str]:
+    from farmhost.mqtt.probe import check_broker  # paho-mqtt only when the check runs
+
+    state, detail, fix = check_broker(settings, timeout=PROBE_TIMEOUT)
+    return cast(State, state), detail, fix
+
+
+def _actuator_rules(settings: Settings) -> Check:
+    loaded = load_profile(settings.profile_path)
+    if not loaded.rules:
+        fix = "optional: add policy.rules (approval, automatic off, rate limits; docs/farm-actions.md)"
+        return Check("actuator rules", "off", "none: control actions run at once, with no limit on time or rate", fix)
+    described = "; ".join(f"{n}. {rules.describe(rule)}" for n, rule in enumerate(loaded.rules, start=1))
+    return Check("actuator rules", "ok", f"{len(loaded.rules)} rule(s): {described}")
 
 
 def _telegram(settings: Settings) -> Check:

@@ -216,6 +216,13 @@ class DemoHa:
         states: list[dict[str, Any]] = self._running().get_states()
         return states
 
+    def hide_from_assist(self, entity_ids: list[str]) -> None:
+        """Un-expose entities from Assist (WebSocket)."""
+        try:
+            self._running().hide_from_assist(entity_ids)
+        except self._harness.HaSetupError as err:
+            raise HaProblem(str(err)) from None
+
     def set_number(self, entity_id: str, value: float) -> None:
         """`input_number.set_value` (REST)."""
         self._running().set_number(entity_id, value)

@@ -22,6 +22,7 @@ from farmagent.ipc.core import IpcCore
 
 from farmhost.config import Settings
 from farmhost.errors import ConfigError, FarmhostError
+from farmhost.farm import policy
 from farmhost.groups.registry import new_group, register
 from farmhost.layout import DataLayout
 from farmhost.store import groups
@@ -31,6 +32,9 @@ MAIN_JID: Final = "local:main"
 MAIN_FOLDER: Final = "main"
 MAIN_NAME: Final = "Farm office"
 DASHBOARD: Final = "farm"
+# The demo farm's safe profile (docs/farm-actions.md, "Actuator rules"): the pump off after 30 min, the valves
+# rate-limited, the irrigation duration kept in range. Copied to the data dir unless one is there.
+DEMO_PROFILE: Final = Path(__file__).resolve().parent.parent / "localha" / "farm" / "farm-profile.json"
 SHOT_SIZE: Final = (1280, 800)
 # The actions' own limits are 30 s (apply) and 35 s (screenshot); the answer file comes a moment after.
 ACTION_WAIT: Final = 45.0
@@ -47,6 +51,24 @@ def demo_settings(base: Settings, *, data_dir: Path, ha_url: str, ha_token: str)
             "farm_mode": "demo",
         }
     )
+
+
+def install_profile(settings: Settings) -> bool:
+    """Copy the demo farm's profile to the data dir unless a profile is there; True when copied now."""
+    target = settings.profile_path
+    if target.exists():
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_bytes(DEMO_PROFILE.read_bytes())
+    os.replace(tmp, target)
+    return True
+
+
+def kept_from_assist(settings: Settings, exposed: list[str]) -> list[str]:
+    """The exposed entities the profile's rules hold Assist away from (approval, a rate, a range): to un-expose."""
+    loaded = policy.load_profile(settings.profile_path)
+    return sorted({e for e in exposed for rule in loaded.rules if policy.assist_cannot_keep(rule, e)})
 
 
 def check_not_running(data_dir: Path) -> None:

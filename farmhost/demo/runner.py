@@ -142,6 +142,14 @@ class Demo:
         if host.ensure_main_group(data_dir):
             self.say("farmhost", f"registered the main group {host.MAIN_JID} (folder {host.MAIN_FOLDER})")
         settings = host.demo_settings(self.base_settings, data_dir=data_dir, ha_url=ha.url, ha_token=ha.token)
+        if host.install_profile(settings):
+            self.say(
+                "farmhost", f"wrote the demo farm's safe profile to {settings.profile_path} (docs/farm-actions.md)"
+            )
+        exposed = [s["entity_id"] for s in await self._blocking(ha.get_states)]
+        if hidden := host.kept_from_assist(settings, exposed):
+            await self._blocking(lambda: ha.hide_from_assist(hidden))
+            self.say("ha", f"not exposed to Assist (the farm profile limits them): {', '.join(hidden)}")
         self._app = App(settings)
         await self._until_stop(self._app.start())
         runtime = self._app.runtime.backend.name if self._app.runtime and self._app.runtime.backend else "unavailable"

@@ -13,10 +13,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from farmhost.errors import FarmhostError
-from farmhost.farm import policy
+from farmhost.errors import FarmhostError, NotFound
+from farmhost.farm import gate, policy
 from farmhost.farm.assist import ha_assist
-from farmhost.farm.audit import AuditLog
+from farmhost.farm.audit import AuditLog, approval_keys
 from farmhost.farm.core_actions import ha_call_service, ha_get_status, ha_restart, ha_set_entity
 from farmhost.farm.dashboard_actions import (
     ha_apply_dashboard,
@@ -28,6 +28,7 @@ from farmhost.farm.screenshots import ha_capture_screenshot
 from farmhost.farm.state import farm_state_refresh
 from farmhost.ipc.handlers import (
     DEFAULT_HANDLER_TIMEOUT,
+    Approved,
     AsyncHandler,
     Effect,
     Handlers,
@@ -43,9 +44,18 @@ from farmhost.protocol.requests import (
     AnyRequest,
     FarmActionRequest,
 )
+from farmhost.store import groups
+from farmhost.store.db import now_utc
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+    from datetime import datetime
+
+    from farmhost.approvals.store import ApprovalRow
+    from farmhost.config import Settings
     from farmhost.farm.deps import FarmAction, FarmDeps
+    from farmhost.layout import DataLayout
+    from farmhost.store.db import Database
 
 ACTION_NAMES: Final = FARM_ACTIONS
 # The router's own timeout sits this far behind the action's, so the action's clearer message wins.
@@ -127,7 +137,37 @@ def _handler(deps: FarmDeps, audit: AuditLog, name: str, spec: FarmActionSpec) -
                 params=params,
                 error_code=code,
                 duration_ms=round((time.perf_counter() - started) * 1000),
+                extra=approval_keys(ctx.approved),
             )
+
+    return run
+
+
+def approved_runner(
+    handlers: Handlers, *, settings: Settings, layout: DataLayout, db: Database, clock: Callable[[], datetime] = now_utc
+) -> Callable[[ApprovalRow, Approved], Awaitable[Any]]:
+    """What runs an approved call: the stored action and params through its farm handler, as the asking group.
+
+    The handler authorises and checks the call again (the profile may have changed since it was asked), counts it
+    against the rates and writes the audit line with the approver; a refusal or failure raises FarmhostError.
+    """
+
+    async def run(row: ApprovalRow, approved: Approved) -> Any:
+        with db.tx() as conn:
+            group = groups.get_group(conn, row.group_folder)
+        if group is None:
+            raise NotFound(f"the group {row.group_folder} is not registered any more")
+        spec = handlers[f"farm_action:{row.action}"]
+        assert spec.run is not None, "farm actions are READ/EXTERNAL handlers"
+        ctx = RequestContext(
+            group=group, settings=settings, layout=layout, db=db, now=clock(), request_id=row.request_id,
+            approved=approved,
+        )  # fmt: skip
+        request = FarmActionRequest.model_validate(
+            {"type": "farm_action", "requestId": row.request_id, "action": row.action, "params": row.params}
+        )
+        outcome = await spec.run(ctx, request)
+        return outcome.result
 
     return run
 
@@ -137,6 +177,9 @@ async def _guarded(deps: FarmDeps, ctx: RequestContext, name: str, spec: FarmAct
     policy.authorise_group(name, folder=ctx.group.folder, is_main=ctx.group.is_main, loaded=loaded)
     policy.check_control(name, farm_mode=deps.settings.farm_mode, loaded=loaded)
     checked = parse_params(ACTION_PARAMS[name], params, name)
+    call = gate.describe(name, checked)
+    if call is not None:
+        await gate.admit(deps, ctx, call, checked.model_dump(mode="json", exclude_none=True), loaded)
     try:
         async with asyncio.timeout(spec.timeout):
             return await spec.run(deps, ctx, checked)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
+from farmhost.ipc.handlers import Approved
 from farmhost.ipc.requestlog import RequestLog
 from farmhost.protocol.codes import ErrorCode
 from farmhost.protocol.envelope import utc_stamp
@@ -43,8 +45,9 @@ class AuditLog:
         params: Any,
         error_code: ErrorCode | None,
         duration_ms: int,
+        extra: Mapping[str, Any] | None = None,
     ) -> None:
-        """Append one line; `params` are redacted and trimmed first."""
+        """Append one line; `params` are redacted and trimmed first; `extra` adds keys (an approval's id, who)."""
         if self._log is None:
             self._log = RequestLog(self._dir, max_bytes=self._max_bytes, file_name=AUDIT_FILE)
         self._log.write(
@@ -57,6 +60,7 @@ class AuditLog:
                 "status": "error" if error_code else "success",
                 "errorCode": error_code.value if error_code else None,
                 "durationMs": duration_ms,
+                **(extra or {}),
             }
         )
 
@@ -65,6 +69,11 @@ class AuditLog:
         if self._log is not None:
             log, self._log = self._log, None
             log.close()
+
+
+def approval_keys(approved: Approved | None) -> dict[str, str]:
+    """The audit keys of a call run under an approval in the chat: `approvalId` and `approvedBy`."""
+    return {} if approved is None else {"approvalId": approved.approval_id, "approvedBy": approved.by}
 
 
 def scrub(value: Any, depth: int = 0) -> Any:

@@ -69,15 +69,8 @@ async def ha_call_service(deps: FarmDeps, ctx: RequestContext, p: HaCallServiceP
         InvalidRequest: bad params. NotAllowed: a denied domain or outside the farm profile.
         NotFound: HA has no such service. HaRejected: HA refused the data (its sentence is kept).
     """
-    data = dict(p.data or {})
-    target = dict(p.target or {})
-    unknown = sorted(set(target) - set(TARGET_KEYS))
-    if unknown:
-        raise InvalidRequest(f"target may only hold {', '.join(TARGET_KEYS)} (got {', '.join(unknown)})")
-    entity_ids = _entity_ids(data.get("entity_id"), "data.entity_id") + _entity_ids(
-        target.get("entity_id"), "target.entity_id"
-    )
-    indirect = any(key in data or key in target for key in policy.INDIRECT_TARGETS)
+    data, target = dict(p.data or {}), dict(p.target or {})
+    entity_ids, indirect = service_targets(p)
     loaded = policy.load_profile(deps.settings.profile_path)
     policy.check_service(p.domain, p.service, entity_ids, indirect=indirect, loaded=loaded)
     try:
@@ -103,12 +96,7 @@ async def ha_set_entity(deps: FarmDeps, ctx: RequestContext, p: HaSetEntityParam
         options). NotFound: HA has no such entity. NotAllowed: outside the farm profile.
     """
     domain = p.entityId.split(".", 1)[0]
-    if domain not in SETTABLE_DOMAINS:
-        raise InvalidRequest(
-            f"ha_set_entity cannot set {domain} entities; it sets {', '.join(sorted(SETTABLE_DOMAINS))}. "
-            f"Use ha_call_service for {p.entityId}"
-        )
-    service = _service_for(domain, p.value, p.entityId)
+    service = set_entity_service(p)
     loaded = policy.load_profile(deps.settings.profile_path)
     policy.check_service(domain, service, [p.entityId], indirect=False, loaded=loaded)
     ha = _ha(deps)
@@ -139,6 +127,39 @@ async def ha_restart(deps: FarmDeps, ctx: RequestContext, p: NoParams) -> dict[s
     """
     seconds = await _ha(deps).restart(timeout=RESTART_TIMEOUT)
     return {"restarted": True, "seconds": round(seconds, 1)}
+
+
+def service_targets(p: HaCallServiceParams) -> tuple[list[str], bool]:
+    """The entity ids a service call names, and whether it also targets devices, areas, floors or labels.
+
+    Entity ids come from data.entity_id and target.entity_id; the others HA resolves on its side.
+
+    Raises:
+        InvalidRequest: an unknown target key, or an entity id that is not one.
+    """
+    data, target = p.data or {}, p.target or {}
+    unknown = sorted(set(target) - set(TARGET_KEYS))
+    if unknown:
+        raise InvalidRequest(f"target may only hold {', '.join(TARGET_KEYS)} (got {', '.join(unknown)})")
+    entity_ids = _entity_ids(data.get("entity_id"), "data.entity_id") + _entity_ids(
+        target.get("entity_id"), "target.entity_id"
+    )
+    return entity_ids, any(key in data or key in target for key in policy.INDIRECT_TARGETS)
+
+
+def set_entity_service(p: HaSetEntityParams) -> str:
+    """The service ha_set_entity calls for this entity and value (set_value, turn_on/turn_off, select_option).
+
+    Raises:
+        InvalidRequest: a domain ha_set_entity does not set, or a switch value that is not on/off.
+    """
+    domain = p.entityId.split(".", 1)[0]
+    if domain not in SETTABLE_DOMAINS:
+        raise InvalidRequest(
+            f"ha_set_entity cannot set {domain} entities; it sets {', '.join(sorted(SETTABLE_DOMAINS))}. "
+            f"Use ha_call_service for {p.entityId}"
+        )
+    return _service_for(domain, p.value, p.entityId)
 
 
 # helpers ---------------------------------------------------------------------------------------------

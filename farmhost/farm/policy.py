@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from farmhost.errors import NotAllowed, Unauthorized
+from farmhost.farm.rules import MAX_RULES, ActuatorRule, covers_entity
 from farmhost.protocol.codes import FarmActionName
 from farmhost.protocol.requests import CONTROL_ACTIONS
 
@@ -71,6 +72,7 @@ class _PolicySection(BaseModel):
     allowedEntities: list[_EntityPattern] | None = None
     actionGroups: dict[FarmActionName, list[_GroupName]] = Field(default_factory=dict)
     dashboards: _DashboardsSection = Field(default_factory=_DashboardsSection)
+    rules: Annotated[list[ActuatorRule], Field(max_length=MAX_RULES)] = Field(default_factory=list)
 
 
 class _ValidationSection(BaseModel):
@@ -101,6 +103,7 @@ class FarmProfile:
     validation_status: str | None = None
     iframe_origins: frozenset[str] = frozenset()  # `scheme://host[:port]`, lower case, default port left out
     custom_cards: frozenset[str] = frozenset()
+    rules: tuple[ActuatorRule, ...] = ()  # policy.rules, in the file's order (farm/rules.py)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,6 +118,11 @@ class LoadedProfile:
     def exists(self) -> bool:
         """A profile file was found (valid or not)."""
         return self.profile is not None or self.problem is not None
+
+    @property
+    def rules(self) -> tuple[ActuatorRule, ...]:
+        """The actuator rules (none without a valid profile: control is refused then anyway)."""
+        return self.profile.rules if self.profile is not None else ()
 
 
 def parse_profile(raw: bytes | str) -> FarmProfile:
@@ -134,7 +142,9 @@ def parse_profile(raw: bytes | str) -> FarmProfile:
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         where = ".".join(str(part) for part in first["loc"])
-        message = "unknown key" if first["type"] == "extra_forbidden" else str(first["msg"])
+        message = (
+            "unknown key" if first["type"] == "extra_forbidden" else str(first["msg"]).removeprefix("Value error, ")
+        )
         raise ProfileInvalid(f"{where}: {message}") from None
     policy = parsed.policy
     return FarmProfile(
@@ -145,6 +155,7 @@ def parse_profile(raw: bytes | str) -> FarmProfile:
         validation_status=parsed.validation.status,
         iframe_origins=frozenset(origin_of(url) for url in policy.dashboards.iframeOrigins),
         custom_cards=frozenset(policy.dashboards.customCards),
+        rules=tuple(policy.rules),
     )
 
 
@@ -282,12 +293,20 @@ def check_assist(exposed: frozenset[str], *, loaded: LoadedProfile) -> None:
     profile = loaded.profile
     if profile is None:
         return
+    controllable = sorted(e for e in exposed if _domain(e) not in ASSIST_READ_ONLY_DOMAINS)
+    guarded = sorted({e for e in controllable for rule in profile.rules if assist_cannot_keep(rule, e)})
+    if guarded:
+        raise NotAllowed(
+            f"ha_assist is refused: Home Assistant exposes {_few(guarded)} to Assist, and the farm profile's rules "
+            "put approval, a rate or a value range on them, which Assist cannot be held to (it picks the entity "
+            "itself); use ha_set_entity or ha_call_service for them, or un-expose them in Home Assistant "
+            "(Settings > Voice assistants > Expose)"
+        )
     if profile.allowed_services is not None:
         raise NotAllowed(
             "ha_assist is refused: the farm profile limits control to listed services (allowedServices), and "
             "Assist chooses the service itself; use ha_call_service, or remove allowedServices from the profile"
         )
-    controllable = sorted(e for e in exposed if _domain(e) not in ASSIST_READ_ONLY_DOMAINS)
     if profile.allowed_domains is not None:
         outside = [e for e in controllable if not _matches(_domain(e), profile.allowed_domains)]
         if outside:
@@ -302,6 +321,19 @@ def check_assist(exposed: frozenset[str], *, loaded: LoadedProfile) -> None:
                 f"ha_assist is refused: Home Assistant exposes {_few(outside)} to Assist, and the farm profile "
                 "allows control only of its allowedEntities; un-expose them in Home Assistant or list them there"
             )
+
+
+def assist_cannot_keep(rule: ActuatorRule, entity_id: str) -> bool:
+    """A rule Assist would slip past on this entity: approval, a rate or a range (maxOnSeconds is kept by farmhost)."""
+    asks = bool(rule.requireApproval) or any(
+        limit is not None for limit in (rule.maxCallsPerHour, rule.minSecondsBetween, rule.valueRange)
+    )
+    if not asks:
+        return False
+    if rule.entities is not None:
+        return covers_entity(rule, entity_id)
+    domain = _domain(entity_id)
+    return any(fnmatch.fnmatchcase(domain, service.split(".", 1)[0]) for service in rule.services or ())
 
 
 def _domain(entity_id: str) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -12,6 +11,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 from zoneinfo import ZoneInfo
 
+from farmhost.background import cancel_and_wait
 from farmhost.errors import Unavailable
 from farmhost.farm import telemetry
 from farmhost.farm.alerts import AlertBook, AlertThresholds, evaluate, local_iso, reconcile
@@ -150,6 +150,10 @@ class StateCollector:
         """The background task is running."""
         return self._task is not None and not self._task.done()
 
+    def active_alerts(self) -> list[tuple[str, str, str]]:
+        """The alerts active now, as (id, rule, message)."""
+        return [(alert.id, alert.rule.value, alert.message) for alert in self._book.active]
+
     async def start(self) -> None:
         """Read the previous alerts and snapshot, then poll in the background (the first poll runs at once)."""
         if self.running:
@@ -161,11 +165,7 @@ class StateCollector:
     async def stop(self) -> None:
         """Cancel the background task and wait for it (a write in progress finishes: it runs in a thread)."""
         task, self._task = self._task, None
-        if task is None:
-            return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task)
 
     async def refresh_now(self, *, telemetry: bool = False) -> RefreshSummary:
         """Poll HA now and rewrite every file (devices and calendar included); optionally take a telemetry sample."""

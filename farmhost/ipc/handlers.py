@@ -39,6 +39,14 @@ class Change(StrEnum):
     OUTBOX = "outbox"
 
 
+@dataclass(frozen=True)
+class Approved:
+    """The approval in the chat a control action runs under: its id and who pressed Approve."""
+
+    approval_id: str
+    by: str
+
+
 @dataclass(frozen=True, kw_only=True)
 class RequestContext:
     """Everything a handler may use: the source group (from the directory), settings, store, clock."""
@@ -51,6 +59,7 @@ class RequestContext:
     request_id: str
     changes: set[Change] = field(default_factory=set)
     prepared: object = None  # what the handler's `prepare` step returned, for its `apply`
+    approved: Approved | None = None  # a control action run because an approver approved it in the chat
 
 
 AsyncHandler = Callable[[RequestContext, "AnyRequest"], Awaitable[Outcome]]

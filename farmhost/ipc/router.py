@@ -134,7 +134,10 @@ class Router:
                     at=ctx.now,
                 )
         outcome = await self._run(ctx, request, spec)
-        return self._finish(ctx, queue, request, outcome, spec.effect, started)
+        answer = self._finish(ctx, queue, request, outcome, spec.effect, started)
+        if ctx.changes:  # committed in the handler's own transactions (an approval asked in the chat, ...)
+            self._on_change(set(ctx.changes))
+        return answer
 
     def _precheck(
         self,
@@ -171,7 +174,9 @@ class Router:
                 self._record(conn, ctx, queue, request, document)
         except FarmhostError as err:
             ctx.changes.clear()
-            return self._finish(ctx, queue, request, Outcome.failure(err.code, err.message), spec.effect, started)
+            return self._finish(
+                ctx, queue, request, Outcome.failure(err.code, err.message, err.result), spec.effect, started
+            )
         except Exception:
             logger.exception("handler for %s failed in group %s", request.type, ctx.group.folder)
             ctx.changes.clear()
@@ -199,7 +204,7 @@ class Router:
                 assert spec.run is not None
                 return await spec.run(ctx, request)
         except FarmhostError as err:
-            return Outcome.failure(err.code, err.message)
+            return Outcome.failure(err.code, err.message, err.result)
         except TimeoutError:
             return Outcome.failure(ErrorCode.TIMEOUT, f"the host gave up after {spec.timeout:g} s")
         except Exception:

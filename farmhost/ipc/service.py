@@ -6,11 +6,12 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from farmhost.background import every
 from farmhost.config import Settings
 from farmhost.ipc import snapshots
 from farmhost.ipc.admission import FairAdmission
@@ -129,10 +130,10 @@ class IpcService:
         rescan = self._settings.ipc_rescan_seconds
         if self._settings.ipc_mode == "poll":
             rescan = min(rescan, self._settings.ipc_poll_seconds)
-        self._spawn("ipc:rescan", self._every(rescan, self._rescan))
-        self._spawn("ipc:registry", self._every(REGISTRY_POLL_SECONDS, self._check_registry))
-        self._spawn("ipc:heartbeat", self._every(self._settings.heartbeat_seconds, self._heartbeat))
-        self._spawn("ipc:sweep", self._every(SWEEP_SECONDS, self._sweep))
+        self._spawn("ipc:rescan", every(rescan, self._rescan))
+        self._spawn("ipc:registry", every(REGISTRY_POLL_SECONDS, self._check_registry))
+        self._spawn("ipc:heartbeat", every(self._settings.heartbeat_seconds, self._heartbeat))
+        self._spawn("ipc:sweep", every(SWEEP_SECONDS, self._sweep))
         await self._snapshots.settle()  # agents find current snapshots as soon as the host is up
         await self._heartbeat()
 
@@ -404,14 +405,3 @@ class IpcService:
         task = asyncio.create_task(coro, name=name)
         self._tasks.append(task)
         task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
-
-    @staticmethod
-    async def _every(seconds: float, tick: Callable[[], None | Awaitable[None]]) -> None:
-        while True:
-            await asyncio.sleep(seconds)
-            try:
-                pending = tick()
-                if pending is not None:
-                    await pending
-            except Exception:
-                logger.exception("periodic %s failed", getattr(tick, "__name__", tick))

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
+from farmhost.background import cancel_and_wait
 from farmhost.ipc.admission import FairAdmission
 from farmhost.ipc.groupdir import GroupDir
 from farmhost.ipc.processor import ClaimedFile, RequestProcessor
@@ -52,11 +52,8 @@ class QueueWorker:
 
     async def stop(self) -> None:
         """Stop after the request in progress (a cancelled request stays in the spool and is recovered)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     def wake(self) -> None:
         """Something may have arrived."""

@@ -722,6 +722,17 @@ class HaInstance:
                 raise HaSetupError(f"entities missing after {timeout} s: {missing}\n{self.log_tail()}")
             time.sleep(0.1)
 
+    def hide_from_assist(self, entity_ids: list[str]) -> None:
+        """Un-expose these entities from Assist (the demo does it for those its farm profile limits)."""
+        if not entity_ids:
+            return
+        with self.ws() as ws:
+            answer = ws.command(
+                "homeassistant/expose_entity", assistants=["conversation"], entity_ids=entity_ids, should_expose=False
+            )
+            if not answer.get("success"):
+                raise HaSetupError(f"un-exposing {', '.join(entity_ids)} from Assist failed: {answer.get('error')}")
+
     def check_entities(self) -> None:
         """Fail loudly, listing every farm entity that is missing or has the wrong device_class/unit."""
         states = {s["entity_id"]: s for s in self.get_states()}

@@ -28,9 +28,9 @@ class Outcome:
         return self.error_code is None
 
     @classmethod
-    def failure(cls, code: ErrorCode, message: str) -> Outcome:
-        """An error outcome."""
-        return cls(error=message, error_code=code)
+    def failure(cls, code: ErrorCode, message: str, result: Any = None) -> Outcome:
+        """An error outcome (with a result only for the codes that carry one, such as pending_approval)."""
+        return cls(error=message, error_code=code, result=result)
 
 
 def envelope(
@@ -42,7 +42,8 @@ def envelope(
         "type": kind,
         "action": action,
         "status": Status.SUCCESS.value if outcome.ok else Status.ERROR.value,
-        "result": outcome.result if outcome.ok else None,
+        # An error carries a result only where the contract gives it one (pending_approval: the approval's id).
+        "result": outcome.result,
         "error": outcome.error,
         "errorCode": outcome.error_code.value if outcome.error_code else None,
         "executedAt": utc_stamp(executed_at),

@@ -173,4 +173,47 @@ MIGRATIONS: Final[tuple[str, ...]] = (
         PRIMARY KEY (chat_jid, notice)
     ) WITHOUT ROWID
     """,
+    # 8: actuator rules (policy.rules): each call that reached an entity under a rate limit, the control
+    # actions waiting for (or decided by) an approver in the chat, bound to the exact call by its hash, and the
+    # entities under maxOnSeconds that are on, with the time farmhost turns them off (claimed once)
+    """
+    CREATE TABLE actuator_calls (
+        entity_id TEXT NOT NULL,
+        called_at TEXT NOT NULL,
+        group_folder TEXT NOT NULL
+    );
+    CREATE INDEX actuator_calls_entity ON actuator_calls(entity_id, called_at);
+    CREATE TABLE approvals (
+        id TEXT PRIMARY KEY,
+        group_folder TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        action TEXT NOT NULL,
+        params TEXT NOT NULL,
+        call_hash TEXT NOT NULL,
+        summary TEXT NOT NULL,
+        approvers TEXT,
+        status TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        expires_at TEXT NOT NULL,
+        decided_by TEXT,
+        decided_at TEXT,
+        outcome TEXT,
+        reported INTEGER NOT NULL DEFAULT 0
+    ) WITHOUT ROWID;
+    CREATE UNIQUE INDEX approvals_pending_call ON approvals(group_folder, call_hash) WHERE status = 'pending';
+    CREATE INDEX approvals_status ON approvals(status, expires_at);
+    CREATE TABLE auto_off (
+        entity_id TEXT NOT NULL,
+        on_since TEXT NOT NULL,
+        off_at TEXT NOT NULL,
+        max_on_seconds INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        claimed_at TEXT,
+        finished_at TEXT,
+        outcome TEXT,
+        PRIMARY KEY (entity_id, on_since)
+    ) WITHOUT ROWID;
+    CREATE UNIQUE INDEX auto_off_live ON auto_off(entity_id) WHERE status IN ('armed', 'claimed');
+    CREATE INDEX auto_off_due ON auto_off(status, off_at)
+    """,
 )

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Literal
 
+from farmhost.store import host_state
 from farmhost.store.db import iso, parse_iso
 from farmhost.store.transcripts import TranscriptMessage, message_from_row
 
@@ -149,18 +150,15 @@ def prune_updates(conn: sqlite3.Connection, *, older_than: datetime) -> int:
 
 def get_offset(conn: sqlite3.Connection) -> int | None:
     """The next update id to ask Telegram for (None before the first update)."""
-    row = conn.execute("SELECT value FROM host_state WHERE key = ?", (OFFSET_KEY,)).fetchone()
-    return int(row[0]) if row else None
+    value = host_state.get(conn, OFFSET_KEY)
+    return int(value) if value is not None else None
 
 
 def advance_offset(conn: sqlite3.Connection, update_id: int) -> int:
     """Confirm `update_id` (the offset becomes update_id + 1, never lower than it was); returns the offset."""
     current = get_offset(conn)
     offset = update_id + 1 if current is None else max(current, update_id + 1)
-    conn.execute(
-        "INSERT INTO host_state (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-        (OFFSET_KEY, str(offset)),
-    )
+    host_state.put(conn, OFFSET_KEY, str(offset))
     return offset
 
 

@@ -9,6 +9,7 @@ import telegram
 from telegram.error import TelegramError
 
 from farmhost.agents import AgentRuntime
+from farmhost.approvals.desk import ApprovalDesk
 from farmhost.config import Settings
 from farmhost.ipc.handlers import Change
 from farmhost.layout import DataLayout
@@ -32,6 +33,7 @@ class TelegramService:
         runtime: AgentRuntime,
         status: StatusSource,
         on_groups_changed: Callable[[], None],
+        desk: ApprovalDesk | None = None,
     ) -> None:
         """Build the bot and both sides; nothing talks to Telegram before `start()`.
 
@@ -42,6 +44,7 @@ class TelegramService:
             runtime: Where triggered chat messages become agent runs.
             status: The app's part of `/status` (version, start time, Home Assistant).
             on_groups_changed: Called when an approved chat was registered (the IPC service reloads).
+            desk: Decides the Approve / Deny buttons of farm actions under approval.
         """
         self.bot: telegram.Bot = make_bot(settings)
         self.delivery = OutboxDelivery(db=db, settings=settings, layout=layout, bot=self.bot)
@@ -54,6 +57,7 @@ class TelegramService:
             wake_outbox=self.delivery.wake,
             status=status,
             on_groups_changed=on_groups_changed,
+            desk=desk,
         )
 
     async def start(self) -> None:

@@ -29,6 +29,8 @@ PARTS = (
     "sandbox",
     "agent limits",
     "farm profile",
+    "actuator rules",
+    "mqtt",
 )
 STATES = {"ok", "warn", "off", "broken"}
 BOT_TOKEN = "123456:test-token-AAAAAAAAAAAAAAAAAAAAAAAAAAA"
@@ -190,3 +192,25 @@ def test_doctor_reports_a_broken_farm_profile_and_the_production_gate(data_dir: 
     assert line["state"] == "broken", "production without a validated profile refuses control actions"
     demo = farmhost("doctor", "--json", data_dir=data_dir)
     assert next(c for c in json.loads(demo.stdout) if c["part"] == "farm profile")["state"] == "off"
+
+
+def test_doctor_shows_the_actuator_rules_in_words(data_dir: Path) -> None:
+    before = farmhost("doctor", "--json", data_dir=data_dir)
+    line = next(c for c in json.loads(before.stdout) if c["part"] == "actuator rules")
+    assert line["state"] == "off" and "policy.rules" in line["fix"]
+    rules = [
+        {"entities": ["switch.irrigation_pump"], "maxOnSeconds": 1800, "requireApproval": {"approvers": [42]}},
+        {"entities": ["switch.field_*_valve"], "maxCallsPerHour": 6, "minSecondsBetween": 30},
+    ]
+    (data_dir / "farm-profile.json").write_text(json.dumps({"policy": {"rules": rules}}))
+    done = farmhost("doctor", "--json", data_dir=data_dir)
+    line = next(c for c in json.loads(done.stdout) if c["part"] == "actuator rules")
+    assert line["state"] == "ok"
+    assert line["detail"] == (
+        "2 rule(s): 1. entities switch.irrigation_pump: approval by users 42 within 10 min, off after 1800 s on; "
+        "2. entities switch.field_*_valve: at most 6 calls an hour, 30 s between calls"
+    )
+    (data_dir / "farm-profile.json").write_text(json.dumps({"policy": {"rules": [{"entities": ["x.y"], "maxOn": 1}]}}))
+    broken = farmhost("doctor", "--json", data_dir=data_dir)
+    profile = next(c for c in json.loads(broken.stdout) if c["part"] == "farm profile")
+    assert profile["state"] == "broken" and "policy.rules.0.maxOn: unknown key" in profile["detail"]

@@ -10,6 +10,7 @@ reuses it (no second HA start) and, without `--keep-ha`, stops it.
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -64,6 +65,13 @@ def _no_llm_then_reuse(data_dir: Path, env: dict[str, str]) -> None:
         username, password = where["Login"].split(" / ")
         token = login(url, username, password)
 
+        # The demo farm's safe profile is in force, and Assist is kept away from what it limits.
+        assert "wrote the demo farm's safe profile" in text
+        rules = json.loads((data_dir / "farm-profile.json").read_text())["policy"]["rules"]
+        assert {"entities": ["switch.irrigation_pump"], "maxOnSeconds": 1800} in rules
+        hidden = run.wait_line("not exposed to Assist (the farm profile limits them)")
+        assert "switch.field_1_valve" in hidden and "switch.irrigation_pump" not in hidden
+
         # Midnight on the farm (--start-hour 0): the frost comes within a farm hour.
         run.wait_line("frost: the air is", timeout=10)
         wait_for(lambda: get_state(url, token, "binary_sensor.frost_risk")["state"] == "on", timeout=5, what="frost")
@@ -97,6 +105,10 @@ def _no_llm_then_reuse(data_dir: Path, env: dict[str, str]) -> None:
         run.wait_line(lambda line: line.startswith("farm bot: Soil moisture of field 1 is "))
         run.send("is the barn light on")
         run.wait_line("farm bot: Yes")
+        call_service(url, token, "switch", "turn_off", {"entity_id": "switch.irrigation_pump"})
+        run.send("turn on the irrigation pump")
+        run.wait_line("farm bot: Turned on the switch")
+        assert get_state(url, token, "switch.irrigation_pump")["state"] == "on"
         assert run.output().count("Answers in this chat come from") == 1
 
         run.close_stdin()

@@ -45,7 +45,8 @@ def _volumes(service: dict[str, Any]) -> list[tuple[str, str, str]]:
 def test_the_defaults_give_ha_farmhost_and_the_agent_image(tmp_path: Path) -> None:
     config = _config(tmp_path, "TZ=Europe/Lisbon\nHA_URL=http://127.0.0.1:8123\nHA_TOKEN=secret-token\n")
     services = config["services"]
-    assert sorted(services) == ["farmhost", "farmhost-agent", "homeassistant"]
+    assert sorted(services) == ["farmhost", "farmhost-agent", "homeassistant", "mosquitto"]
+    assert services["mosquitto"]["profiles"] == ["mqtt"]  # only with `--profile mqtt`: HA often has a broker
 
     ha = services["homeassistant"]
     assert ha["image"] == "ghcr.io/home-assistant/home-assistant:stable"

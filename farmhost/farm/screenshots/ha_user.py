@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 from farmhost.errors import FarmhostError
 from farmhost.farm.ha_errors import HaError, HaUnavailable
 from farmhost.farm.homeassistant import REQUEST_TIMEOUT, HAClient
+from farmhost.store import host_state
 
 if TYPE_CHECKING:
     from farmhost.store.db import Database
@@ -79,9 +80,9 @@ class ScreenshotUser:
 def load(db: Database) -> Account | None:
     """The stored account, or None (none yet, or a row farmhost cannot read)."""
     with db.tx(durable=False) as conn:
-        row = conn.execute("SELECT value FROM host_state WHERE key = ?", (STATE_KEY,)).fetchone()
+        stored = host_state.get(conn, STATE_KEY)
     try:
-        data = json.loads(row[0]) if row else None
+        data = json.loads(stored) if stored is not None else None
         return Account(ha_url=data["haUrl"], user_id=data["userId"], token=data["token"]) if data else None
     except (ValueError, KeyError, TypeError):
         return None
@@ -91,10 +92,7 @@ def save(db: Database, account: Account) -> None:
     """Store (replace) the account."""
     value = json.dumps({"haUrl": account.ha_url, "userId": account.user_id, "token": account.token})
     with db.tx() as conn:
-        conn.execute(
-            "INSERT INTO host_state (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            (STATE_KEY, value),
-        )
+        host_state.put(conn, STATE_KEY, value)
 
 
 async def create(ha: HAClient, base_url: str) -> Account:

@@ -1,0 +1,67 @@
+"""FARMHOST_MQTT_URL read into what the MQTT client needs: host, port, credentials, TLS."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Final
+from urllib.parse import unquote, urlsplit
+
+from farmhost.errors import ConfigError
+
+DEFAULT_PORTS: Final = {"mqtt": 1883, "mqtts": 8883}
+# A site name is one MQTT topic level and part of HA ids: no `/`, `+`, `#`, no spaces, lower case.
+SITE_RE: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Broker:
+    """Where the broker is and how to log in (`password` is never shown)."""
+
+    host: str
+    port: int
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    tls: bool = False
+
+    @property
+    def shown(self) -> str:
+        """`mqtt://user@host:port`, without the password: for logs and doctor."""
+        user = f"{self.username}@" if self.username else ""
+        return f"{'mqtts' if self.tls else 'mqtt'}://{user}{self.host}:{self.port}"
+
+
+def parse_broker(url: str) -> Broker:
+    """`mqtt://user:pass@host:1883` or `mqtts://…` (TLS, port 8883 by default).
+
+    Raises:
+        ConfigError: naming what is wrong with the URL.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in DEFAULT_PORTS:
+        raise ConfigError(f"FARMHOST_MQTT_URL must start with mqtt:// or mqtts://, not {parts.scheme or url!r}")
+    if not parts.hostname:
+        raise ConfigError("FARMHOST_MQTT_URL has no host (mqtt://user:password@host:1883)")
+    try:
+        port = parts.port or DEFAULT_PORTS[parts.scheme]
+    except ValueError:
+        raise ConfigError("FARMHOST_MQTT_URL has a port that is not a number from 1 to 65535") from None
+    return Broker(
+        host=parts.hostname,
+        port=port,
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password else None,
+        tls=parts.scheme == "mqtts",
+    )
+
+
+def site_name(raw: str) -> str:
+    """A host name or FARMHOST_SITE made a site name: lower case, other characters as `-`.
+
+    Raises:
+        ConfigError: nothing usable is left.
+    """
+    name = re.sub(r"[^a-z0-9_-]+", "-", raw.strip().lower().split(".", 1)[0]).strip("-_")[:63]
+    if not SITE_RE.fullmatch(name):
+        raise ConfigError(f"FARMHOST_SITE {raw!r} is not a usable site name (letters, digits, - and _)")
+    return name

@@ -1,0 +1,186 @@
+"""farmhost as a device in Home Assistant: its discovery, its state every few seconds, its alerts, its switch.
+
+On each connection and whenever Home Assistant announces itself (`homeassistant/status` = `online`) the
+discovery document is published again, then `online` and the state. The state (agent runs, last task run,
+outbox, approvals, LLM use today, a heartbeat, agents paused) is read from the database and the runtime every
+STATE_SECONDS. A new farm alert is one event. The `Agents paused` switch is the only command: it is taken
+only from this site's command topic (the broker's ACL says who may publish there), a retained command is
+ignored (it would act again at every reconnect), and pausing is idempotent and kept in the database, so a
+command redelivered by QoS 1 or a restart changes nothing twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from datetime import datetime, tzinfo
+from typing import TYPE_CHECKING, Any, Final
+
+from farmhost.background import cancel_and_wait, every
+from farmhost.mqtt.discovery import HA_STATUS, OFF, OFFLINE, ON, ONLINE, Topics, discovery_config
+from farmhost.mqtt.link import Incoming, MqttLink
+from farmhost.store import host_state, outbox
+from farmhost.store.db import Database, now_utc
+
+if TYPE_CHECKING:
+    from farmhost.agents.runtime import AgentRuntime
+    from farmhost.farm.state import StateCollector
+
+logger = logging.getLogger(__name__)
+
+STATE_SECONDS: Final = 10.0
+PAUSED_KEY: Final = "agents_paused"
+RUNS_KEY: Final = "agent_runs:"  # + the farm's date
+
+
+def count_run(db: Database, zone: tzinfo, at: datetime) -> None:
+    """Count one agent run on the farm's date (the `Agent runs today` sensor)."""
+    key = RUNS_KEY + at.astimezone(zone).date().isoformat()
+    with db.tx(durable=False) as conn:
+        host_state.increment(conn, key)
+        host_state.forget_older(conn, RUNS_KEY, key)
+
+
+def restore_pause(db: Database, runtime: AgentRuntime) -> None:
+    """A pause survives restarts: apply the stored one."""
+    with db.tx() as conn:
+        reason = host_state.get(conn, PAUSED_KEY)
+    if reason is not None:
+        runtime.pause(reason)
+
+
+def set_paused(db: Database, runtime: AgentRuntime, paused: bool, *, by: str, at: datetime) -> bool:
+    """Pause or resume, stored; False when it already was so (nothing changes twice)."""
+    if paused == (runtime.paused is not None):
+        return False
+    with db.tx() as conn:
+        if paused:
+            reason = f"paused by {by} at {at:%Y-%m-%d %H:%M} UTC"
+            host_state.put(conn, PAUSED_KEY, reason)
+        else:
+            host_state.delete(conn, PAUSED_KEY)
+    if paused:
+        runtime.pause(reason)
+    else:
+        runtime.resume()
+    return True
+
+
+class HaDevice:
+    """Publishes this site as a Home Assistant device over `link` and takes its commands."""
+
+    def __init__(
+        self,
+        *,
+        link: MqttLink,
+        topics: Topics,
+        db: Database,
+        runtime: AgentRuntime,
+        alerts: StateCollector | None,
+        zone: tzinfo,
+        clock: Callable[[], datetime] = now_utc,
+        interval: float = STATE_SECONDS,
+    ) -> None:
+        self._link = link
+        self._topics = topics
+        self._db = db
+        self._runtime = runtime
+        self._alerts = alerts
+        self._zone = zone
+        self._clock = clock
+        self._interval = interval
+        self._task: asyncio.Task[None] | None = None
+        self._seen_alerts: set[str] | None = None  # None until the first look: alerts active at start are not new
+        link.subscribe(HA_STATUS, self._ha_status)
+        link.subscribe(topics.pause_command, self._pause_command)
+
+    def announce(self) -> None:
+        """Discovery, `online` and the state (at every connection, and when HA comes online)."""
+        self._link.publish_retained(self._topics.config, json.dumps(discovery_config(self._topics)))
+        self._link.publish_retained(self._topics.availability, ONLINE)
+        self.publish_state()
+
+    def publish_state(self) -> None:
+        """The state JSON, now."""
+        self._link.publish_retained(self._topics.state, json.dumps(self.state()))
+
+    def state(self) -> dict[str, Any]:
+        """What every sensor reads (`value_json.<key>`)."""
+        now = self._clock()
+        today = now.astimezone(self._zone).date().isoformat()
+        with self._db.tx(durable=False) as conn:
+            last = conn.execute(
+                "SELECT status, finished_at, claimed_at FROM task_runs ORDER BY id DESC LIMIT 1"
+            ).fetchone()
+            boxes = outbox.count_by_status(conn)
+            approvals = conn.execute("SELECT count(*) FROM approvals WHERE status = 'pending'").fetchone()[0]
+            llm = conn.execute(
+                "SELECT coalesce(sum(requests), 0), coalesce(sum(prompt_tokens + completion_tokens), 0) "
+                "FROM llm_usage WHERE day = ?",
+                (today,),
+            ).fetchone()
+            runs_today = int(host_state.get(conn, RUNS_KEY + today) or 0)
+        return {
+            "runs_running": len(self._runtime.running),
+            "runs_today": runs_today,
+            "last_task_status": last["status"] if last else "none",
+            "last_task_at": (last["finished_at"] or last["claimed_at"]) if last else None,
+            "outbox_pending": boxes.get("pending", 0),
+            "outbox_failed": boxes.get("failed", 0),
+            "approvals_pending": int(approvals),
+            "llm_requests_today": int(llm[0]),
+            "llm_tokens_today": int(llm[1]),
+            "heartbeat": now.isoformat(timespec="seconds"),
+            "agents_paused": ON if self._runtime.paused is not None else OFF,
+        }
+
+    async def start(self) -> None:
+        """Publish the state and look for new alerts every `interval` seconds, in the background."""
+        self._task = asyncio.create_task(every(self._interval, self._tick, first_now=True), name="mqtt:device")
+
+    async def stop(self) -> None:
+        """Stop publishing (the link says `offline` when it closes)."""
+        await cancel_and_wait(self._task)
+        self._task = None
+
+    @property
+    def goodbye(self) -> tuple[str, str]:
+        """What the link publishes when farmhost stops cleanly."""
+        return self._topics.availability, OFFLINE
+
+    def _tick(self) -> None:
+        self.publish_state()
+        self._new_alerts()
+
+    def _new_alerts(self) -> None:
+        if self._alerts is None:
+            return
+        active = self._alerts.active_alerts()
+        if self._seen_alerts is None:
+            self._seen_alerts = {alert_id for alert_id, _, _ in active}
+            return
+        for alert_id, rule, message in active:
+            if alert_id not in self._seen_alerts:
+                self._seen_alerts.add(alert_id)
+                self._link.publish_event(
+                    self._topics.alerts, json.dumps({"event_type": rule, "id": alert_id, "message": message})
+                )
+
+    async def _ha_status(self, message: Incoming) -> None:
+        if message.payload.decode(errors="replace").strip() == ONLINE:
+            logger.info("mqtt: Home Assistant announced itself; discovery published again")
+            self.announce()
+
+    async def _pause_command(self, message: Incoming) -> None:
+        command = message.payload.decode(errors="replace").strip().upper()
+        if message.retain:
+            logger.warning("mqtt: ignored a retained command %r on %s (commands act once)", command, message.topic)
+            return
+        if command not in (ON, OFF):
+            logger.warning("mqtt: ignored %r on %s: the switch takes ON or OFF", command[:40], message.topic)
+            return
+        changed = set_paused(self._db, self._runtime, command == ON, by="Home Assistant (MQTT)", at=self._clock())
+        logger.info("mqtt: agents %s%s", "paused" if command == ON else "resumed", "" if changed else " (already)")
+        self.publish_state()

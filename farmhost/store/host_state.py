@@ -1,0 +1,36 @@
+"""The host_state table: small named values the daemon keeps across restarts (agents paused, counters)."""
+
+from __future__ import annotations
+
+import sqlite3
+
+
+def get(conn: sqlite3.Connection, key: str) -> str | None:
+    """The value of `key`, None when unset."""
+    row = conn.execute("SELECT value FROM host_state WHERE key = ?", (key,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def put(conn: sqlite3.Connection, key: str, value: str) -> None:
+    """Set `key`."""
+    conn.execute(
+        "INSERT INTO host_state (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+        (key, value),
+    )
+
+
+def delete(conn: sqlite3.Connection, key: str) -> None:
+    """Unset `key`."""
+    conn.execute("DELETE FROM host_state WHERE key = ?", (key,))
+
+
+def increment(conn: sqlite3.Connection, key: str) -> int:
+    """Add one to the counter `key` (0 when unset) and return it."""
+    value = int(get(conn, key) or 0) + 1
+    put(conn, key, str(value))
+    return value
+
+
+def forget_older(conn: sqlite3.Connection, prefix: str, key: str) -> None:
+    """Unset the keys of `prefix` that sort before `key` (per-day counters: the days gone by)."""
+    conn.execute("DELETE FROM host_state WHERE key >= ? AND key < ?", (prefix, key))

@@ -1,0 +1,58 @@
+"""CommandReplies: the reply to a bot command in a registered chat, from the store, the runtime and the app.
+
+`/help` and `/start` work in every chat; `/status` and `/tasks` only in the main chat (elsewhere a refusal).
+The texts themselves are built in commands.py; this gathers what they are built from.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from farmhost.agents import AgentRuntime
+from farmhost.store import groups, tasks
+from farmhost.store.groups import Group
+from farmhost.store.task_runs import last_statuses
+from farmhost.telegram import commands
+from farmhost.telegram.ports import INBOUND_LOGGER, InboundPorts
+from farmhost.telegram.routing import Route
+
+logger = logging.getLogger(INBOUND_LOGGER)
+
+StatusSource = Callable[[], Awaitable[dict[str, Any]]]
+
+
+class CommandReplies:
+    """Builds command replies; `status` is the app's part of `/status` (None: the store's counts only)."""
+
+    def __init__(self, ports: InboundPorts, runtime: AgentRuntime, status: StatusSource | None) -> None:
+        self._ports = ports
+        self._runtime = runtime
+        self._status = status
+
+    async def reply(self, decision: Route, group: Group) -> str:
+        """The text answering `decision.command` in `group`."""
+        ports = self._ports
+        command = decision.command
+        if command in ("help", "start"):
+            return commands.help_text(group, ports.bot.username)
+        assert command is not None
+        if not group.is_main:
+            return commands.refusal(command)
+        if command == "status":
+            return commands.status_text(await self._status_document(), now=ports.clock(), zone=ports.settings.zone)
+        rows = tasks.list_tasks(ports.db.conn)
+        return commands.tasks_text(rows, last_statuses(ports.db.conn), zone=ports.settings.zone)
+
+    async def _status_document(self) -> dict[str, Any]:
+        extra: dict[str, Any] | None = None
+        if self._status is not None:
+            try:
+                extra = await self._status()
+            except Exception as err:
+                logger.exception("telegram: the status source failed")
+                extra = {"note": f"part of the status is unavailable ({type(err).__name__})"}
+        conn = self._ports.db.conn
+        queued = sum(self._runtime.queued(group.folder) for group in groups.list_groups(conn))
+        return commands.collect_status(conn, running=len(self._runtime.running), queued=queued, extra=extra)

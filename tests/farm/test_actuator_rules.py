@@ -1,0 +1,191 @@
+"""Actuator rules (`policy.rules`): parsed strictly, what they cover, the pure checks, and the approval buttons' data."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from farmhost.approvals.asking import callback_data, parse_callback
+from farmhost.errors import NotAllowed
+from farmhost.farm import gate, rules
+from farmhost.farm.policy import ProfileInvalid, parse_profile
+from farmhost.farm.rules import ActuatorRule, ControlCall
+from farmhost.protocol.params import HaCallServiceParams, HaSetEntityParams
+
+PUMP = "switch.irrigation_pump"
+
+
+def parsed(*entries: dict[str, Any]) -> tuple[ActuatorRule, ...]:
+    return parse_profile(json.dumps({"policy": {"rules": list(entries)}})).rules
+
+
+def problem(*entries: dict[str, Any]) -> str:
+    with pytest.raises(ProfileInvalid) as caught:
+        parsed(*entries)
+    return str(caught.value)
+
+
+# parsing -------------------------------------------------------------------------------------------------
+
+
+def test_the_documented_rules_parse() -> None:
+    found = parsed(
+        {"entities": [PUMP], "maxOnSeconds": 1800, "requireApproval": {"approvers": [123456789], "expiresMinutes": 10}},
+        {"entities": ["switch.field_*_valve"], "maxCallsPerHour": 6, "minSecondsBetween": 30},
+        {"entities": ["number.irrigation_duration"], "valueRange": [0, 120]},
+        {"services": ["switch.turn_on"], "requireApproval": True},
+        {"actions": ["ha_restart"], "requireApproval": True},
+    )
+    assert len(found) == 5
+    assert rules.describe(found[0]) == (
+        "entities switch.irrigation_pump: approval by users 123456789 within 10 min, off after 1800 s on"
+    )
+    assert rules.describe(found[1]) == "entities switch.field_*_valve: at most 6 calls an hour, 30 s between calls"
+
+
+@pytest.mark.parametrize(
+    ("entry", "where"),
+    [
+        ({"entities": [PUMP], "maxCallsPerHr": 6}, "policy.rules.0.maxCallsPerHr: unknown key"),
+        ({"entities": [PUMP], "requireApproval": {"approver": [1]}}, "policy.rules.0.requireApproval.object.approver"),
+        ({"entity": [PUMP], "requireApproval": True}, "policy.rules.0.entity: unknown key"),
+    ],
+)
+def test_an_unknown_key_is_refused_naming_it(entry: dict[str, Any], where: str) -> None:
+    assert problem(entry).startswith(where)
+
+
+@pytest.mark.parametrize(
+    ("entry", "says"),
+    [
+        ({"requireApproval": True}, "needs entities, services or actions"),
+        ({"entities": [PUMP]}, "a rule needs requireApproval"),
+        ({"entities": [PUMP], "requireApproval": False}, "a rule needs requireApproval"),
+        ({"services": ["switch.turn_on"], "maxOnSeconds": 60}, "maxOnSeconds needs entities"),
+        ({"entities": [PUMP], "valueRange": [50, 10]}, "low <= high"),
+        ({"actions": ["ha_set_entity"], "maxCallsPerHour": 3}, "count per entity: give entities"),
+        ({"entities": [PUMP], "maxCallsPerHour": 0}, "greater than or equal to 1"),
+        ({"entities": [PUMP], "maxCallsPerHour": "6"}, "valid integer"),  # strict: no strings for numbers
+        ({"entities": [PUMP], "minSecondsBetween": 0}, "greater than 0"),
+        ({"entities": [PUMP], "valueRange": [1]}, "at least 2"),
+        ({"entities": [PUMP], "requireApproval": {"expiresMinutes": 0.01}}, "greater than or equal to 0.05"),
+        ({"entities": [PUMP], "requireApproval": {"approvers": []}}, "at least 1"),
+        ({"entities": ["Switch.Pump"], "requireApproval": True}, "pattern"),
+        ({"entities": [PUMP], "requireApproval": "yes"}, "requireApproval"),
+    ],
+)
+def test_an_incoherent_rule_is_refused_with_a_reason(entry: dict[str, Any], says: str) -> None:
+    assert says in problem(entry)
+
+
+def test_a_broken_rule_makes_the_profile_refuse_control() -> None:
+    with pytest.raises(ProfileInvalid):
+        parsed({"entities": [PUMP], "requireApproval": True}, {"entities": [PUMP], "maxOnSecond": 5})
+
+
+# matching and the pure checks --------------------------------------------------------------------------
+
+
+def test_rules_cover_calls_by_entity_glob_service_glob_or_action() -> None:
+    by_entity, by_service, by_action, both = parsed(
+        {"entities": ["switch.field_*_valve"], "maxCallsPerHour": 6},
+        {"services": ["switch.turn_*"], "requireApproval": True},
+        {"actions": ["ha_restart"], "requireApproval": True},
+        {"entities": [PUMP], "services": ["switch.turn_on"], "requireApproval": True},
+    )
+    every = (by_entity, by_service, by_action, both)
+    valve_on = ControlCall(action="ha_call_service", service="switch.turn_on", entities=("switch.field_1_valve",))
+    pump_off = ControlCall(action="ha_set_entity", service="switch.turn_off", entities=(PUMP,))
+    pump_on = ControlCall(action="ha_set_entity", service="switch.turn_on", entities=(PUMP,))
+    by_area = ControlCall(action="ha_call_service", service="switch.turn_on", indirect=True)
+    assert rules.matching(every, valve_on) == [by_entity, by_service]
+    assert rules.matching(every, pump_off) == [by_service]
+    assert rules.matching(every, pump_on) == [by_service, both]
+    assert rules.matching(every, ControlCall(action="ha_restart")) == [by_action]
+    assert rules.matching(every, by_area) == [by_entity, by_service, both]  # it may reach them
+
+
+def test_approval_for_intersects_approvers_and_takes_the_shortest_wait() -> None:
+    one, two, anyone = parsed(
+        {"entities": [PUMP], "requireApproval": {"approvers": [1, 2], "expiresMinutes": 5}},
+        {"services": ["switch.*"], "requireApproval": {"approvers": [2, 3], "expiresMinutes": 2}},
+        {"entities": ["switch.*"], "requireApproval": True},
+    )
+    both = rules.approval_for([one, two, anyone])
+    assert both is not None and both.approvers == frozenset({2}) and both.expires_minutes == 2
+    chat = rules.approval_for([anyone])
+    assert chat is not None and chat.approvers is None and chat.expires_minutes == rules.DEFAULT_EXPIRES_MINUTES
+    assert rules.approval_for(list(parsed({"entities": [PUMP], "maxCallsPerHour": 1}))) is None
+
+
+def test_value_range_and_targets_refuse_with_sentences() -> None:
+    (ranged,) = parsed({"entities": ["number.irrigation_duration"], "valueRange": [0, 120]})
+    setting = ControlCall(action="ha_set_entity", service="number.set_value", entities=("number.irrigation_duration",))
+    rules.check_value_range([ranged], ControlCall(**{**setting.__dict__, "value": "120"}))
+    with pytest.raises(NotAllowed, match="between 0 and 120; 121 is outside that range"):
+        rules.check_value_range([ranged], ControlCall(**{**setting.__dict__, "value": 121}))
+    with pytest.raises(NotAllowed, match="set it with ha_set_entity"):
+        rules.check_value_range([ranged], ControlCall(**{**setting.__dict__, "value": True}))
+    with pytest.raises(NotAllowed, match="target.entity_id"):
+        rules.check_targets([ranged], ControlCall(action="ha_call_service", service="number.set_value", indirect=True))
+
+
+def test_entity_id_all_is_an_indirect_target_for_the_rules() -> None:
+    params = HaCallServiceParams.model_validate(
+        {"domain": "switch", "service": "turn_on", "target": {"entity_id": ["all", "switch.field_1_valve"]}}
+    )
+    call = gate.describe("ha_call_service", params)
+    assert call is not None and call.indirect and call.entities == ("switch.field_1_valve",)
+    (rule,) = parsed({"entities": [PUMP], "requireApproval": True})
+    assert rules.matching((rule,), call) == [rule]
+    with pytest.raises(NotAllowed, match='not "all"'):
+        rules.check_targets([rule], call)
+
+
+def test_describe_ha_set_entity() -> None:
+    call = gate.describe("ha_set_entity", HaSetEntityParams.model_validate({"entityId": PUMP, "value": "ON"}))
+    assert call == ControlCall(
+        action="ha_set_entity", service="switch.turn_on", entities=(PUMP,), value="ON", turns_on=True
+    )
+    assert gate.describe("ha_get_status", HaSetEntityParams.model_validate({"entityId": PUMP, "value": 1})) is None
+
+
+# the approval buttons' data ----------------------------------------------------------------------------
+
+approval_ids = st.binary(min_size=6, max_size=6).map(lambda b: "a-" + b.hex())
+
+
+@given(approval_ids, st.sampled_from(["y", "n"]))
+def test_callback_data_round_trips_within_telegrams_64_bytes(approval_id: str, choice: Any) -> None:
+    data = callback_data(approval_id, choice)
+    assert len(data.encode()) <= 64
+    assert parse_callback(data) == (approval_id, choice)
+
+
+@given(st.one_of(st.none(), st.text(max_size=80)))
+def test_parse_callback_reads_only_its_own_exact_format(data: str | None) -> None:
+    found = parse_callback(data)
+    if found is not None:
+        assert data == callback_data(*found)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        "fa:a-0123456789ab:x",
+        "fa:a-0123456789AB:y",  # upper-case hex is not an id farmhost makes
+        "fa:a-0123456789a:y",
+        "fa:b-0123456789ab:y",
+        "fa:a-0123456789ab:y:extra",
+        "fa:a-0123456789ab",
+        "approve:telegram:-500",
+        "",
+        "fa::y",
+    ],
+)
+def test_parse_callback_refuses_near_misses(data: str) -> None:
+    assert parse_callback(data) is None
