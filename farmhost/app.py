@@ -32,13 +32,11 @@ from farmhost.layout import DataLayout
 from farmhost.loop_monitor import LoopMonitor
 from farmhost.memory.search import MemoryService, memory_handlers
 from farmhost.mqtt import device
-from farmhost.mqtt.broker import parse_broker
-from farmhost.mqtt.device import HaDevice
-from farmhost.mqtt.discovery import OFFLINE, Topics
-from farmhost.mqtt.link import MqttLink
+from farmhost.mqtt.service import MqttService
 from farmhost.scheduler.requests import HANDLERS as TASK_HANDLERS
 from farmhost.scheduler.runs import RunReport, TaskRun
 from farmhost.scheduler.service import SchedulerService
+from farmhost.sites.caller import SiteCaller
 from farmhost.store.db import Database, now_utc
 from farmhost.store.groups import Group
 from farmhost.telegram.requests import HANDLERS as MESSAGE_HANDLERS
@@ -75,10 +73,15 @@ def raise_nofile_limit() -> tuple[int, int]:
 
 
 def build_handlers(
-    identity: HostIdentity, farm: FarmDeps, memory: MemoryService | None = None, audit: AuditLog | None = None
+    identity: HostIdentity,
+    farm: FarmDeps,
+    memory: MemoryService | None = None,
+    audit: AuditLog | None = None,
+    sites: SiteCaller | None = None,
 ) -> Handlers:
     """The full handler table, assembled from every capability's own table."""
     return {
+        **(sites.handlers() if sites is not None else {}),
         **ping_handlers(identity),
         **MESSAGE_HANDLERS,
         **TASK_HANDLERS,
@@ -105,8 +108,8 @@ class App:
         self.telegram: TelegramService | None = None  # set in start() when TELEGRAM_BOT_TOKEN is set
         self.desk: ApprovalDesk | None = None
         self.auto_off: AutoOff | None = None
-        self.mqtt: MqttLink | None = None
-        self.device: HaDevice | None = None
+        self.sites: SiteCaller | None = None
+        self.mqtt: MqttService | None = None
         self.loop_monitor = LoopMonitor(self.layout.logs)
 
     async def start(self) -> None:
@@ -127,7 +130,10 @@ class App:
             await self.collector.start()  # returns at once; the first poll runs in the background
         memory = MemoryService(self.layout)
         audit = AuditLog(self.layout.farm_state, max_bytes=self.settings.request_log_max_bytes)
-        handlers = build_handlers(self.identity, farm, memory, audit)
+        self.sites = SiteCaller(
+            db=self.db, site=self.settings.site_name, audit=audit, enabled=bool(self.settings.mqtt_url)
+        )
+        handlers = build_handlers(self.identity, farm, memory, audit, self.sites)
         self.ipc = IpcService(
             settings=self.settings, layout=self.layout, db=self.db, handlers=handlers, identity=self.identity
         )
@@ -160,7 +166,18 @@ class App:
         await self.runtime.start()
         device.restore_pause(self.db, self.runtime)
         if self.settings.mqtt_url:
-            await self._start_mqtt(self.settings.mqtt_url)
+            self.mqtt = MqttService(
+                self.settings.mqtt_url,
+                site=self.settings.site_name,
+                db=self.db,
+                runtime=self.runtime,
+                alerts=self.collector,
+                zone=self.settings.zone,
+                caller=self.sites,
+                router=self.ipc.router,
+                main_group=self._main_group,
+            )
+            await self.mqtt.start()
         if self.settings.telegram_enabled:
             # Imported here: python-telegram-bot and httpx cost ~20 MB of RSS a daemon without Telegram never needs.
             from farmhost.telegram.service import TelegramService
@@ -191,36 +208,11 @@ class App:
             "on" if self.settings.telegram_enabled else "off",
         )
 
-    async def _start_mqtt(self, url: str) -> None:
-        """Farmhost as a device in Home Assistant over MQTT (docs/mqtt.md); the broker may be down: it retries."""
-        assert self.db is not None and self.runtime is not None
-        topics = Topics(self.settings.site_name)
-        self.mqtt = MqttLink(
-            parse_broker(url),
-            client_id=topics.node,
-            will_topic=topics.availability,
-            will_payload=OFFLINE,
-            on_connect=lambda: self.device.announce() if self.device is not None else None,
-        )
-        self.device = HaDevice(
-            link=self.mqtt,
-            topics=topics,
-            db=self.db,
-            runtime=self.runtime,
-            alerts=self.collector,
-            zone=self.settings.zone,
-        )
-        await self.mqtt.start()
-        await self.device.start()
-        logger.info("mqtt: site %s on %s", topics.site, self.mqtt.broker.shown)
-
     async def stop(self) -> None:
         """Stop in reverse order; `host_status.json` says `stopped` afterwards."""
-        if self.device is not None:
-            await self.device.stop()
-            if self.mqtt is not None:
-                await self.mqtt.stop(goodbye=self.device.goodbye)
-            self.device = self.mqtt = None
+        if self.mqtt is not None:
+            await self.mqtt.stop()
+            self.mqtt = None
         if self.scheduler is not None:
             await self.scheduler.stop()
             self.scheduler = None
@@ -294,6 +286,10 @@ class App:
         else:
             home_assistant = "up" if await self.ha.is_running() else "down"
         return {"version": __version__, "started_at": self.identity.started_at, "home_assistant": home_assistant}
+
+    def _main_group(self) -> Group | None:
+        groups = self.ipc.groups if self.ipc is not None else []
+        return next((g for g in groups if g.is_main), None)
 
     def _group(self, folder: str) -> Group | None:
         """The registered group of `folder` (None when it is not registered)."""

@@ -89,6 +89,8 @@ CHAT_JID_RE: Final = re.compile(r"^[a-z][a-z0-9_-]*:\S+$")
 RESERVED_FOLDERS: Final = frozenset({"global", "errors"})
 DASHBOARD_RE: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 ENTITY_ID_RE: Final = re.compile(r"^[a-z0-9_]+\.[a-z0-9_]+$")
+# A site name (FARMHOST_SITE, a farm action's `site`) is one MQTT topic level and part of HA ids: no `/`, `+`, `#`.
+SITE_RE: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 # Client deadlines sit behind the host's own timeouts (30 s per handler, 35 s screenshots, 160 s ha_restart,
 # plus the router's 2 s margin), so the host always answers `timeout` itself before the agent gives up.

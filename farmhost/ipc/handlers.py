@@ -29,6 +29,9 @@ class Effect(StrEnum):
     READ = "read"  # no change: re-run after a crash
     STATE = "state"  # changes farmhost's own database only: committed atomically with the ledger entry
     EXTERNAL = "external"  # changes HA or files: never re-run after a crash, answered `interrupted`
+    # runs at another site, which executes each call once by its id: re-run after a crash, it asks for the same
+    # answer again instead of running anything twice
+    REMOTE = "remote"
 
 
 class Change(StrEnum):
@@ -88,6 +91,10 @@ class HandlerSpec:
             raise ValueError("a STATE handler has `apply`; READ/EXTERNAL handlers have `run`")
         if self.prepare is not None and self.apply is None:
             raise ValueError("only a STATE handler has a `prepare` step")
+
+
+# The row of every farm action that names another site (`site`): it is sent there, whatever the action.
+SITE_HANDLER: Final = "farm_action@site"
 
 
 def handler_key(kind: str, action: str | None) -> str:

@@ -7,9 +7,10 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from farmhost.ipc.groupdir import GroupDir
 from farmhost.ipc.handlers import Effect
@@ -25,7 +26,12 @@ from farmhost.store import ledger
 from farmhost.store.db import Database
 from farmhost.store.groups import Group
 
+if TYPE_CHECKING:
+    from farmhost.protocol.requests import AnyRequest
+
 logger = logging.getLogger(__name__)
+# Takes over the rest of a request's processing (a coroutine that answers it and returns `process`'s bool).
+Detach = Callable[[Coroutine[Any, Any, bool]], None]
 # Request files up to this size are read and parsed on the loop (well under a millisecond); larger ones in a thread.
 _INLINE_BYTES = 16 * 1024
 # The request log's fields that also go on the daemon's log line (as `extra`: JSON logs carry them).
@@ -69,8 +75,12 @@ class RequestProcessor:
         self._clock = clock
         self._results = ResultWriter(db=db, quarantine=quarantine, clock=clock)
 
-    async def process(self, item: ClaimedFile) -> bool:
-        """Answer one claimed request; returns False when it must stay in the spool to be retried."""
+    async def process(self, item: ClaimedFile, *, detach: Detach | None = None) -> bool:
+        """Answer one claimed request; returns False when it must stay in the spool to be retried.
+
+        A main group's farm action for another site waits for that site (up to minutes): given `detach`, it is
+        handed over to finish in the background and this returns at once, so the queue goes on meanwhile.
+        """
         started = time.perf_counter()
         received = self._clock()
         stem = item.name[: -len(".json")]
@@ -100,13 +110,29 @@ class RequestProcessor:
             )
             return True
         request_id = request.requestId or _generated_id(item)
+        stale = item.at_start and mtime < self._stale_before
+        if detach is not None and item.group.is_main and self._router.runs_elsewhere(request):
+            detach(self._finish(item, request, request_id, received=received, started=started, stale=stale))
+            return True
+        return await self._finish(item, request, request_id, received=received, started=started, stale=stale)
+
+    async def _finish(
+        self,
+        item: ClaimedFile,
+        request: AnyRequest,
+        request_id: str,
+        *,
+        received: datetime,
+        started: float,
+        stale: bool,
+    ) -> bool:
         answer = await self._router.execute(
             item.group,
             item.queue,
             request,
             request_id,
             received_at=received,
-            stale=item.at_start and mtime < self._stale_before,
+            stale=stale,
         )
         if answer.effect is Effect.STATE:
             await self._settle()  # an agent that reads a snapshot after its result sees the change in it

@@ -11,7 +11,16 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, overload
 
 from farmhost.errors import FarmhostError
-from farmhost.ipc.handlers import Change, Effect, Handlers, HandlerSpec, Preparer, RequestContext, handler_key
+from farmhost.ipc.handlers import (
+    SITE_HANDLER,
+    Change,
+    Effect,
+    Handlers,
+    HandlerSpec,
+    Preparer,
+    RequestContext,
+    handler_key,
+)
 from farmhost.protocol.codes import ErrorCode
 from farmhost.protocol.envelope import Outcome, envelope
 from farmhost.store import ledger
@@ -59,8 +68,16 @@ class Router:
         self._inflight: dict[tuple[str, str], asyncio.Future[Answer]] = {}
 
     def spec_for(self, request: AnyRequest) -> HandlerSpec | None:
-        """The handler row of a request, if farmhost has one."""
+        """The handler row of a request, if farmhost has one (a farm action for another site: the site row)."""
+        site = getattr(request, "site", None)
+        if site is not None and site != self._settings.site_name:
+            return self._handlers.get(SITE_HANDLER)
         return self._handlers.get(handler_key(request.type, request.action_name)) or self._handlers.get(request.type)
+
+    def runs_elsewhere(self, request: AnyRequest) -> bool:
+        """True for a request another site runs (its answer may take minutes)."""
+        spec = self.spec_for(request)
+        return spec is not None and spec.effect is Effect.REMOTE
 
     async def execute(
         self, group: Group, queue: Queue, request: AnyRequest, request_id: str, *, received_at: datetime, stale: bool

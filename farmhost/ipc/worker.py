@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
+from typing import Any
 
 from farmhost.background import cancel_and_wait
 from farmhost.ipc.admission import FairAdmission
 from farmhost.ipc.groupdir import GroupDir
-from farmhost.ipc.processor import ClaimedFile, RequestProcessor
+from farmhost.ipc.processor import ClaimedFile, Detach, RequestProcessor
 from farmhost.ipc.reader import claim, pending_names
 from farmhost.protocol.codes import Queue
 from farmhost.store.groups import Group
@@ -18,6 +20,9 @@ logger = logging.getLogger(__name__)
 # A request that makes the host itself fail this many times is quarantined with an `internal` answer (or, if even
 # that fails, left in the spool until the next start), so one poison file cannot stop every request behind it.
 MAX_ATTEMPTS = 3
+# Requests of a queue finishing in the background at once (farm actions waiting for another site); more are
+# answered in line, which holds the queue up until one finishes.
+MAX_DETACHED = 16
 
 
 class QueueWorker:
@@ -44,6 +49,7 @@ class QueueWorker:
         self._task: asyncio.Task[None] | None = None
         self._failures: dict[str, int] = {}
         self._first_pass = True  # spool leftovers and the first scan are what was there when serving started
+        self._detached: dict[str, tuple[asyncio.Task[None], Coroutine[Any, Any, bool]]] = {}  # spooled names finishing in the background
 
     def start(self) -> None:
         """Start draining; the first pass recovers the spool and scans the queue."""
@@ -54,6 +60,9 @@ class QueueWorker:
         """Stop after the request in progress (a cancelled request stays in the spool and is recovered)."""
         await cancel_and_wait(self._task)
         self._task = None
+        for task, work in list(self._detached.values()):
+            await cancel_and_wait(task)
+            work.close()  # one cancelled before it started was never awaited
 
     def wake(self) -> None:
         """Something may have arrived."""
@@ -65,7 +74,7 @@ class QueueWorker:
             done = 0
             at_start, self._first_pass = self._first_pass, False
             for name in pending_names(self._spool_fd):
-                if self._parked(name):
+                if self._parked(name) or name in self._detached:
                     continue
                 if not await self._process(name, at_start=at_start):
                     return done  # results cannot be written now; the next rescan retries
@@ -75,7 +84,7 @@ class QueueWorker:
                 # if the agent swaps it meanwhile. A parked name stays in the queue too: claiming it would replace
                 # the parked file in the spool.
                 with self._gdir.lease(self.queue) as queue_fd:
-                    names = [n for n in pending_names(queue_fd) if not self._parked(n)]
+                    names = [n for n in pending_names(queue_fd) if not self._parked(n) and n not in self._detached]
                     if not names:
                         return done
                     for name in names:
@@ -94,27 +103,58 @@ class QueueWorker:
     def _parked(self, name: str) -> bool:
         return self._failures.get(name, 0) >= MAX_ATTEMPTS
 
+    def _detacher(self, name: str) -> Detach | None:
+        if len(self._detached) >= MAX_DETACHED:
+            return None
+
+        def detach(work: Coroutine[Any, Any, bool]) -> None:
+            task = asyncio.create_task(self._in_background(name, work), name=f"ipc:{self.group.folder}/{name}")
+            self._detached[name] = (task, work)
+
+        return detach
+
+    async def _in_background(self, name: str, work: Coroutine[Any, Any, bool]) -> None:
+        retry_now = True
+        try:
+            if not await work:
+                retry_now = False  # results cannot be written now; the next rescan retries
+            else:
+                self._failures.pop(name, None)
+        except Exception:  # noqa: BLE001 - logged with its traceback by _host_failed
+            retry_now = False
+            await self._host_failed(name)
+        finally:
+            self._detached.pop(name, None)
+        if retry_now:
+            self._wake.set()  # a file of the same name may wait in the queue for this one
+
     async def _process(self, name: str, *, at_start: bool) -> bool:
         """Process one spooled request; a failure of the host itself is retried, then the request is parked."""
         try:
             async with self._admission.turn(self.group.folder, exempt=self.group.is_main):
-                answered = await self._processor.process(self._item(name, at_start=at_start))
-        except Exception:
-            attempts = self._failures[name] = self._failures.get(name, 0) + 1
-            where = f"group {self.group.folder}: {self.queue}/{name}"
-            if attempts < MAX_ATTEMPTS:
-                logger.exception("%s failed inside the host (attempt %d); retrying at the next rescan", where, attempts)
-                return False
-            logger.exception("%s failed inside the host %d times; quarantining it", where, attempts)
-            try:
-                await self._processor.give_up(self._item(name), attempts)
-            except Exception:
-                logger.exception("%s could not be quarantined; left in the spool until the next start", where)
-                return True
-            self._failures.pop(name, None)
-            return True
+                answered = await self._processor.process(
+                    self._item(name, at_start=at_start), detach=self._detacher(name)
+                )
+        except Exception:  # noqa: BLE001 - logged with its traceback by _host_failed
+            return await self._host_failed(name)
         self._failures.pop(name, None)
         return answered
+
+    async def _host_failed(self, name: str) -> bool:
+        """Count a failure of the host on `name`; at MAX_ATTEMPTS quarantine it. False: retry at the next rescan."""
+        attempts = self._failures[name] = self._failures.get(name, 0) + 1
+        where = f"group {self.group.folder}: {self.queue}/{name}"
+        if attempts < MAX_ATTEMPTS:
+            logger.exception("%s failed inside the host (attempt %d); retrying at the next rescan", where, attempts)
+            return False
+        logger.exception("%s failed inside the host %d times; quarantining it", where, attempts)
+        try:
+            await self._processor.give_up(self._item(name), attempts)
+        except Exception:
+            logger.exception("%s could not be quarantined; left in the spool until the next start", where)
+            return True
+        self._failures.pop(name, None)
+        return True
 
     def _item(self, name: str, *, at_start: bool = False) -> ClaimedFile:
         return ClaimedFile(

@@ -8,10 +8,9 @@ from typing import Final
 from urllib.parse import unquote, urlsplit
 
 from farmhost.errors import ConfigError
+from farmhost.protocol.codes import SITE_RE
 
 DEFAULT_PORTS: Final = {"mqtt": 1883, "mqtts": 8883}
-# A site name is one MQTT topic level and part of HA ids: no `/`, `+`, `#`, no spaces, lower case.
-SITE_RE: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 
 @dataclass(frozen=True, kw_only=True)

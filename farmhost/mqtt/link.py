@@ -1,7 +1,8 @@
 """The MQTT link: one connection to the broker, kept up in the background, that never blocks its callers.
 
-`publish` only records what is to be sent (the latest payload per retained topic, a bounded queue of
-events), so a broker that is down or slow costs the IPC engine nothing; the writer sends it when connected.
+`publish_*` only records what is to be sent (the latest payload per retained topic, a bounded queue of
+events, messages keyed by their owner's id), so a broker that is down or slow costs the IPC engine nothing;
+the writer sends it when connected.
 On every (re)connection the link announces itself (`on_connect`: discovery, `online`), subscribes again and
 the last will says `offline` if the connection is lost. Incoming messages go to the handler of their topic.
 """
@@ -62,9 +63,11 @@ class MqttLink:
         self._handlers: dict[str, Handler] = {}
         self._retained: dict[str, tuple[str, int]] = {}  # topic -> (payload, qos), the latest only
         self._events: deque[tuple[str, str]] = deque(maxlen=MAX_EVENTS)
+        self._keyed: dict[str, tuple[str, str]] = {}  # key -> (topic, payload): sent once, unless given again
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.connected = False
+        self.connected_since: float | None = None  # loop time of the current connection
         self.connections = 0  # how many times it connected (a test and doctor see reconnects)
 
     def subscribe(self, topic: str, handler: Handler) -> None:
@@ -79,6 +82,15 @@ class MqttLink:
     def publish_event(self, topic: str, payload: str) -> None:
         """Send one message (not retained, QoS 1), kept in a bounded queue while disconnected."""
         self._events.append((topic, payload))
+        self._wake.set()
+
+    def publish_keyed(self, key: str, topic: str, payload: str) -> None:
+        """Send one message (QoS 1, not retained) for `key`: given again before it went out, it goes out once.
+
+        For messages whose owner keeps them durably and gives them again until answered (calls to other sites),
+        so nothing is dropped however many wait while the broker is away.
+        """
+        self._keyed[key] = (topic, payload)
         self._wake.set()
 
     async def start(self) -> None:
@@ -103,6 +115,7 @@ class MqttLink:
                 async with self._client() as client:
                     attempt = 0
                     self.connected = True
+                    self.connected_since = asyncio.get_running_loop().time()
                     self.connections += 1
                     logger.info("mqtt: connected to %s", self.broker.shown)
                     for topic in self._handlers:
@@ -117,6 +130,7 @@ class MqttLink:
                     logger.warning("mqtt: %s: %s; trying again", self.broker.shown, reason)
             finally:
                 self.connected = False
+                self.connected_since = None
             await asyncio.sleep(BACKOFF[min(attempt, len(BACKOFF) - 1)])
             attempt += 1
 
@@ -157,3 +171,8 @@ class MqttLink:
                 topic, payload = self._events[0]
                 await client.publish(topic, payload, qos=1, retain=False)
                 self._events.popleft()
+            while self._keyed:
+                key, (topic, payload) = next(iter(self._keyed.items()))
+                await client.publish(topic, payload, qos=1, retain=False)
+                if self._keyed.get(key) == (topic, payload):
+                    del self._keyed[key]

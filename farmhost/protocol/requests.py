@@ -13,6 +13,7 @@ from farmhost.protocol.codes import (
     FOLDER_RE,
     QUEUE_OF_TYPE,
     REQUEST_ID_RE,
+    SITE_RE,
     FarmActionName,
     MemoryActionName,
     Queue,
@@ -203,6 +204,14 @@ class FarmActionRequest(_Request):
     action: FarmActionName
     params: Params = Field(default_factory=dict)
     groupFolder: str | None = None
+    site: (
+        Annotated[
+            str,
+            StringConstraints(pattern=SITE_RE.pattern),
+            Field(description="another farmhost on the same MQTT broker that runs the action (main group only)"),
+        ]
+        | None
+    ) = None
 
     @property
     def action_name(self) -> str | None:

@@ -216,4 +216,23 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     CREATE UNIQUE INDEX auto_off_live ON auto_off(entity_id) WHERE status IN ('armed', 'claimed');
     CREATE INDEX auto_off_due ON auto_off(status, off_at)
     """,
+    # 9: farm actions sent to another site over MQTT: kept until the site's answer arrives (or the deadline),
+    # re-sent after a reconnect or a restart; the target site runs each id once (its ledger)
+    """
+    CREATE TABLE site_calls (
+        id TEXT PRIMARY KEY,
+        group_folder TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        target TEXT NOT NULL,
+        message TEXT NOT NULL,
+        deadline TEXT NOT NULL,
+        status TEXT NOT NULL,
+        sends INTEGER NOT NULL DEFAULT 0,
+        created_at TEXT NOT NULL,
+        answered_at TEXT,
+        result TEXT
+    ) WITHOUT ROWID;
+    CREATE UNIQUE INDEX site_calls_request ON site_calls(group_folder, request_id);
+    CREATE INDEX site_calls_pending ON site_calls(status, target)
+    """,
 )

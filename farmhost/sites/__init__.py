@@ -1,0 +1,1 @@
+"""Several sites, one control plane: farm actions carried to another farmhost over MQTT (docs/mqtt.md)."""
