@@ -165,9 +165,9 @@ class App:
         )
         await self.runtime.start()
         device.restore_pause(self.db, self.runtime)
-        if self.settings.mqtt_url:
+        if (broker := self.settings.mqtt_broker) is not None:
             self.mqtt = MqttService(
-                self.settings.mqtt_url,
+                broker,
                 site=self.settings.site_name,
                 db=self.db,
                 runtime=self.runtime,

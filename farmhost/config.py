@@ -7,7 +7,7 @@ import shlex
 import shutil
 import socket
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final, Literal
 from urllib.parse import urlsplit
@@ -17,7 +17,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from farmhost.errors import ConfigError
-from farmhost.mqtt.broker import parse_broker, site_name
+from farmhost.mqtt.broker import Broker, parse_broker, site_name
 from farmhost.protocol.codes import SITE_RE
 
 DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024
@@ -73,6 +73,11 @@ class Settings(BaseSettings):
     ipc_mode: Literal["inotify", "poll"] = Field(default="inotify", validation_alias="FARMHOST_IPC_MODE")
     mqtt_url: str | None = Field(default=None, validation_alias="FARMHOST_MQTT_URL", repr=False)
     site: str | None = Field(default=None, validation_alias="FARMHOST_SITE")
+    # TLS to the broker (mqtts://): the CA that signed the broker's certificate, and this site's client
+    # certificate and key when the broker logs sites in by certificate (docs/mqtt.md)
+    mqtt_ca_file: Path | None = Field(default=None, validation_alias="FARMHOST_MQTT_CA_FILE")
+    mqtt_cert_file: Path | None = Field(default=None, validation_alias="FARMHOST_MQTT_CERT_FILE")
+    mqtt_key_file: Path | None = Field(default=None, validation_alias="FARMHOST_MQTT_KEY_FILE")
 
     # farmhost's own knobs (not in the contract's table, documented in docs/configuration.md)
     # Agent runs: defaults for every group; <data>/agent-limits.json may override them per group.
@@ -237,6 +242,17 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
+    def _mqtt_tls_files(self) -> Settings:
+        files = {"FARMHOST_MQTT_CA_FILE": self.mqtt_ca_file, "FARMHOST_MQTT_CERT_FILE": self.mqtt_cert_file,
+                 "FARMHOST_MQTT_KEY_FILE": self.mqtt_key_file}  # fmt: skip
+        named = [name for name, path in files.items() if path is not None]
+        if named and not (self.mqtt_url or "").startswith("mqtts://"):
+            raise ValueError(f"{named[0]} is for TLS: FARMHOST_MQTT_URL must start with mqtts://")
+        if (self.mqtt_cert_file is None) != (self.mqtt_key_file is None):
+            raise ValueError("FARMHOST_MQTT_CERT_FILE and FARMHOST_MQTT_KEY_FILE go together (the client certificate)")
+        return self
+
+    @model_validator(mode="after")
     def _command_for_its_kind(self) -> Settings:
         if self.agent_kind == "command" and self.agent_command is None:
             raise ValueError("FARMHOST_AGENT_KIND=command needs FARMHOST_AGENT_COMMAND (the agent's argv)")
@@ -306,6 +322,14 @@ class Settings(BaseSettings):
     def ha_enabled(self) -> bool:
         """Home Assistant is configured."""
         return bool(self.ha_url and self.ha_token)
+
+    @property
+    def mqtt_broker(self) -> Broker | None:
+        """The broker of FARMHOST_MQTT_URL with its TLS files; None when MQTT is off."""
+        if not self.mqtt_url:
+            return None
+        broker = parse_broker(self.mqtt_url)  # valid: checked when the settings were read
+        return replace(broker, ca_file=self.mqtt_ca_file, cert_file=self.mqtt_cert_file, key_file=self.mqtt_key_file)
 
     @property
     def site_name(self) -> str:

@@ -1,11 +1,14 @@
 """A real Mosquitto broker for the tests (Debian's `mosquitto`), started on a free port, killed and restarted.
 
 The fixture `mosquitto` is one broker per test (a broker is cheap: ~10 ms to start); `users` turns on a password
-file (`mosquitto_passwd`), so a test can check that a site must log in.
+file (`mosquitto_passwd`), so a test can check that a site must log in; `tls` makes it a TLS listener that logs
+clients in by their certificate (its common name is the user, as docs/mqtt.md sets up), and `acl` the broker's
+access rules (`SITE_ACL`: the per-site rules of docs/mqtt.md).
 """
 
 from __future__ import annotations
 
+import getpass
 import shutil
 import socket
 import subprocess
@@ -16,6 +19,45 @@ import pytest
 from farmhost_testing import wait_for
 
 MOSQUITTO = "/usr/sbin/mosquitto"
+# The per-site ACL of docs/mqtt.md ("Access rules per site"), word for word: the tests hold the docs to it.
+SITE_ACL = """\
+pattern readwrite farmhost/%u/#
+pattern readwrite homeassistant/device/farmhost_%u/config
+pattern read homeassistant/status
+pattern read farmhost/+/availability
+pattern write farmhost/+/rpc/%u/request
+pattern write farmhost/+/rpc/%u/answer
+"""
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+class Certificates:
+    """A test CA, the broker's certificate for 127.0.0.1 and one client certificate per name (its CN)."""
+
+    def __init__(self, root: Path, clients: tuple[str, ...]) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        self.ca = root / "ca.crt"
+        key = root / "ca.key"
+        _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=farmhost test CA",
+                 "-keyout", str(key), "-out", str(self.ca))  # fmt: skip
+        self.server = self._signed(root, "broker", key, san="IP:127.0.0.1")
+        self.clients = {name: self._signed(root, name, key) for name in clients}
+
+    def _signed(self, root: Path, name: str, ca_key: Path, san: str | None = None) -> tuple[Path, Path]:
+        cert, key, request = root / f"{name}.crt", root / f"{name}.key", root / f"{name}.csr"
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", str(key),
+                 "-out", str(request))  # fmt: skip
+        extra: list[str] = []
+        if san:
+            ext = root / f"{name}.ext"
+            ext.write_text(f"subjectAltName={san}\n")
+            extra = ["-extfile", str(ext)]
+        _openssl("x509", "-req", "-in", str(request), "-CA", str(self.ca), "-CAkey", str(ca_key), "-CAcreateserial",
+                 "-days", "2", "-out", str(cert), *extra)  # fmt: skip
+        return cert, key
 
 
 def _free_port() -> int:
@@ -35,15 +77,31 @@ def _accepts(port: int) -> bool:
 class Mosquitto:
     """One broker process on 127.0.0.1:`port`, its config and log in `root`."""
 
-    def __init__(self, root: Path, *, users: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        users: dict[str, str] | None = None,
+        tls: Certificates | None = None,
+        acl: str | None = None,
+    ) -> None:
         if not Path(MOSQUITTO).exists():
             raise AssertionError("mosquitto is not installed: run scripts/debian-packages (Debian package mosquitto)")
         self.root = root
         self.port = _free_port()
         self.log_path = root / "mosquitto.log"
         self.proc: subprocess.Popen[bytes] | None = None
-        lines = [f"listener {self.port} 127.0.0.1", "persistence true", f"persistence_location {root}/"]
-        if users:
+        # Run as root, mosquitto drops to the user `mosquitto`, which cannot read the test's private tmp dir.
+        lines = [f"listener {self.port} 127.0.0.1", "persistence true", f"persistence_location {root}/",
+                 f"user {getpass.getuser()}"]  # fmt: skip
+        if tls is not None:
+            server_cert, server_key = tls.server
+            lines += [f"cafile {tls.ca}", f"certfile {server_cert}", f"keyfile {server_key}",
+                      "require_certificate true", "use_identity_as_username true", "allow_anonymous false"]  # fmt: skip
+        if acl is not None:
+            (root / "acl").write_text(acl)
+            lines.append(f"acl_file {root / 'acl'}")
+        if users and tls is None:
             passwd = root / "passwd"
             passwd.write_text("")
             for user, password in users.items():
@@ -52,20 +110,25 @@ class Mosquitto:
             lines += ["allow_anonymous false", f"password_file {passwd}"]
         else:
             lines.append("allow_anonymous true")
+        self.tls = tls
         self.config = root / "mosquitto.conf"
         self.config.write_text("\n".join(lines) + "\n")
 
     def url(self, user: str | None = None, password: str | None = None) -> str:
-        """`mqtt://[user:password@]127.0.0.1:<port>`."""
+        """`mqtt[s]://[user:password@]127.0.0.1:<port>`."""
         login = f"{user}:{password}@" if user else ""
-        return f"mqtt://{login}127.0.0.1:{self.port}"
+        return f"{'mqtts' if self.tls else 'mqtt'}://{login}127.0.0.1:{self.port}"
 
     def start(self) -> Mosquitto:
         """Start it and wait until it accepts connections."""
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
         self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.config)], stdout=log, stderr=subprocess.STDOUT)
         log.close()
-        wait_for(lambda: _accepts(self.port), timeout=10, what=f"mosquitto on port {self.port}", seen=self.log)
+        try:
+            wait_for(lambda: _accepts(self.port), timeout=10, what=f"mosquitto on port {self.port}", seen=self.log)
+        except BaseException:
+            self.kill()
+            raise
         return self
 
     def kill(self) -> None:

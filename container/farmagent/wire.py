@@ -96,6 +96,10 @@ SITE_RE: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 # plus the router's 2 s margin), so the host always answers `timeout` itself before the agent gives up.
 DEFAULT_TIMEOUT: Final = 40.0
 ACTION_TIMEOUTS: Final[dict[str, float]] = {"ha_capture_screenshot": 45.0, "ha_restart": 170.0}
+# A farm action for another site: the host waits for that site this long unless the request's ttl says less
+# (a site restarting comes back within it); the client waits a little longer for the host's answer.
+SITE_DEADLINE_SECONDS: Final = 120.0
+SITE_TIMEOUT: Final = SITE_DEADLINE_SECONDS + 10.0
 
 # The host refreshes host_status.json every 5 s; three missed beats mean it is gone, not slow (docs/ipc.md).
 STALE_HEARTBEAT_SECONDS: Final = 15.0

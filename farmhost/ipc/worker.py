@@ -49,7 +49,9 @@ class QueueWorker:
         self._task: asyncio.Task[None] | None = None
         self._failures: dict[str, int] = {}
         self._first_pass = True  # spool leftovers and the first scan are what was there when serving started
-        self._detached: dict[str, tuple[asyncio.Task[None], Coroutine[Any, Any, bool]]] = {}  # spooled names finishing in the background
+        self._detached: dict[
+            str, tuple[asyncio.Task[None], Coroutine[Any, Any, bool]]
+        ] = {}  # spooled names finishing in the background
 
     def start(self) -> None:
         """Start draining; the first pass recovers the spool and scans the queue."""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+import ssl
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Final
 from urllib.parse import unquote, urlsplit
 
@@ -22,12 +24,34 @@ class Broker:
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     tls: bool = False
+    ca_file: Path | None = None  # the CA of the broker's certificate (default: the system's CAs)
+    cert_file: Path | None = None  # a client certificate: the broker may log the site in by it
+    key_file: Path | None = None
 
     @property
     def shown(self) -> str:
         """`mqtt://user@host:port`, without the password: for logs and doctor."""
         user = f"{self.username}@" if self.username else ""
         return f"{'mqtts' if self.tls else 'mqtt'}://{user}{self.host}:{self.port}"
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The TLS context of an mqtts:// broker (None for mqtt://).
+
+        Raises:
+            ConfigError: a CA, certificate or key file cannot be read.
+        """
+        if not self.tls:
+            return None
+        try:
+            context = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
+            if self.cert_file is not None:
+                context.load_cert_chain(str(self.cert_file), str(self.key_file) if self.key_file else None)
+        except (OSError, ssl.SSLError) as err:
+            raise ConfigError(
+                f"cannot use the MQTT TLS files ({err}); check FARMHOST_MQTT_CA_FILE, FARMHOST_MQTT_CERT_FILE "
+                "and FARMHOST_MQTT_KEY_FILE"
+            ) from None
+        return context
 
 
 def parse_broker(url: str) -> Broker:

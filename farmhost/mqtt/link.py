@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
-import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import aiomqtt
 
@@ -57,6 +57,7 @@ class MqttLink:
         on_connect: Callable[[], None] = lambda: None,
     ) -> None:
         self.broker = broker
+        self._tls = broker.tls_context()  # read once: a bad file is a ConfigError at start, not at every retry
         self._client_id = client_id
         self._will = aiomqtt.Will(will_topic, will_payload, qos=1, retain=True)
         self._on_connect = on_connect
@@ -95,6 +96,7 @@ class MqttLink:
 
     async def start(self) -> None:
         """Connect in the background (returns at once)."""
+        _quiet_closed_socket_writes(asyncio.get_running_loop())
         self._task = asyncio.create_task(self._run(), name="mqtt:link")
 
     async def stop(self, *, goodbye: tuple[str, str] | None = None) -> None:
@@ -145,7 +147,7 @@ class MqttLink:
             clean_session=False,  # the broker keeps our subscriptions and QoS 1 messages across a reconnect
             keepalive=KEEPALIVE,
             timeout=10,
-            tls_context=ssl.create_default_context() if self.broker.tls else None,
+            tls_context=self._tls,
         )
 
     async def _read(self, client: aiomqtt.Client) -> None:
@@ -176,3 +178,25 @@ class MqttLink:
                 await client.publish(topic, payload, qos=1, retain=False)
                 if self._keyed.get(key) == (topic, payload):
                     del self._keyed[key]
+
+
+def _quiet_closed_socket_writes(loop: asyncio.AbstractEventLoop) -> None:
+    """Log aiomqtt's write registration on a socket the broker just closed as one line, not a traceback.
+
+    aiomqtt schedules `loop.add_writer(fd)` from paho's callback; when the connection drops before it runs, the
+    loop reports EBADF for a callback nobody awaits. The link notices the drop itself and reconnects.
+    """
+    previous = loop.get_exception_handler()
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        error = context.get("exception")
+        if isinstance(error, OSError) and error.errno == errno.EBADF and "add_writer" in repr(context.get("handle")):
+            logger.info("mqtt: a write was due on a connection that had just closed; reconnecting")
+            return
+        if previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    if getattr(previous, "__qualname__", "") != handler.__qualname__:  # once per loop
+        loop.set_exception_handler(handler)

@@ -11,22 +11,26 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
 from farmhost.config import Settings
-from farmhost.mqtt.broker import parse_broker
+from farmhost.errors import ConfigError
 
 
 def check_broker(settings: Settings, *, timeout: float = 5.0) -> tuple[str, str, str]:
     """(state ok/off/broken, detail, fix) for FARMHOST_MQTT_URL."""
-    if not settings.mqtt_url:
+    broker = settings.mqtt_broker
+    if broker is None:
         return "off", "FARMHOST_MQTT_URL not set", "optional: set it to show farmhost in Home Assistant (docs/mqtt.md)"
-    broker = parse_broker(settings.mqtt_url)  # valid: the settings checked it
     answer: dict[str, Any] = {}
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"farmhost-doctor-{os.getpid()}")
     client.on_connect = lambda _c, _u, _f, code, _p: answer.setdefault("code", code)
     if broker.username:
         client.username_pw_set(broker.username, broker.password)
-    if broker.tls:
-        client.tls_set_context(ssl.create_default_context())
     fix = "check FARMHOST_MQTT_URL (host, port, user, password) and that the broker runs"
+    try:
+        context = broker.tls_context()
+    except ConfigError as err:
+        return "broken", err.message, "point the FARMHOST_MQTT_*_FILE settings at readable PEM files"
+    if context is not None:
+        client.tls_set_context(context)
     try:
         client.connect(broker.host, broker.port, keepalive=10)
         deadline = time.monotonic() + timeout

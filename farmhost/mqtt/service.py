@@ -10,7 +10,6 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from farmhost.mqtt.broker import parse_broker
 from farmhost.mqtt.device import HaDevice
 from farmhost.mqtt.discovery import OFFLINE, Topics
 from farmhost.mqtt.link import MqttLink
@@ -22,6 +21,7 @@ if TYPE_CHECKING:
     from farmhost.agents.runtime import AgentRuntime
     from farmhost.farm.state import StateCollector
     from farmhost.ipc.router import Router
+    from farmhost.mqtt.broker import Broker
     from farmhost.sites.caller import SiteCaller
     from farmhost.store.db import Database
     from farmhost.store.groups import Group
@@ -34,7 +34,7 @@ class MqttService:
 
     def __init__(
         self,
-        url: str,
+        broker: Broker,
         *,
         site: str,
         db: Database,
@@ -47,7 +47,7 @@ class MqttService:
     ) -> None:
         topics = Topics(site)
         self.link = MqttLink(
-            parse_broker(url),
+            broker,
             client_id=topics.node,
             will_topic=topics.availability,
             will_payload=OFFLINE,

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from farmhost.background import cancel_and_wait, every
 from farmhost.ipc.handlers import SITE_HANDLER, Effect, Handlers, HandlerSpec, RequestContext
-from farmhost.protocol.codes import ErrorCode
+from farmhost.protocol.codes import SITE_DEADLINE_SECONDS, ErrorCode
 from farmhost.protocol.envelope import Outcome, utc_stamp
 from farmhost.protocol.requests import AnyRequest, FarmActionRequest
 from farmhost.sites import wire
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_DEADLINE_SECONDS: Final = 120.0  # without ttl/expiresAt: long enough for a site restarting
 MAX_DEADLINE_SECONDS: Final = 600.0
 # The origin waits this long past the deadline: an answer the target sent just before it is still on its way.
 ANSWER_GRACE_SECONDS: Final = 5.0
@@ -182,7 +181,7 @@ class SiteCaller:
 
     def _deadline(self, ctx: RequestContext, request: FarmActionRequest) -> datetime:
         latest = ctx.now + timedelta(seconds=MAX_DEADLINE_SECONDS)
-        own = request.expires_at(ctx.now) or ctx.now + timedelta(seconds=DEFAULT_DEADLINE_SECONDS)
+        own = request.expires_at(ctx.now) or ctx.now + timedelta(seconds=SITE_DEADLINE_SECONDS)
         return min(own, latest)
 
     async def _wait(self, call: SiteCall) -> Outcome:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -25,12 +26,23 @@ class Seen:
 class Watcher:
     """Subscribes to `topics` and keeps every message; publishes like Home Assistant does."""
 
-    def __init__(self, port: int, *topics: str, user: str | None = None, password: str | None = None) -> None:
+    def __init__(
+        self,
+        port: int,
+        *topics: str,
+        user: str | None = None,
+        password: str | None = None,
+        tls: tuple[Path, Path, Path] | None = None,
+    ) -> None:
+        """Connect to 127.0.0.1:`port` (with `tls` = (CA, client certificate, key): over TLS, logged in by it)."""
         self._lock = threading.Lock()
         self.seen: list[Seen] = []
         self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="", clean_session=True)
         if user:
             self.client.username_pw_set(user, password)
+        if tls is not None:
+            ca, cert, key = tls
+            self.client.tls_set(ca_certs=str(ca), certfile=str(cert), keyfile=str(key))
         self.client.on_message = self._on_message
         self.client.connect("127.0.0.1", port, keepalive=30)
         self.client.loop_start()

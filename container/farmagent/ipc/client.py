@@ -14,7 +14,7 @@ from typing import Any, Literal
 from farmagent.config import AgentSettings
 from farmagent.errors import InvalidRequestError, ProtocolError
 from farmagent.ipc.core import IpcCore
-from farmagent.wire import ACTION_TIMEOUTS, FARM_ACTIONS
+from farmagent.wire import ACTION_TIMEOUTS, FARM_ACTIONS, SITE_RE, SITE_TIMEOUT
 
 ContextMode = Literal["isolated", "group"]
 ScheduleType = Literal["cron", "interval", "once"]
@@ -134,18 +134,31 @@ class IpcClient(IpcCore):
         return self._obj({"type": "memory_action", "action": action, "params": params})
 
     def farm_action(
-        self, action: str, params: Mapping[str, Any] | None = None, *, timeout: float | None = None
+        self,
+        action: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        site: str | None = None,
     ) -> dict[str, Any]:
         """Any farm action by name (docs/farm-actions.md); the ha_* methods below are typed shortcuts.
 
+        `site` names another farmhost on the same MQTT broker to run it (main group only; docs/mqtt.md): the host
+        waits for that site up to two minutes, so this waits as long.
+
         Raises:
-            InvalidRequestError: `action` is not a farm action of the contract.
+            InvalidRequestError: `action` is not a farm action of the contract, or `site` is not a site name.
             RequestError: the host refused or the action failed.
         """
         if action not in FARM_ACTIONS:
             raise InvalidRequestError(f"unknown farm action {action!r}; known: {', '.join(FARM_ACTIONS)}")
         wait = timeout if timeout is not None else ACTION_TIMEOUTS.get(action, self.timeout)
-        payload = {"type": "farm_action", "action": action, "params": dict(params or {})}
+        payload: dict[str, Any] = {"type": "farm_action", "action": action, "params": dict(params or {})}
+        if site is not None:
+            if not SITE_RE.fullmatch(site):
+                raise InvalidRequestError(f"{site!r} is not a site name (lower-case letters, digits, - and _)")
+            payload["site"] = site
+            wait = max(wait, SITE_TIMEOUT)
         return self._obj(payload, timeout=wait)
 
     def ha_get_status(self, entity_ids: list[str] | None = None, domains: list[str] | None = None) -> dict[str, Any]:
