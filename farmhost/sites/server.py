@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 # Calls run at once from all other sites together; more wait their turn (a flood from one site cannot exhaust
 # this one: each waits in memory, and the broker holds the rest).
 MAX_CONCURRENT: Final = 8
+# Calls held here at once, running or waiting; past that a call is dropped with a log line (a flood from a site
+# must not fill this one's memory) and its origin sends it again later.
+MAX_HELD: Final = 256
 
 
 class SiteServer:
@@ -68,6 +71,10 @@ class SiteServer:
         origin = wire.sender_of(message.topic)
         if origin is None or origin == self.site:
             logger.warning("sites: ignored a call on %s (not from another site)", message.topic)
+            return
+        if len(self._tasks) >= MAX_HELD:
+            logger.warning("sites: dropped a call from %s: %d calls are held already (sent again later)", origin,
+                           len(self._tasks))  # fmt: skip
             return
         task = asyncio.create_task(self._serve(origin, message.payload), name=f"sites:call-from-{origin}")
         self._tasks.add(task)

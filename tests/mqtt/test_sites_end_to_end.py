@@ -287,3 +287,23 @@ def test_a_call_past_its_deadline_is_answered_and_never_runs_later(sites: Sites)
     assert sites.count() == 0 and _calls_run_at(sites.b_dir) == []
     (row,) = db_rows(sites.a_dir, "SELECT status FROM site_calls")
     assert row["status"] == "gave_up"
+
+
+def test_a_flood_of_calls_keeps_the_target_answering_and_its_memory_bounded(sites: Sites) -> None:
+    topic = f"farmhost/{B}/rpc/{A}/request"
+    status = {"type": "farm_action", "action": "ha_get_status", "params": {"entityIds": [COUNTER]}}
+    with _watching(sites.broker, f"farmhost/{A}/rpc/+/answer") as wire:
+        for n in range(400):
+            call = {"v": 1, "id": f"{n:032x}", "deadline": "2099-01-01T00:00:00Z", "request": status}
+            wire.client.publish(topic, json.dumps(call), qos=1)
+        # meanwhile the greenhouse's own groups are answered
+        drop(sites.b_dir, "main", "actions", {"type": "ping", "requestId": "during-flood"})
+        ok(wait_result(sites.b_dir, "main", "during-flood", timeout=20))
+        wait_for(
+            lambda: len(wire.on(f"farmhost/{A}/rpc/{B}/answer")) + sites.b.log().count("dropped a call") >= 400,
+            timeout=120,
+            what="every call answered or dropped",
+        )
+    answers = wire.on(f"farmhost/{A}/rpc/{B}/answer")
+    assert {json.loads(m.payload)["result"]["status"] for m in answers} == {"success"}
+    assert sites.count() == 0 and sites.b.proc is not None and sites.b.proc.poll() is None
