@@ -6,7 +6,9 @@ records every frame it receives), a spy HTTP server on another port and a UDP li
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import logging
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from farmhost_testing import wait_for_async
 
 from farmhost.farm.screenshots import CHROMIUM_PATH, capture, parse_params
 from farmhost.farm.screenshots.browser import LAUNCH_ARGS
@@ -266,19 +269,29 @@ async def test_the_launch_flags_alone_keep_webrtc_from_sending_udp(servers: Serv
     """Even a frame where RTCPeerConnection survived gets no UDP out; without the flag the listener hears STUN."""
     from playwright.async_api import async_playwright
 
-    async def packets_with(args: list[str]) -> int:
+    async def packets_with(args: list[str], *, until_heard: bool = False) -> int:
         before = len(servers.udp_packets)
         async with async_playwright() as pw:
             browser = await pw.chromium.launch(executable_path=str(CHROMIUM_PATH), args=args)
             try:
                 page = await browser.new_page()
-                await page.evaluate(STUN_JS, servers.udp_port)  # gathering completes: every candidate was tried
+                gathering = asyncio.ensure_future(page.evaluate(STUN_JS, servers.udp_port))
+                if until_heard:  # the control run: its first STUN packet is the proof (gathering then waits ~40 s)
+                    await wait_for_async(
+                        lambda: len(servers.udp_packets) > before or None, timeout=30, what="the control run's STUN"
+                    )
+                    gathering.cancel()
+                else:
+                    await gathering  # gathering completes: every candidate was tried
             finally:
                 await browser.close()
+                with contextlib.suppress(BaseException):
+                    await gathering
         return len(servers.udp_packets) - before
 
     assert await packets_with(list(LAUNCH_ARGS)) == 0
-    assert await packets_with([a for a in LAUNCH_ARGS if a not in WEBRTC_FLAGS]) > 0, "the control run is heard"
+    control = [a for a in LAUNCH_ARGS if a not in WEBRTC_FLAGS]
+    assert await packets_with(control, until_heard=True) > 0, "the control run is heard"
 
 
 @pytest.mark.parametrize(
