@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,3 +81,13 @@ class Watcher:
     def close(self) -> None:
         self.client.loop_stop()
         self.client.disconnect()
+
+
+@contextmanager
+def watching(port: int, *topics: str) -> Iterator[Watcher]:
+    """A Watcher of `topics` on the broker at `port`, closed afterwards."""
+    watcher = Watcher(port, *topics)
+    try:
+        yield watcher
+    finally:
+        watcher.close()

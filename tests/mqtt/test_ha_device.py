@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from farmhost_testing import Daemon, clean_env, drop, scaled, wait_for, wait_result
 from mosquitto import Mosquitto
-from mqtt_support import Watcher
+from mqtt_support import watching
 
 SITE = "pumphouse"
 BASE = f"farmhost/{SITE}"
@@ -40,15 +40,6 @@ def _daemon(data_dir: Path, url: str) -> Iterator[Daemon]:
             daemon.stop()
 
 
-@contextmanager
-def _watching(broker: Mosquitto, *topics: str) -> Iterator[Watcher]:
-    watcher = Watcher(broker.port, *topics)
-    try:
-        yield watcher
-    finally:
-        watcher.close()
-
-
 def _task_run(data_dir: Path, task_id: str) -> dict[str, Any] | None:
     with closing(sqlite3.connect(data_dir / "farmhost.db")) as conn:
         conn.row_factory = sqlite3.Row
@@ -66,7 +57,7 @@ def _ping(data_dir: Path, rid: str) -> dict[str, object]:
 def test_the_daemon_is_a_device_in_home_assistant_with_its_sensors_switch_and_availability(
     data_dir: Path, mosquitto: Mosquitto
 ) -> None:
-    with _watching(mosquitto, CONFIG, AVAILABILITY, STATE) as ha, _daemon(data_dir, mosquitto.url()) as daemon:
+    with watching(mosquitto.port, CONFIG, AVAILABILITY, STATE) as ha, _daemon(data_dir, mosquitto.url()) as daemon:
         config = ha.wait(CONFIG)[-1].json()
         assert ha.wait(AVAILABILITY, where=lambda m: m.payload == "online")
         state = ha.wait(STATE)[-1].json()
@@ -97,7 +88,7 @@ def test_agents_paused_from_home_assistant_stays_paused_across_a_restart_and_a_r
 ) -> None:
     paused = lambda m: json.loads(m.payload)["agents_paused"] == "ON"
     running = lambda m: json.loads(m.payload)["agents_paused"] == "OFF"
-    with _watching(mosquitto, STATE) as ha:
+    with watching(mosquitto.port, STATE) as ha:
         with _daemon(data_dir, mosquitto.url()) as daemon:
             ha.wait(STATE, where=running)
             ha.publish(PAUSE, "ON")
@@ -143,12 +134,12 @@ def test_a_broker_that_is_down_never_keeps_the_daemon_from_answering_and_it_conn
         assert _ping(data_dir, "r-ping-no-broker")["status"] == "success"
         broker.start()
         try:
-            with _watching(broker, CONFIG, AVAILABILITY) as ha:
+            with watching(broker.port, CONFIG, AVAILABILITY) as ha:
                 ha.wait(CONFIG, timeout=60)
                 broker.kill()  # mid-traffic
                 assert _ping(data_dir, "r-ping-broker-killed")["status"] == "success"
                 broker.start()
-            with _watching(broker, AVAILABILITY) as ha:
+            with watching(broker.port, AVAILABILITY) as ha:
                 ha.wait(AVAILABILITY, where=lambda m: m.payload == "online", timeout=60)
             assert "Traceback" not in daemon.log()
         finally:

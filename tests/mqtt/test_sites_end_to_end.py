@@ -13,7 +13,6 @@ import shutil
 import signal
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from farm_daemon import audit, db_rows
 from farmhost_testing import Daemon, clean_env, drop, ok, read_result, refused, scaled, wait_for, wait_result
 from ha_fixture import HaInstance
 from mosquitto import Mosquitto
-from mqtt_support import Watcher
+from mqtt_support import Watcher, watching
 
 pytestmark = pytest.mark.slow  # two daemons and a broker, seconds each
 
@@ -120,17 +119,8 @@ def _results(data_dir: Path, rids: list[str], timeout: float) -> list[dict[str, 
     return results
 
 
-@contextmanager
-def _watching(broker: Mosquitto, *topics: str) -> Iterator[Watcher]:
-    watcher = Watcher(broker.port, *topics)
-    try:
-        yield watcher
-    finally:
-        watcher.close()
-
-
 def test_a_farm_action_for_another_site_runs_there_once_and_its_result_comes_home(sites: Sites) -> None:
-    with _watching(sites.broker, f"farmhost/{B}/rpc/+/request", f"farmhost/{A}/rpc/+/answer") as wire:
+    with watching(sites.broker.port, f"farmhost/{B}/rpc/+/request", f"farmhost/{A}/rpc/+/answer") as wire:
         _ask(sites.a_dir, "water-1")
         result = wait_result(sites.a_dir, "main", "water-1", timeout=30)
         (sent,) = wire.wait(f"farmhost/{B}/rpc/{A}/request")
@@ -189,7 +179,7 @@ def test_a_request_no_site_can_run_gets_a_definite_answer_and_changes_nothing(si
 def test_hostile_messages_on_the_call_topics_are_answered_or_dropped_and_change_nothing(sites: Sites) -> None:
     topic = f"farmhost/{B}/rpc/{A}/request"
     deadline = "2099-01-01T00:00:00Z"
-    with _watching(sites.broker, f"farmhost/{A}/rpc/+/answer", f"farmhost/{B}/rpc/+/answer") as wire:
+    with watching(sites.broker.port, f"farmhost/{A}/rpc/+/answer", f"farmhost/{B}/rpc/+/answer") as wire:
         wire.publish(topic, "not json {")
         wire.publish(topic, json.dumps([1, 2]))
         wire.publish(topic, json.dumps({"v": 1, "id": "a" * 32, "deadline": deadline, "request": {"type": "ping"}}))
@@ -208,7 +198,7 @@ def test_hostile_messages_on_the_call_topics_are_answered_or_dropped_and_change_
 
     # while the greenhouse is away, a third site answers the pump house's call: that answer is not taken
     sites.b.stop()
-    with _watching(sites.broker, f"farmhost/{B}/rpc/+/request") as wire:
+    with watching(sites.broker.port, f"farmhost/{B}/rpc/+/request") as wire:
         _ask(sites.a_dir, "real")
         call = json.loads(wire.wait(f"farmhost/{B}/rpc/{A}/request")[-1].payload)
         forged = {"v": 1, "id": call["id"], "result": {"status": "error", "error": "forged", "errorCode": "internal"}}
@@ -292,7 +282,7 @@ def test_a_call_past_its_deadline_is_answered_and_never_runs_later(sites: Sites)
 def test_a_flood_of_calls_keeps_the_target_answering_and_its_memory_bounded(sites: Sites) -> None:
     topic = f"farmhost/{B}/rpc/{A}/request"
     status = {"type": "farm_action", "action": "ha_get_status", "params": {"entityIds": [COUNTER]}}
-    with _watching(sites.broker, f"farmhost/{A}/rpc/+/answer") as wire:
+    with watching(sites.broker.port, f"farmhost/{A}/rpc/+/answer") as wire:
         for n in range(400):
             call = {"v": 1, "id": f"{n:032x}", "deadline": "2099-01-01T00:00:00Z", "request": status}
             wire.client.publish(topic, json.dumps(call), qos=1)
