@@ -232,11 +232,21 @@ def _queued(data_dir: Path, folder: str) -> list[str]:
 
 
 def quarantined(data_dir: Path, folder: str) -> list[dict[str, Any]]:
-    """The `.reason.json` notes of a group's quarantine, oldest first."""
+    """The `.reason.json` notes of a group's quarantine, oldest first.
+
+    A note the host is writing right now (created, still empty or half written) is left out: a caller polling
+    this sees it on a later call, complete.
+    """
     errors = data_dir / "ipc" / "errors" / folder
     if not errors.is_dir():
         return []
-    return [json.loads(p.read_text()) for p in sorted(errors.glob("*.reason.json"))]
+    found = []
+    for path in sorted(errors.glob("*.reason.json")):
+        try:
+            found.append(json.loads(path.read_bytes()))
+        except (FileNotFoundError, ValueError):  # ValueError: JSONDecodeError, or UTF-8 cut mid-character
+            continue
+    return found
 
 
 class Daemon:

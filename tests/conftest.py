@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from farmhost_testing import TIMEOUT_SCALE_ENV, Daemon, copy_data_dir, init_data_dir, timeout_scale
@@ -13,22 +15,45 @@ pytest_plugins = ["ha_fixture", "llm_stub", "telegram_stub", "mosquitto"]
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    """Say how far the deadlines are stretched on this run (see farmhost_testing.timeout_scale)."""
-    return f"farmhost deadlines: x{timeout_scale():.2f} ({TIMEOUT_SCALE_ENV} or the load average)"
+    """Say how far the deadlines are stretched now (see farmhost_testing.timeout_scale); each test's own follows."""
+    return f"farmhost deadlines: x{timeout_scale():.2f} now ({TIMEOUT_SCALE_ENV} or the load average, read per test)"
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Stretch every test's pytest-timeout (the ini's, `--timeout`'s or its own marker's) like the tests' deadlines."""
+_BASE_TIMEOUT = pytest.StashKey[tuple[float, tuple[Any, ...], dict[str, Any]]]()
+
+
+def _base_timeout(item: pytest.Item) -> tuple[float, tuple[Any, ...], dict[str, Any]]:
+    """The pytest-timeout a test has before stretching: its marker's, else `--timeout`, PYTEST_TIMEOUT or the ini's.
+
+    With the marker's other arguments (method, func_only), kept when the stretched marker replaces it.
+    """
+    marker = item.get_closest_marker("timeout")
+    if marker is not None and (marker.args or "timeout" in marker.kwargs):
+        base = marker.args[0] if marker.args else marker.kwargs["timeout"]
+        kwargs = {k: v for k, v in marker.kwargs.items() if k != "timeout"}
+        return float(base or 0), tuple(marker.args[1:]), kwargs
+    value = item.config.getoption("timeout", None)
+    if value is None:
+        value = os.environ.get("PYTEST_TIMEOUT") or item.config.getini("timeout") or 0
+    return float(value), (), {}
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Stretch the test's pytest-timeout like its deadlines, by the scale measured as the test starts.
+
+    pytest-timeout reads the marker in its own `pytest_runtest_protocol` wrapper, before the test's setup, and times
+    setup, call and teardown together; this wrapper runs first (tryfirst), so the timer it starts is the stretched
+    one. Measured per test, not once at collection: a long session's later tests follow the load when they run,
+    like the helpers' deadlines (`scaled`), which are computed when they are called.
+    """
+    if _BASE_TIMEOUT not in item.stash:  # before any stretched marker of ours (a rerun keeps its base)
+        item.stash[_BASE_TIMEOUT] = _base_timeout(item)
+    base, args, kwargs = item.stash[_BASE_TIMEOUT]
     scale = timeout_scale()
-    default = config.getoption("timeout", None) or config.getini("timeout")
-    if scale <= 1 or not default:
-        return
-    for item in items:
-        marker = item.get_closest_marker("timeout")
-        base = float(marker.args[0]) if marker is not None and marker.args else float(default)
-        if base > 0:
-            item.add_marker(pytest.mark.timeout(base * scale), append=False)
+    if base > 0 and scale > 1:
+        item.add_marker(pytest.mark.timeout(base * scale, *args, **kwargs), append=False)
+    yield
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,8 @@ from pathlib import Path
 from farmhost_testing import clean_env, scaled
 
 # The real App in a child process; once it is up, something blocks its loop for 0.6 s (as a slow check on the loop
-# would), then the probe waits (without blocking) for the monitor to have written the interval that saw it.
+# would), then the probe waits (without blocking) for the monitor to have written the interval that saw it. It
+# prints STALL (on the stream the log goes to) just before, so the test knows which warnings came before the stall.
 PROBE = """
 import asyncio, json, logging, sys, time
 from pathlib import Path
@@ -25,6 +26,7 @@ async def main() -> None:
     await app.start()
     try:
         await asyncio.sleep(0.3)
+        print("STALL", flush=True)
         time.sleep(0.6)
         path = data / "logs" / "loop_lag.json"
         for _ in range(int(float(sys.argv[2]) * 20)):
@@ -44,10 +46,21 @@ def test_a_blocked_loop_is_logged_and_measured(data_dir: Path) -> None:
         capture_output=True, text=True, env=clean_env(), timeout=scaled(60), check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    warnings = [line for line in done.stdout.splitlines() if "event loop blocked for" in line]
-    assert len(warnings) == 1, done.stdout
-    blocked_ms = float(warnings[0].split("blocked for ")[1].split(" ms")[0])
-    assert 550 <= blocked_ms < 5000, warnings
+    lines = done.stdout.splitlines()
+    assert "STALL" in lines, done.stdout
+    stall = lines.index("STALL")
+    warned = [
+        (at, float(line.split("blocked for ")[1].split(" ms")[0]))
+        for at, line in enumerate(lines)
+        if "event loop blocked for" in line
+    ]
+    # The stall is logged: by a warning of its own, unless an incidental stall of a busy machine (at start, say)
+    # warned just before and the warnings' rate limit (one per 10 s) folds this one in.
+    assert warned, done.stdout
+    assert all(ms >= 250 for _, ms in warned), done.stdout  # the threshold
+    if not any(at < stall for at, _ in warned):
+        after = [ms for at, ms in warned if at > stall]
+        assert after and 550 <= after[0] < 5000, done.stdout
     figures = json.loads((data_dir / "logs" / "loop_lag.json").read_bytes())
     assert figures["maxMs"] >= 550
     assert figures["samples"] == sum(figures["counts"]) > 0

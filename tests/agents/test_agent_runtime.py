@@ -110,10 +110,15 @@ async def test_scheduled_jobs_go_before_queued_chat_jobs(root: Path) -> None:
     assert order == [0, 3, 1, 2]
 
 
+# The run's time limit in the two timeout tests: time for a loaded machine to start the probe and let it install its
+# SIGTERM handling (ignore it, or note it and exit 7) before the timeout sends SIGTERM.
+PROBE_TIMEOUT = 4.0
+
+
 @pytest.mark.parametrize("runtime_name", ["process", "bwrap"])
 async def test_a_run_over_its_time_is_killed_even_when_it_ignores_sigterm(root: Path, runtime_name: str) -> None:
-    # 1.5 s: time for a loaded machine to start the probe and let it ignore SIGTERM before the timeout fires
-    (root / "agent-limits.json").write_text(json.dumps({"groups": {"field": {"timeoutSeconds": 1.5}}}))
+    limits = {"groups": {"field": {"timeoutSeconds": PROBE_TIMEOUT}}}
+    (root / "agent-limits.json").write_text(json.dumps(limits))
     runtime = await started(make_runtime(settings_for(root, FARMHOST_AGENT_RUNTIME=runtime_name), term_grace=1.0))
     try:
         began = time.monotonic()
@@ -122,16 +127,16 @@ async def test_a_run_over_its_time_is_killed_even_when_it_ignores_sigterm(root: 
     finally:
         await runtime.stop()
     assert outcome.status == "timeout"
-    assert outcome.error == "the run took longer than 1.5 s and was stopped"
+    assert outcome.error == f"the run took longer than {PROBE_TIMEOUT:g} s and was stopped"
     assert outcome.exit_code == -9  # SIGKILL: SIGTERM was ignored
-    assert took >= 1.5 + 1.0  # the timeout, then the whole grace (SIGTERM was ignored)
-    assert took < 1.5 + 1.0 + scaled(3)  # ... and then no more than it takes to kill and reap it
+    assert took >= PROBE_TIMEOUT + 1.0  # the timeout, then the whole grace (SIGTERM was ignored)
+    assert took < PROBE_TIMEOUT + 1.0 + scaled(3)  # ... and then no more than it takes to kill and reap it
     assert "status: timeout" in outcome.log_path.read_text()
 
 
 @pytest.mark.parametrize("runtime_name", ["process", "bwrap"])
 async def test_sigterm_reaches_the_agent_first(root: Path, runtime_name: str) -> None:
-    (root / "agent-limits.json").write_text(json.dumps({"default": {"timeoutSeconds": 1.5}}))
+    (root / "agent-limits.json").write_text(json.dumps({"default": {"timeoutSeconds": PROBE_TIMEOUT}}))
     runtime = await started(make_runtime(settings_for(root, FARMHOST_AGENT_RUNTIME=runtime_name), term_grace=5))
     try:
         began = time.monotonic()
@@ -141,7 +146,7 @@ async def test_sigterm_reaches_the_agent_first(root: Path, runtime_name: str) ->
         await runtime.stop()
     assert outcome.status == "timeout"
     assert outcome.exit_code == 7  # the probe's own exit on SIGTERM, not the SIGKILL at the end of the grace
-    assert took < 1.5 + 5  # the 5 s grace was not waited out
+    assert took < PROBE_TIMEOUT + 5  # the 5 s grace was not waited out
     assert "probe got SIGTERM" in outcome.log_path.read_text()
 
 

@@ -14,7 +14,7 @@ from agent_support import Farm, fake_ipc_dir, pending, write_status
 from farmagent.errors import HostUnavailableError, InvalidRequestError, NoResultError, ProtocolError, RequestError
 from farmagent.ipc import IpcClient, new_request_id
 from farmagent.ipc.files import temp_name
-from farmhost_testing import FIELD_JID, MAIN_JID, Daemon
+from farmhost_testing import FIELD_JID, MAIN_JID, Daemon, wait_for
 
 from farmhost.ipc.reader import is_request_name
 from farmhost.protocol.codes import REQUEST_ID_RE as HOST_REQUEST_ID_RE
@@ -171,9 +171,18 @@ def test_a_stale_heartbeat_means_the_host_is_gone(tmp_path: Path) -> None:
 
 def test_a_host_that_stops_during_the_wait_ends_the_wait_and_withdraws_the_request(tmp_path: Path) -> None:
     ipc = fake_ipc_dir(tmp_path / "ipc")
-    threading.Timer(0.3, write_status, args=(ipc,), kwargs={"status": "stopped"}).start()
-    with pytest.raises(HostUnavailableError, match="withdrawn unexecuted"):
-        IpcClient(ipc, timeout=30).ping()
+
+    def stop_once_asked() -> None:  # the host stops while the client waits: after its request is there
+        wait_for(
+            lambda: [n for n in os.listdir(ipc / "actions") if is_request_name(n)], what="the request to be written"
+        )
+        write_status(ipc, status="stopped")
+
+    with ThreadPoolExecutor(1) as pool:
+        stopper = pool.submit(stop_once_asked)
+        with pytest.raises(HostUnavailableError, match="withdrawn unexecuted"):
+            IpcClient(ipc, timeout=30).ping()
+        stopper.result()
     assert pending(ipc) == []
 
 

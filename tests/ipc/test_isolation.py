@@ -50,7 +50,20 @@ from farmhost.protocol.requests import AnyRequest
 from farmhost.store.db import Database, now_utc
 
 FARM = {"type": "farm_action", "action": "ha_get_status", "params": {}}
-RESCAN_SECONDS = 5.0  # the default periodic rescan of the shared `env` daemon
+# The periodic rescan of this module's `env` daemon: the most the setting allows, so none runs while the module does
+# and what its tests wait for can only have been delivered by inotify, however long a loaded machine takes.
+RESCAN_SECONDS = 3600
+INOTIFY_DEADLINE = 20.0  # how long (scaled) such a test waits: generous, and far below RESCAN_SECONDS
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    """The IPC tests' shared daemon (see conftest.py), but one that never rescans while this module runs."""
+    data_dir = make_data_dir(tmp_path_factory.mktemp("ipc") / "data")
+    daemon = Daemon(data_dir, env=clean_env(FARMHOST_IPC_RESCAN_SECONDS=str(RESCAN_SECONDS))).start()
+    yield Env(data_dir=data_dir, daemon=daemon)
+    assert daemon.stop() == 0, daemon.log()
+    assert "Traceback" not in daemon.log(), daemon.log()
 
 
 @pytest.fixture(scope="module")
@@ -85,10 +98,10 @@ def _swap_for_symlink(path: Path, target: str) -> None:
 
 
 def _answered_without_a_rescan(data_dir: Path, folder: str) -> None:
-    """A ping is answered well before the periodic rescan: the (recreated) queue directory is watched."""
+    """A ping is answered without a periodic rescan (`env` runs none): the (recreated) queue directory is watched."""
     rid = uid("watched")
     drop(data_dir, folder, "actions", {"type": "ping", "requestId": rid})
-    assert wait_result(data_dir, folder, rid, timeout=RESCAN_SECONDS - 3)["status"] == "success"
+    assert wait_result(data_dir, folder, rid, timeout=INOTIFY_DEADLINE)["status"] == "success"
 
 
 # the directory is the identity -----------------------------------------------------------------------------------
@@ -129,7 +142,7 @@ def test_results_directory_swapped_for_a_symlink_outside(env: Env, tmp_path: Pat
     rid = uid("through-link")
     drop(data_dir, "field", "actions", {"type": "ping", "requestId": rid})
 
-    assert wait_result(data_dir, "field", rid, timeout=RESCAN_SECONDS - 3)["status"] == "success"
+    assert wait_result(data_dir, "field", rid, timeout=INOTIFY_DEADLINE)["status"] == "success"  # no rescan: inotify
     assert results.is_dir() and not results.is_symlink()
     assert os.listdir(outside) == [], "no result may be written through the link"
     note = wait_note(data_dir, "field", "action_results", queue="action_results", reason="symlink")
@@ -381,9 +394,12 @@ async def test_request_that_breaks_the_host_does_not_block_its_queue(
         poisoned = await _until(lambda: read_result(data_dir, "main", "a-poison"), "the poison's answer")
         assert poisoned["status"] == "error" and poisoned["errorCode"] == "internal"
         assert "failed 3 times" in poisoned["error"]
-        assert not (data_dir / "ipc" / ".spool" / "main" / "actions" / "a-poison.json").exists()
-        notes = [n for n in quarantined(data_dir, "main") if n["file"] == "a-poison.json"]
+        # The answer comes first, then the file leaves the spool for the quarantine, then its note is written.
+        notes = await _until(
+            lambda: [n for n in quarantined(data_dir, "main") if n["file"] == "a-poison.json"], "the poison's note"
+        )
         assert len(notes) == 1 and notes[0]["errorCode"] == "internal"
+        assert not (data_dir / "ipc" / ".spool" / "main" / "actions" / "a-poison.json").exists()
         assert "main: actions/a-poison.json failed inside the host 3 times; quarantining it" in caplog.text
         drop(data_dir, "main", "actions", {"type": "ping", "requestId": "c-later"})
         assert (await _until(lambda: read_result(data_dir, "main", "c-later"), "a later ping"))["status"] == "success"

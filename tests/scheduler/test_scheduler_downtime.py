@@ -2,32 +2,37 @@
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from farmhost_testing import Daemon, clean_env, drop, init_data_dir_in_process, ok, wait_for, wait_result
-from scheduler_support import read_task, rows
+from farmhost_testing import Daemon, clean_env, init_data_dir_in_process, wait_for
+from scheduler_support import insert, new_task, read_task, rows
 
 SECOND = timedelta(seconds=1)
 
 
 def test_due_times_missed_beyond_the_grace_are_skipped_not_run(tmp_path: Path) -> None:
     data_dir = init_data_dir_in_process(tmp_path / "data")
-    daemon = Daemon(data_dir, env=clean_env(FARMHOST_TASK_GRACE_SECONDS="1")).start()
-    at = (datetime.now(UTC) + 3 * SECOND).isoformat(timespec="milliseconds")
-    base = {"type": "schedule_task", "prompt": "open the vents"}
-    for task_id, kind, value in (("vents-once", "once", at), ("vents", "interval", 3000)):
-        payload = {**base, "schedule_type": kind, "schedule_value": value, "taskId": task_id, "requestId": task_id}
-        drop(data_dir, "main", "tasks", payload)
-        ok(wait_result(data_dir, "main", task_id))
-    assert daemon.stop() == 0, daemon.log()  # down before either task is due
-    once, interval = read_task(data_dir, "vents-once"), read_task(data_dir, "vents")
+    # What the host finds after being down: both tasks (stored as the tasks/ handler stores them) were due 2 s ago,
+    # more than the 1 s grace. Stored while no daemon runs, so no timing of a start or a stop can make one of them
+    # due while a daemon is up.
+    now = datetime.now(UTC)
+    at = now - 2 * SECOND
+    once, interval = insert(
+        data_dir,
+        new_task("vents-once", "once", at.isoformat(), now=now - 10 * SECOND, folder="main", next_run=at),
+        new_task("vents", "interval", "3000", now=at - 3 * SECOND, folder="main"),
+    )
     assert once.next_run is not None and interval.next_run is not None
-    time.sleep(max(0.0, (max(once.next_run, interval.next_run) - datetime.now(UTC)).total_seconds() + 1.5))
-    daemon.start()
+    assert max(once.next_run, interval.next_run) < datetime.now(UTC) - SECOND  # missed by more than the grace
+    daemon = Daemon(data_dir, env=clean_env(FARMHOST_TASK_GRACE_SECONDS="1")).start()
     try:
-        wait_for(lambda: rows(data_dir, "vents-once") and len(rows(data_dir, "vents")) >= 2, timeout=8)
+        wait_for(
+            lambda: rows(data_dir, "vents-once") and len(runs := rows(data_dir, "vents")) >= 2 and runs[1].finished_at,
+            timeout=8,
+            what="the skipped rows and the interval's next run, finished",
+            seen=lambda: (rows(data_dir, "vents-once"), rows(data_dir, "vents")),
+        )
     finally:
         code = daemon.stop()
     assert code == 0, daemon.log()
@@ -38,7 +43,7 @@ def test_due_times_missed_beyond_the_grace_are_skipped_not_run(tmp_path: Path) -
     assert (read_task(data_dir, "vents-once").status, read_task(data_dir, "vents-once").next_run) == ("completed", None)
     missed, after = rows(data_dir, "vents")[:2]
     assert (missed.due_at, missed.status) == (interval.next_run, "skipped")
-    # The next run is the grid's first time after the restart, and it does run.
+    # The next run is the grid's first time after the start, and it does run.
     assert after.status in ("ok", "error") and after.due_at > missed.claimed_at
     assert (after.due_at - interval.anchor) % (3 * SECOND) == timedelta(0)
     assert after.due_at - missed.claimed_at <= 3 * SECOND

@@ -9,8 +9,11 @@ from pathlib import Path
 from farmhost_testing import Daemon, drop, init_data_dir_in_process, ok, wait_for, wait_result
 from scheduler_support import grid, read_task, rows
 
-# Much longer than a daemon restart (~1 s, 3 s on a loaded machine): only the due time meant to be missed is.
-STEP = timedelta(seconds=4)
+# Much longer than a daemon restart (~1 s, 3 s on a loaded machine): only the due time meant to be missed is. The
+# kill before a due time comes BEFORE it, the start after it AFTER it, and each restart has the rest of a step (6.5 s
+# and more) before the next due time.
+STEP = timedelta(seconds=8)
+BEFORE, AFTER = timedelta(seconds=1.5), timedelta(seconds=1)
 
 
 def _sleep_until(moment: datetime) -> None:
@@ -21,21 +24,30 @@ def test_each_due_time_fires_once_across_kill_9_and_restart(tmp_path: Path) -> N
     data_dir = init_data_dir_in_process(tmp_path / "data")
     daemon = Daemon(data_dir).start()
     request = {"type": "schedule_task", "prompt": "read the rain gauge", "schedule_type": "interval"}
-    drop(data_dir, "field", "tasks", {**request, "schedule_value": 4000, "taskId": "gauge", "requestId": "s1"})
+    interval_ms = STEP // timedelta(milliseconds=1)
+    drop(data_dir, "field", "tasks", {**request, "schedule_value": interval_ms, "taskId": "gauge", "requestId": "s1"})
     ok(wait_result(data_dir, "field", "s1"))
     due = grid(read_task(data_dir, "gauge").anchor, STEP, 4)
     try:
         # Killed right after the first claim (the run may or may not have reported yet).
-        wait_for(lambda: rows(data_dir, "gauge"), timeout=8, interval=0.001, what="the first claim")
+        wait_for(
+            lambda: rows(data_dir, "gauge"), timeout=STEP.total_seconds() + 8, interval=0.001, what="the first claim"
+        )
         daemon.kill()
         daemon.start()
         # Killed right before the second due time, which then passes while the host is down.
-        _sleep_until(due[1] - timedelta(seconds=0.3))
-        assert len(rows(data_dir, "gauge")) == 1
+        assert datetime.now(UTC) < due[1] - BEFORE, f"the restart took too long: it is past {due[1] - BEFORE}"
+        _sleep_until(due[1] - BEFORE)
+        assert len(rows(data_dir, "gauge")) == 1, rows(data_dir, "gauge")
         daemon.kill()
-        _sleep_until(due[1] + timedelta(seconds=0.3))
+        _sleep_until(due[1] + AFTER)
         daemon.start()
-        wait_for(lambda: len(rows(data_dir, "gauge")) >= 3, timeout=8, what="the third due time")
+        wait_for(
+            lambda: len(records := rows(data_dir, "gauge")) >= 3 and records[2].finished_at,
+            timeout=STEP.total_seconds() + 8,
+            what="the third due time's run to end",
+            seen=lambda: rows(data_dir, "gauge"),
+        )
     finally:
         code = daemon.stop()
     assert code == 0, daemon.log()

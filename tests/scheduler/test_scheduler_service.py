@@ -80,17 +80,20 @@ async def test_a_run_in_flight_when_the_host_stops_is_interrupted_and_not_repeat
 
 
 async def test_a_due_time_that_arrives_during_a_slow_run_is_skipped(data_dir: Path) -> None:
-    (task,) = insert(data_dir, new_task("slow", "interval", "1000", now=now_utc()))
+    # A 2.5 s run on a 2 s grid: it is still running at t2 whatever the timing (it starts at t1 or later) and ends
+    # 1.5 s before t3, a margin a loaded machine's late wake-ups do not eat.
+    step, slow_run = 2 * SECOND, 2.5
+    (task,) = insert(data_dir, new_task("slow", "interval", "2000", now=now_utc()))
     first_due = task.next_run
-    slow = Recorder(delay=lambda run: 1.3 if run.due_at == first_due else 0.0)
+    slow = Recorder(delay=lambda run: slow_run if run.due_at == first_due else 0.0)
     async with scheduler(data_dir, dispatch=slow) as h:
-        await until(lambda: len(h.dispatch.runs) >= 2, timeout=8, what="the run after the slow one")
-    t1, t2, t3 = grid(task.anchor, SECOND, 3)
+        await until(lambda: len(h.dispatch.runs) >= 2, timeout=12, what="the run after the slow one")
+    t1, t2, t3 = grid(task.anchor, step, 3)
     assert h.dispatch.due_times("slow")[:2] == [t1, t3]  # t2 was never dispatched
     records = rows(data_dir, "slow")
     assert [(r.due_at, r.status) for r in records[:3]] == [(t1, "ok"), (t2, "skipped"), (t3, "ok")]
     assert records[1].detail == f"previous run (due {t1.isoformat(timespec='milliseconds')}) was still running; not run"
-    assert records[0].duration_seconds is not None and records[0].duration_seconds >= 1.3
+    assert records[0].duration_seconds is not None and records[0].duration_seconds >= slow_run
 
 
 async def test_a_task_another_process_adds_is_picked_up_without_a_restart(data_dir: Path) -> None:

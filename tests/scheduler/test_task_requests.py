@@ -13,7 +13,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-from farmhost_testing import clean_env, drop, init_data_dir, running_daemon, wait_for, wait_result
+from farmhost_testing import clean_env, drop, init_data_dir, running_daemon, scaled, wait_for, wait_result
 
 FARM_TZ = ZoneInfo("Europe/Lisbon")
 _ids = itertools.count()
@@ -208,10 +208,12 @@ def test_resume_recomputes_a_next_run_in_the_past_on_the_schedules_grid(farm: Pa
 
 
 def test_a_paused_once_task_whose_time_passed_runs_when_resumed(farm: Path) -> None:
-    soon = (datetime.now(FARM_TZ) + timedelta(seconds=1.2)).replace(tzinfo=None).isoformat(timespec="milliseconds")
+    # Far enough ahead that scheduling and pausing (two round trips) finish before it is due, even on a busy machine.
+    ahead = timedelta(seconds=scaled(5))
+    soon = (datetime.now(FARM_TZ) + ahead).replace(tzinfo=None).isoformat(timespec="milliseconds")
     at = when(ok(schedule(farm, "field", "once", soon, taskId="once-1"))["nextRun"])
     ok(change(farm, "field", "pause_task", "once-1"))
-    wait_for(lambda: datetime.now(UTC) > at, what="the once time to pass")
+    wait_for(lambda: datetime.now(UTC) > at, timeout=ahead.total_seconds() + 10, what="the once time to pass")
     resumed = change(farm, "field", "resume_task", "once-1")
     assert when(ok(resumed)["nextRun"]) == when(resumed["executedAt"])
     # It runs right away, and then it is completed.

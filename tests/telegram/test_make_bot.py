@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from farmhost_testing import wait_for_async
 from telegram_stub import FakeTelegram
 
 from farmhost.config import Settings
@@ -23,7 +24,7 @@ async def test_a_long_poll_and_a_send_run_at_once_on_the_configured_server(
         tmp_path,
         telegram_bot_token=fake_telegram.token,
         telegram_api_base_url=fake_telegram.api_root,
-        telegram_poll_timeout=2,
+        telegram_poll_timeout=6,  # the send must be done while the poll waits, even on a loaded machine
     )
     bot = make_bot(settings)
     assert bot.base_url == f"{fake_telegram.api_root}/bot{fake_telegram.token}"
@@ -31,8 +32,8 @@ async def test_a_long_poll_and_a_send_run_at_once_on_the_configured_server(
     async with bot:
         assert bot.username == fake_telegram.username
         poll = asyncio.create_task(bot.get_updates(timeout=settings.telegram_poll_timeout))
-        while not fake_telegram.offsets:  # recorded when the poll arrives (calls are recorded when answered)
-            await asyncio.sleep(0.01)
+        # recorded when the poll arrives (calls are recorded when answered)
+        await wait_for_async(lambda: fake_telegram.offsets, what="the long poll to reach the fake Bot API")
         message = await bot.send_message(-100, "sent while the poll waits")
         assert not poll.done()  # the send did not wait for the poll's connection
         assert await poll == ()  # and the poll ended normally, not with a read timeout

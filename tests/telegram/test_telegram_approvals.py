@@ -86,7 +86,8 @@ async def test_approval_end_to_end(root: Path, fake_telegram: FakeTelegram) -> N
         decided = pending(host, "telegram:-500")
         # the IPC service serves the new group at once (its own registry check misses commits on its connection)
         assert "greenhouse-team" in [g.folder for g in host.ipc.groups]
-        assert (root / "ipc" / "greenhouse-team" / "host_status.json").is_file()
+        status = root / "ipc" / "greenhouse-team" / "host_status.json"
+        await until(status.is_file, what=f"{status} (the heartbeat spawned for a new group writes it, in a thread)")
 
         later = tg.user_message(-500, "@farm_test_bot how are the tomatoes?", title="Greenhouse Team!")
         await until(lambda: (row := host.update(later["update_id"])) is not None and row["status"] == "done")
