@@ -12,7 +12,7 @@ export UV_PROJECT_ENVIRONMENT := .venv
 # without this every agent run compiles openai & co. from source (0.82 s -> 0.58 s per import).
 export UV_COMPILE_BYTECODE := 1
 
-.PHONY: demo run test test-fast install debian ha opencode lint typecheck pytest pytest-fast bench bench-attack schema clean
+.PHONY: demo run test test-fast install debian ha opencode lint typecheck pytest pytest-fast bench bench-attack bench-sites schema clean
 
 ## demo: install farmhost and the local Home Assistant, then the live demo farm in ./demo-data: HA with the simulated
 ## farm, farmhost with the farm dashboard and a screenshot, a terminal chat with the agent (Ctrl-C stops it all)
@@ -71,6 +71,10 @@ bench: install
 ## bench-attack: main's ping and the event loop's lag while other groups attack the host (docs/performance.md)
 bench-attack: install
 	.venv/bin/python bench/ipc_under_attack.py
+
+## bench-sites: a farm action carried to another site over MQTT and back, beside the local one (docs/performance.md)
+bench-sites: install
+	.venv/bin/python bench/sites_roundtrip.py
 
 # The IPC contract's JSON Schema, from the host's models: the docs' copy and the agent package's (its tools).
 schema: install

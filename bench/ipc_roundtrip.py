@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import random
@@ -55,6 +54,7 @@ from roundtrip_hosts import (
     rss_mb,
 )
 from roundtrip_machine import file_costs, machine_info
+from roundtrip_report import add_output_options, busy_note, log, machine_lines, report_run
 
 # The targets of the issue; they apply to the `farmhost` (inotify) column only.
 TARGET_P50_MS = 2.0
@@ -136,11 +136,6 @@ class Report:
     columns: list[Column]
     verdicts: dict[str, bool]
     wall_seconds: float = 0.0
-
-
-def log(message: str) -> None:
-    """Progress on stderr."""
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
@@ -337,26 +332,15 @@ def render(report: Report) -> str:
     fsync = "on" if report.options["client_fsync"] else "off"
     lines += [
         "",
-        (
-            f"{report.date}  {m['nproc']} x {m['cpu']}, kernel {m['kernel']}, Python {m['python']}, "
-            f"farmhost {m['farmhost_commit']}, {report.wall_seconds:g} s"
-        ),
-        (
-            f"data dirs on {m['filesystem']}: file create p50 {m['create_p50_us']} -> {m['at_end']['create_p50_us']} us, "
-            f"fsync p50 {m['fsync_p50_us']} -> {m['at_end']['fsync_p50_us']} us, load average "
-            f"{m['loadavg_at_start']:.2f} -> {m['loadavg_at_end']:.2f} (start -> end)"
-        ),
+        *machine_lines(report.date, m, report.wall_seconds),
         (
             f"client: dot-temp + rename (fsync {fsync}), inotify wait with a {POLL_FALLBACK_MS} ms directory-check "
             f"fallback; window {WINDOW} per group; client threads in one process"
         ),
         "reference floor (shared/ref/ipc-bench, same kind of machine): p50 0.26 ms, 0.65 ms with fsync both sides",
         f"errors or unanswered requests: {errors}",
+        *busy_note(m),
     ]
-    if m["loadavg_at_start"] > 0.5:
-        lines.append(
-            f"note: the machine was busy at start (load average {m['loadavg_at_start']:.2f}); figures are noisy"
-        )
     return "\n".join(lines)
 
 
@@ -364,27 +348,14 @@ def main(argv: list[str] | None = None) -> int:
     """Parse options, run, print the table (and JSON); always 0 unless the benchmark could not run."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="fewer samples: ~35 s instead of ~3 min")
-    parser.add_argument("--json", nargs="?", const="-", metavar="PATH",
-                        help="also write the figures as JSON to PATH ('-' or no value: stdout; the table then "
-                             "goes to stderr)")  # fmt: skip
+    add_output_options(parser)
     parser.add_argument("--client-fsync", action="store_true", help="the client fsyncs each request before rename")
-    parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()),
-                        help="where to create the temporary data dirs (default: the system temp dir)")  # fmt: skip
     args = parser.parse_args(argv)
-    try:
-        report = run(QUICK if args.quick else FULL, bench_dir=args.dir, fsync=args.client_fsync)
-    except (RuntimeError, OSError) as err:
-        print(f"ipc_roundtrip: could not run the benchmark: {err}", file=sys.stderr)
-        return 2
-    table_out = sys.stderr if args.json == "-" else sys.stdout
-    print(render(report), file=table_out, flush=True)
-    if args.json:
-        text = json.dumps(asdict(report), indent=2, default=str)
-        if args.json == "-":
-            print(text)
-        else:
-            Path(args.json).write_text(text + "\n", encoding="utf-8")
-    return 0
+
+    def measure() -> Report:
+        return run(QUICK if args.quick else FULL, bench_dir=args.dir, fsync=args.client_fsync)
+
+    return report_run("ipc_roundtrip", measure, render, args.json)
 
 
 if __name__ == "__main__":

@@ -64,18 +64,34 @@ class ResultWaiter:
                 return got
         return []
 
-    def collect(self, name: str) -> bool:
-        """Read and parse a result like an agent, then delete it; returns whether it says success."""
+    def collect(self, name: str, right: Callable[[dict[str, Any]], bool] | None = None) -> bool:
+        """Read and parse a result like an agent, then delete it; returns whether it is `right` (default: success)."""
         path = os.path.join(self.results_dir, name)
         with open(path, "rb") as handle:
             document = json.loads(handle.read())
         os.unlink(path)
-        return isinstance(document, dict) and document.get("status") == "success"
+        return isinstance(document, dict) and (right or succeeded)(document)
 
 
 def ping(request_id: str) -> dict[str, Any]:
     """The cheapest request of the contract."""
     return {"type": "ping", "requestId": request_id}
+
+
+def succeeded(document: dict[str, Any]) -> bool:
+    """The right answer to a ping: `status` success."""
+    return document.get("status") == "success"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What a client sends (`make(requestId)`) and which result document counts as the right answer."""
+
+    make: Callable[[str], dict[str, Any]] = ping
+    right: Callable[[dict[str, Any]], bool] = succeeded
+
+
+PING = Probe()
 
 
 @dataclass
@@ -84,6 +100,7 @@ class Latency:
 
     n: int
     p50_ms: float
+    p95_ms: float
     p99_ms: float
     mean_ms: float
     max_ms: float
@@ -96,14 +113,15 @@ def percentile(sorted_ms: list[float], q: float) -> float:
 
 
 class Pinger:
-    """One group's agent side sending pings one at a time and timing each round trip."""
+    """One group's agent side sending pings (or another `probe`) one at a time and timing each round trip."""
 
-    def __init__(self, group_dir: str, *, fsync: bool) -> None:
+    def __init__(self, group_dir: str, *, fsync: bool, probe: Probe = PING) -> None:
         self.group_dir = group_dir
+        self._probe = probe
         self._actions = os.path.join(group_dir, "actions")
         self._waiter = ResultWaiter(os.path.join(group_dir, "action_results"))
         self._fsync = fsync
-        self._prefix = f"s{os.getpid()}x{time.monotonic_ns()}"
+        self.prefix = f"s{os.getpid()}x{time.monotonic_ns()}"  # of every requestId it sends
         self._sent = 0
 
     def close(self) -> None:
@@ -112,40 +130,57 @@ class Pinger:
 
     def ping(self, *, timeout: float = ANSWER_TIMEOUT_S) -> tuple[float, bool] | None:
         """One round trip: (milliseconds, whether it succeeded), or None when no answer came within `timeout`."""
-        request_id = f"{self._prefix}-{self._sent:07d}"
+        request_id = f"{self.prefix}-{self._sent:07d}"
         self._sent += 1
         name = f"{request_id}.json"
         started = time.perf_counter()
-        write_request(self._actions, request_id, ping(request_id), fsync=self._fsync)
+        write_request(self._actions, request_id, self._probe.make(request_id), fsync=self._fsync)
         if not self._waiter.arrived((name,), deadline=started + timeout):
             return None
-        ok = self._waiter.collect(name)
+        ok = self._waiter.collect(name, self._probe.right)
         return (time.perf_counter() - started) * 1000, ok
 
 
-def sequential(group_dir: str, *, n: int, warmup: int, gap: Callable[[], float], fsync: bool) -> Latency:
-    """`warmup` + `n` ping round trips one after another; the first `warmup` are not counted."""
-    pinger = Pinger(group_dir, fsync=fsync)
-    samples: list[float] = []
-    errors = 0
+def sequential(
+    group_dir: str, *, n: int, warmup: int, gap: Callable[[], float], fsync: bool, probe: Probe = PING
+) -> Latency:
+    """`warmup` + `n` ping (or `probe`) round trips one after another; the first `warmup` are not counted."""
+    pinger = Pinger(group_dir, fsync=fsync, probe=probe)
     try:
-        for i in range(warmup + n):
-            answer = pinger.ping()
-            if answer is None:
-                raise RuntimeError(f"no answer to a ping in {group_dir} within {ANSWER_TIMEOUT_S:g} s")
-            if i >= warmup:
-                samples.append(answer[0])
-                errors += not answer[1]
-            time.sleep(gap())
+        return interleaved([pinger], n=n, warmup=warmup, gap=gap)[0]
     finally:
         pinger.close()
-    samples.sort()
+
+
+def interleaved(pingers: list[Pinger], *, n: int, warmup: int, gap: Callable[[], float]) -> list[Latency]:
+    """`warmup` + `n` rounds of one round trip per pinger, in turn, `gap()` apart: a Latency per pinger.
+
+    Taking turns puts every pinger under the same moment's machine, so their difference is not a drift in load.
+    """
+    samples: list[list[float]] = [[] for _ in pingers]
+    errors = [0 for _ in pingers]
+    for i in range(warmup + n):
+        for k, pinger in enumerate(pingers):
+            answer = pinger.ping()
+            if answer is None:
+                raise RuntimeError(f"no answer to a request in {pinger.group_dir} within {ANSWER_TIMEOUT_S:g} s")
+            if i >= warmup:
+                samples[k].append(answer[0])
+                errors[k] += not answer[1]
+            time.sleep(gap())
+    return [summary(ms, failed) for ms, failed in zip(samples, errors, strict=True)]
+
+
+def summary(samples_ms: list[float], errors: int) -> Latency:
+    """The percentiles, mean and maximum of round-trip times (in any order)."""
+    ordered = sorted(samples_ms)
     return Latency(
-        n=len(samples),
-        p50_ms=percentile(samples, 0.50),
-        p99_ms=percentile(samples, 0.99),
-        mean_ms=statistics.fmean(samples),
-        max_ms=samples[-1],
+        n=len(ordered),
+        p50_ms=percentile(ordered, 0.50),
+        p95_ms=percentile(ordered, 0.95),
+        p99_ms=percentile(ordered, 0.99),
+        mean_ms=statistics.fmean(ordered),
+        max_ms=ordered[-1],
         errors=errors,
     )
 
@@ -161,8 +196,9 @@ class WindowCount:
     failure: str | None = None  # the client thread died: the run is void
 
 
-def windowed(group_dir: str, *, window: int, start_at: float, stop_at: float, fsync: bool, out: WindowCount) -> None:
-    """Keep `window` pings outstanding in one group; count those answered between `start_at` and `stop_at`."""
+def windowed(group_dir: str, *, window: int, start_at: float, stop_at: float, fsync: bool, out: WindowCount,
+             probe: Probe = PING) -> None:  # fmt: skip
+    """Keep `window` pings (or `probe`s) outstanding in one group; count those answered in [`start_at`, `stop_at`)."""
     actions, waiter = os.path.join(group_dir, "actions"), ResultWaiter(os.path.join(group_dir, "action_results"))
     outstanding: dict[str, float] = {}
     prefix = f"w{threading.get_ident()}x{time.monotonic_ns()}"
@@ -173,7 +209,7 @@ def windowed(group_dir: str, *, window: int, start_at: float, stop_at: float, fs
         request_id = f"{prefix}-{seq:08d}"
         seq += 1
         outstanding[f"{request_id}.json"] = time.perf_counter()
-        write_request(actions, request_id, ping(request_id), fsync=fsync)
+        write_request(actions, request_id, probe.make(request_id), fsync=fsync)
 
     try:
         for _ in range(window):
@@ -181,7 +217,7 @@ def windowed(group_dir: str, *, window: int, start_at: float, stop_at: float, fs
         while outstanding and time.perf_counter() < stop_at + DRAIN_TIMEOUT_S:
             for name in waiter.arrived(outstanding, deadline=stop_at + DRAIN_TIMEOUT_S):
                 sent = outstanding.pop(name)
-                ok = waiter.collect(name)
+                ok = waiter.collect(name, probe.right)
                 now = time.perf_counter()
                 if start_at <= now < stop_at:
                     out.done += 1
@@ -198,9 +234,9 @@ def windowed(group_dir: str, *, window: int, start_at: float, stop_at: float, fs
 
 @dataclass
 class Throughput:
-    """Sustained ping rate over a window, all groups together."""
+    """Sustained request rate over a window, all groups (client threads) together."""
 
-    groups: int
+    groups: int  # client threads (lanes)
     window: int
     seconds: float
     requests_per_s: float
@@ -210,53 +246,68 @@ class Throughput:
     lost: int
     host_cpu_pct: float  # of one core, while the load ran
     client_cpu_pct: float  # this process (all client threads)
+    host_cpu_pct_each: list[float] = field(default_factory=list)  # per host process, when there are several
 
 
 def throughput(host: Host, *, groups: int, seconds: float, ramp: float, fsync: bool) -> Throughput:
-    """One client thread per group, each keeping WINDOW requests outstanding, for `seconds` after a ramp."""
-    counts = [WindowCount() for _ in range(groups)]
+    """One client thread per group, each keeping WINDOW pings outstanding, for `seconds` after a ramp."""
+    lanes = [(host.group_dir(i), PING) for i in range(groups)]
+    return streams(lanes, [host.pid], window=WINDOW, seconds=seconds, ramp=ramp, fsync=fsync)
+
+
+def streams(lanes: list[tuple[str, Probe]], pids: list[int], *, window: int, seconds: float, ramp: float,
+            fsync: bool) -> Throughput:  # fmt: skip
+    """One client thread per (group dir, probe) lane, each keeping `window` requests outstanding.
+
+    Several lanes may share a group dir (each waits for its own results). Requests answered in the `seconds` after
+    a ramp are counted; the host CPU is that of every process in `pids` together.
+    """
+    counts = [WindowCount() for _ in lanes]
     start_at = time.perf_counter() + ramp
     stop_at = start_at + seconds
     threads = [
         threading.Thread(
             target=windowed,
             kwargs={
-                "group_dir": host.group_dir(i),
-                "window": WINDOW,
+                "group_dir": group_dir,
+                "window": window,
                 "start_at": start_at,
                 "stop_at": stop_at,
                 "fsync": fsync,
                 "out": counts[i],
+                "probe": probe,
             },
             daemon=True,
         )
-        for i in range(groups)
+        for i, (group_dir, probe) in enumerate(lanes)
     ]
     for thread in threads:
         thread.start()
     while time.perf_counter() < start_at:
         time.sleep(0.005)
-    host_cpu, client_cpu = cpu_seconds(host.pid), _own_cpu_seconds()
+    host_before, client_before = [cpu_seconds(pid) for pid in pids], _own_cpu_seconds()
     while time.perf_counter() < stop_at:
         time.sleep(0.005)
-    host_cpu, client_cpu = cpu_seconds(host.pid) - host_cpu, _own_cpu_seconds() - client_cpu
+    host_cpu = [cpu_seconds(pid) - before for pid, before in zip(pids, host_before, strict=True)]
+    client_cpu = _own_cpu_seconds() - client_before
     for thread in threads:
         thread.join(stop_at - time.perf_counter() + DRAIN_TIMEOUT_S + 1)
-    failures = [f"{host.group_dir(i)}: {c.failure}" for i, c in enumerate(counts) if c.failure]
+    failures = [f"{lanes[i][0]}: {c.failure}" for i, c in enumerate(counts) if c.failure]
     if failures:
         raise RuntimeError(f"a client thread failed: {failures[0]}")
     latencies = sorted(ms for count in counts for ms in count.latencies_ms) or [math.nan]
     return Throughput(
-        groups=groups,
-        window=WINDOW,
+        groups=len(lanes),
+        window=window,
         seconds=seconds,
         requests_per_s=sum(c.done for c in counts) / seconds,
         p50_ms=percentile(latencies, 0.5),
         p99_ms=percentile(latencies, 0.99),
         errors=sum(c.errors for c in counts),
         lost=sum(c.lost for c in counts),
-        host_cpu_pct=100 * host_cpu / seconds,
+        host_cpu_pct=100 * sum(host_cpu) / seconds,
         client_cpu_pct=100 * client_cpu / seconds,
+        host_cpu_pct_each=[100 * cpu / seconds for cpu in host_cpu] if len(pids) > 1 else [],
     )
 
 

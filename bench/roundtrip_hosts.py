@@ -150,10 +150,15 @@ class FarmhostDaemon:
         self.stop()
         raise RuntimeError(f"farmhost run did not report alive within {DAEMON_START_TIMEOUT_S:g} s")
 
-    def processing_ms(self, last: int) -> list[float]:
-        """`durationMs` of the last `last` requests in logs/requests.ndjson: the host's own time per request."""
+    def processing_ms(self, last: int, *, request_prefix: str = "") -> list[float]:
+        """`durationMs` of the last `last` requests in logs/requests.ndjson: the host's own time per request.
+
+        With `request_prefix`, only the requests whose requestId starts with it (one client's).
+        """
         lines = (self.data_dir / "logs" / "requests.ndjson").read_text(encoding="utf-8").splitlines()
-        return [float(json.loads(line)["durationMs"]) for line in lines[-last:]]
+        rows = [json.loads(line) for line in lines]
+        mine = [row for row in rows if str(row.get("requestId", "")).startswith(request_prefix)]
+        return [float(row["durationMs"]) for row in mine[-last:]]
 
     def group_dir(self, index: int) -> str:
         """`ipc/<folder>` of the index-th group."""
@@ -161,13 +166,18 @@ class FarmhostDaemon:
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if it does not stop within 10 s (the contract's limit)."""
-        if self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
-            try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        terminate(self._proc, 10)
+
+
+def terminate(proc: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM a child, SIGKILL it if it has not ended `grace` seconds later, and reap it."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _baseline_result(request_id: str) -> bytes:

@@ -145,9 +145,12 @@ class SiteCaller:
         assert link is not None
         if self.directory.get(target) is not None or link.connected_since is None:
             return None  # known, or the broker is away: queue it and let the deadline decide
-        settle = link.connected_since + DIRECTORY_SETTLE_SECONDS - asyncio.get_running_loop().time()
-        if settle > 0:
-            await asyncio.sleep(settle)
+        loop = asyncio.get_running_loop()
+        settled = link.connected_since + DIRECTORY_SETTLE_SECONDS
+        while loop.time() < settled:
+            await asyncio.sleep(0.05)  # the retained availability topics are arriving
+            if self.directory.get(target) is not None or link.connected_since is None:
+                return None
         if self.directory.get(target) is not None or link.connected_since is None:
             return None
         return Outcome.failure(
