@@ -297,3 +297,16 @@ def test_a_flood_of_calls_keeps_the_target_answering_and_its_memory_bounded(site
     answers = wire.on(f"farmhost/{A}/rpc/{B}/answer")
     assert {json.loads(m.payload)["result"]["status"] for m in answers} == {"success"}
     assert sites.count() == 0 and sites.b.proc is not None and sites.b.proc.poll() is None
+
+
+def test_a_site_that_is_online_but_silent_is_answered_timeout_and_refuses_the_call_later(sites: Sites) -> None:
+    assert sites.b.proc is not None
+    sites.b.proc.send_signal(signal.SIGSTOP)  # frozen: its connection (and `online`) lasts until the keepalive ends
+    try:
+        _ask(sites.a_dir, "silent", ttl=3)
+        result = wait_result(sites.a_dir, "main", "silent", timeout=40)
+    finally:
+        sites.b.proc.send_signal(signal.SIGCONT)
+    refused(result, "timeout", f"site {B} did not answer", "check its state")
+    wait_for(lambda: "expired" in sites.b.log(), timeout=30, what="the greenhouse to refuse the late call")
+    assert sites.count() == 0 and _calls_run_at(sites.b_dir) == []
