@@ -128,7 +128,9 @@ async def test_a_run_over_its_time_is_killed_even_when_it_ignores_sigterm(root: 
         await runtime.stop()
     assert outcome.status == "timeout"
     assert outcome.error == f"the run took longer than {PROBE_TIMEOUT:g} s and was stopped"
-    assert outcome.exit_code == -9  # SIGKILL: SIGTERM was ignored
+    # SIGKILL: SIGTERM was ignored. -9 when the kill reached bwrap itself first; 128 + 9 when bwrap saw its
+    # sandboxed child killed and exited first, reporting it (both happen, by the order the kernel takes them)
+    assert outcome.exit_code in (-9, 128 + 9), outcome.exit_code
     assert took >= PROBE_TIMEOUT + 1.0  # the timeout, then the whole grace (SIGTERM was ignored)
     assert took < PROBE_TIMEOUT + 1.0 + scaled(3)  # ... and then no more than it takes to kill and reap it
     assert "status: timeout" in outcome.log_path.read_text()
