@@ -7,6 +7,7 @@ parameters so a test can provoke each state on real files.
 from __future__ import annotations
 
 import os
+import stat
 import platform
 import pwd
 import shutil
@@ -96,12 +97,12 @@ def data_dir_check(root: Path) -> Check:
     chown = f"sudo chown -R {me}: {root}, or run farmhost as the directory's owner"
     if not os.access(root, os.W_OK):
         return Check("data dir", "broken", f"{root} is not writable by {me}", chown)
-    foreign = [p for p in _owned_entries(root) if p.lstat().st_uid != uid]
+    foreign = [(p, st) for p, st in _owned_entries(root) if st.st_uid != uid]
     if not foreign:
         return Check("data dir", "ok", f"{root}, owned by {me}, writable")
-    locked = [p for p in foreign if not p.is_symlink() and not os.access(p, os.W_OK)]
-    first = (locked or foreign)[0]
-    owner = _user(first.lstat().st_uid)
+    locked = [(p, st) for p, st in foreign if not stat.S_ISLNK(st.st_mode) and not os.access(p, os.W_OK)]
+    first, first_stat = (locked or foreign)[0]
+    owner = _user(first_stat.st_uid)
     shown = "the directory itself" if first == root else str(first.relative_to(root))
     detail = f"{len(foreign)} entr{'y' if len(foreign) == 1 else 'ies'} of {root} belong to another user than {me}"
     detail += f" (e.g. {shown}: {owner})"
@@ -111,19 +112,22 @@ def data_dir_check(root: Path) -> Check:
     return Check("data dir", "warn", detail, chown)
 
 
-def _owned_entries(root: Path) -> list[Path]:
-    """The directory, its top-level entries and each group's IPC and workspace directory (not their contents)."""
-    entries = [root]
-    with os.scandir(root) as top:
-        for entry in top:
-            entries.append(Path(entry.path))
+def _owned_entries(root: Path) -> list[tuple[Path, os.stat_result]]:
+    """The directory, its top-level entries and each group's IPC and workspace directory (not their contents),
+    each with its lstat; an entry gone before it was looked at (SQLite's -wal and -shm come and go) is left out."""
+    entries = [(root, root.lstat())]
     layout = DataLayout(root)
-    for parent in (layout.ipc, layout.groups):
+    for parent in (root, layout.ipc, layout.groups):
         try:
-            with os.scandir(parent) as sub:
-                entries.extend(Path(e.path) for e in sub)
+            with os.scandir(parent) as listing:
+                for entry in listing:
+                    try:
+                        entries.append((Path(entry.path), entry.stat(follow_symlinks=False)))
+                    except FileNotFoundError:
+                        continue
         except OSError:
-            continue
+            if parent == root:
+                raise
     return entries
 
 

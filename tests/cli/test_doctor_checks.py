@@ -28,6 +28,7 @@ from inotify_simple import flags as f
 from farmhost.cli.hostchecks import (
     InotifyUse,
     clock_check,
+    data_dir_check,
     disk_check,
     inotify_check,
     inotify_in_use,
@@ -342,6 +343,30 @@ def test_time_zone(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- data dir
+
+
+def test_data_dir_check_ignores_files_that_come_and_go_while_it_looks(tmp_path: Path) -> None:
+    # The doctor's other checks open the database beside this one: SQLite's -wal and -shm appear and vanish
+    # between the listing and the look at each entry. Churn such files as fast as possible while the check runs.
+    root = tmp_path / "data"
+    (root / "groups" / "main").mkdir(parents=True)
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            for name in ("farmhost.db-wal", "farmhost.db-shm", "x1", "x2", "x3"):
+                (root / name).touch()
+            for name in ("farmhost.db-wal", "farmhost.db-shm", "x1", "x2", "x3"):
+                (root / name).unlink()
+
+    worker = threading.Thread(target=churn)
+    worker.start()
+    try:
+        states = {data_dir_check(root).state for _ in range(400)}
+    finally:
+        stop.set()
+        worker.join()
+    assert states == {"ok"}
 
 
 def test_data_dir_owned_by_another_user(data_dir: Path) -> None:
