@@ -7,11 +7,11 @@ parameters so a test can provoke each state on real files.
 from __future__ import annotations
 
 import os
-import stat
 import platform
 import pwd
 import shutil
 import sqlite3
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -113,8 +113,11 @@ def data_dir_check(root: Path) -> Check:
 
 
 def _owned_entries(root: Path) -> list[tuple[Path, os.stat_result]]:
-    """The directory, its top-level entries and each group's IPC and workspace directory (not their contents),
-    each with its lstat; an entry gone before it was looked at (SQLite's -wal and -shm come and go) is left out."""
+    """The directory, its top-level entries and each group's IPC and workspace directory, each with its lstat.
+
+    Their contents are not looked at; an entry gone before it was looked at (SQLite's -wal and -shm come and go) is
+    left out.
+    """
     entries = [(root, root.lstat())]
     layout = DataLayout(root)
     for parent in (root, layout.ipc, layout.groups):
