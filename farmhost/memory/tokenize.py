@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import unicodedata
-from functools import lru_cache
+from collections.abc import Callable
 from typing import Final
 
 # Letters that carry their "accent" as part of the letter itself (a stroke, not a combining mark),
@@ -58,7 +59,25 @@ def is_cjk(char: str) -> bool:
     return _in_ranges(ord(char), _CJK_RANGES)
 
 
-@lru_cache(maxsize=8192)
+# Per-character tables for str.translate, filled on first sight of each character; a hostile text of many distinct
+# characters still gets correct answers once a table is full, only no longer cached.
+_TABLE_LIMIT: Final = 1 << 16
+
+
+class _LazyTable(dict[int, str]):
+    """A str.translate table computed per character on first use: C-speed lookups after that."""
+
+    def __init__(self, compute: Callable[[str], str]) -> None:
+        super().__init__()
+        self._compute = compute
+
+    def __missing__(self, code: int) -> str:
+        value = self._compute(chr(code))
+        if len(self) < _TABLE_LIMIT:
+            self[code] = value
+        return value
+
+
 def _fold_char(char: str) -> str:
     """One already case-folded character with its Latin/Greek/Cyrillic accents removed."""
     if is_cjk(char):
@@ -71,6 +90,27 @@ def _fold_char(char: str) -> str:
     return "".join(_LETTER_FOLDS.get(c, c) for c in kept)
 
 
+# What a folded character is to the tokenizer: part of a word, a CJK character (its own tokens), or a separator.
+_WORD: Final = "w"
+_CJK: Final = "c"
+_SEPARATOR: Final = " "
+
+
+def _char_class(char: str) -> str:
+    category = unicodedata.category(char)[0]
+    if category in "LN" and is_cjk(char):
+        return _CJK
+    # Marks (M*) count so that scripts such as Devanagari keep their vowel signs inside the word.
+    return _WORD if category in "LNM" else _SEPARATOR
+
+
+_FOLDS: Final = _LazyTable(_fold_char)
+_CLASSES: Final = _LazyTable(_char_class)
+_RUNS: Final = re.compile(f"{_WORD}+|{_CJK}+")
+# Folded ASCII text: its word characters are exactly the ASCII letters and digits.
+_ASCII_WORDS: Final = re.compile(r"[a-z0-9]+")
+
+
 def fold(text: str) -> str:
     """Normalise text for matching: NFKC, casefold, and accent folding ("Irrigação" -> "irrigacao").
 
@@ -80,13 +120,9 @@ def fold(text: str) -> str:
     Returns:
         The folded text; CJK characters are kept as they are.
     """
-    lowered = unicodedata.normalize("NFKC", text).casefold()
-    return "".join(_fold_char(c) for c in lowered)
-
-
-def _is_word_char(char: str) -> bool:
-    # Marks (M*) count so that scripts such as Devanagari keep their vowel signs inside the word.
-    return unicodedata.category(char)[0] in "LNM"
+    if text.isascii():
+        return text.lower()
+    return unicodedata.normalize("NFKC", text).casefold().translate(_FOLDS)
 
 
 def _cjk_tokens(run: str) -> list[str]:
@@ -112,30 +148,15 @@ def tokenize(text: str) -> list[str]:
     Returns:
         The tokens in text order, with repetitions; [] when the text has no letters or digits.
     """
+    if text.isascii():  # the common case: folding ASCII is lower-casing, its word characters are [a-z0-9]
+        return _ASCII_WORDS.findall(text.lower())
+    folded = fold(text)
+    classes = folded.translate(_CLASSES)  # one class letter per folded character
     tokens: list[str] = []
-    word: list[str] = []
-    cjk: list[str] = []
-
-    def flush() -> None:
-        if word:
-            tokens.append("".join(word))
-            word.clear()
-        if cjk:
-            tokens.extend(_cjk_tokens("".join(cjk)))
-            cjk.clear()
-
-    for char in fold(text):
-        if is_cjk(char) and unicodedata.category(char)[0] in "LN":
-            if word:
-                tokens.append("".join(word))
-                word.clear()
-            cjk.append(char)
-        elif _is_word_char(char):
-            if cjk:
-                tokens.extend(_cjk_tokens("".join(cjk)))
-                cjk.clear()
-            word.append(char)
+    for run in _RUNS.finditer(classes):
+        start, end = run.span()
+        if classes[start] == _WORD:
+            tokens.append(folded[start:end])
         else:
-            flush()
-    flush()
+            tokens.extend(_cjk_tokens(folded[start:end]))
     return tokens
