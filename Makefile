@@ -58,11 +58,15 @@ lint:
 typecheck:
 	.venv/bin/mypy
 
+# Two pytest workers (pytest-xdist), each test file on one worker: each worker starts its own Home Assistant.
+PYTEST_WORKERS ?= 2
+PYTEST = .venv/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+
 pytest:
-	.venv/bin/pytest -q
+	$(PYTEST)
 
 pytest-fast:
-	.venv/bin/pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 ## bench: the IPC round-trip benchmark (figures in docs/performance.md)
 bench: install
