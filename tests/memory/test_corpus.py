@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from farmhost.memory.chunker import split_lines
-from farmhost.memory.corpus import MemoryCorpus, read_memory_file
+from farmhost.memory.corpus import MemoryCorpus
+from farmhost.memory.files import read_memory_file
 
 FILES = {
     "field/MEMORY.md": (

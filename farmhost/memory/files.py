@@ -1,0 +1,116 @@
+"""The memory files of a workspace: which exist (symlink-safe walk, bounded), their signatures, and reading one."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+MEMORY_FILE: Final = "MEMORY.md"
+MEMORY_DIR: Final = "memory"
+# Bounds on what an agent can make the host read: memory is notes, not a data lake.
+MAX_FILE_BYTES: Final = 1 << 20
+MAX_FILES_PER_ROOT: Final = 2000
+MAX_DEPTH: Final = 16
+
+OPEN_DIR: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_OPEN_FILE: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+Signature = tuple[int, int, int, int]  # (inode, size, mtime_ns, ctime_ns)
+
+
+def signature(st: os.stat_result) -> Signature:
+    """What tells a changed file from an unchanged one: (inode, size, mtime_ns, ctime_ns)."""
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _walk_md(dir_fd: int, prefix: str, depth: int) -> Iterator[tuple[str, Signature]]:
+    """Regular `*.md` files under an open directory, never following a symlink; sorted by name."""
+    if depth > MAX_DEPTH:
+        return
+    with os.scandir(dir_fd) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for entry in entries:
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        rel = f"{prefix}/{entry.name}"
+        if stat.S_ISDIR(st.st_mode):
+            try:
+                sub_fd = os.open(entry.name, OPEN_DIR, dir_fd=dir_fd)
+            except OSError:
+                continue  # a symlink swapped in since the stat, or gone: skip
+            try:
+                yield from _walk_md(sub_fd, rel, depth + 1)
+            finally:
+                os.close(sub_fd)
+        elif stat.S_ISREG(st.st_mode) and entry.name.endswith(".md"):
+            yield rel, signature(st)
+
+
+def list_root(root: Path) -> dict[str, Signature]:
+    """Memory files of one workspace root and their signatures; symlinks (files or dirs) are skipped."""
+    found: dict[str, Signature] = {}
+    try:
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return found
+    try:
+        try:
+            st = os.stat(MEMORY_FILE, dir_fd=root_fd, follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode):
+                found[MEMORY_FILE] = signature(st)
+        except OSError:
+            pass
+        try:
+            mem_fd = os.open(MEMORY_DIR, OPEN_DIR, dir_fd=root_fd)
+        except OSError:
+            return found
+        try:
+            for rel, sig in _walk_md(mem_fd, MEMORY_DIR, 1):
+                if len(found) >= MAX_FILES_PER_ROOT:
+                    break
+                found[rel] = sig
+        finally:
+            os.close(mem_fd)
+    finally:
+        os.close(root_fd)
+    return found
+
+
+def read_memory_file(root: Path, rel: str) -> str | None:
+    """Read a memory file relative to `root`, opening every path component with O_NOFOLLOW.
+
+    Args:
+        root: The workspace directory (trusted, may itself be reached through a link).
+        rel: A "/"-separated relative path such as "memory/fields/north.md".
+
+    Returns:
+        The text (invalid UTF-8 replaced, at most MAX_FILE_BYTES read), or None when the file is
+        missing, is not a regular file, or any component is a symlink.
+    """
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return None
+    fds: list[int] = []
+    try:
+        fds.append(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+        for part in parts[:-1]:
+            fds.append(os.open(part, OPEN_DIR, dir_fd=fds[-1]))
+        fds.append(os.open(parts[-1], _OPEN_FILE, dir_fd=fds[-1]))
+        if not stat.S_ISREG(os.fstat(fds[-1]).st_mode):
+            return None
+        with os.fdopen(os.dup(fds[-1]), "rb") as handle:
+            data = handle.read(MAX_FILE_BYTES)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.ENXIO, errno.EISDIR):
+            return None
+        raise
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return data.decode("utf-8", errors="replace")
