@@ -1,16 +1,17 @@
-"""The memory files of a workspace: which exist (symlink-safe walk, bounded), their signatures, and reading one."""
+"""The memory files of a workspace: which exist (a symlink-safe, bounded walk), their signatures, reading one."""
 
 from __future__ import annotations
 
 import errno
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Final
 
 MEMORY_FILE: Final = "MEMORY.md"
 MEMORY_DIR: Final = "memory"
+MD_SUFFIX: Final = ".md"
 # Bounds on what an agent can make the host read: memory is notes, not a data lake.
 MAX_FILE_BYTES: Final = 1 << 20
 MAX_FILES_PER_ROOT: Final = 2000
@@ -20,6 +21,8 @@ OPEN_DIR: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _OPEN_FILE: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 Signature = tuple[int, int, int, int]  # (inode, size, mtime_ns, ctime_ns)
+# (open directory fd, its path relative to the root): told of each directory the walk is about to read.
+OnDir = Callable[[int, str], None]
 
 
 def signature(st: os.stat_result) -> Signature:
@@ -27,10 +30,17 @@ def signature(st: os.stat_result) -> Signature:
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _walk_md(dir_fd: int, prefix: str, depth: int) -> Iterator[tuple[str, Signature]]:
+def is_memory_name(name: str) -> bool:
+    """Whether a file of this name under `memory/` is indexed (its type is checked separately)."""
+    return name.endswith(MD_SUFFIX)
+
+
+def _walk_md(dir_fd: int, prefix: str, depth: int, on_dir: OnDir | None) -> Iterator[tuple[str, os.stat_result]]:
     """Regular `*.md` files under an open directory, never following a symlink; sorted by name."""
     if depth > MAX_DEPTH:
         return
+    if on_dir is not None:
+        on_dir(dir_fd, prefix)
     with os.scandir(dir_fd) as it:
         entries = sorted(it, key=lambda e: e.name)
     for entry in entries:
@@ -45,25 +55,33 @@ def _walk_md(dir_fd: int, prefix: str, depth: int) -> Iterator[tuple[str, Signat
             except OSError:
                 continue  # a symlink swapped in since the stat, or gone: skip
             try:
-                yield from _walk_md(sub_fd, rel, depth + 1)
+                yield from _walk_md(sub_fd, rel, depth + 1, on_dir)
             finally:
                 os.close(sub_fd)
-        elif stat.S_ISREG(st.st_mode) and entry.name.endswith(".md"):
-            yield rel, signature(st)
+        elif stat.S_ISREG(st.st_mode) and is_memory_name(entry.name):
+            yield rel, st
 
 
-def list_root(root: Path) -> dict[str, Signature]:
-    """Memory files of one workspace root and their signatures; symlinks (files or dirs) are skipped."""
-    found: dict[str, Signature] = {}
+def walk_root(root: Path, on_dir: OnDir | None = None) -> dict[str, os.stat_result]:
+    """Memory files of one workspace root and their `lstat`; symlinks (files or dirs) are skipped.
+
+    Args:
+        root: The workspace directory (trusted, may itself be reached through a link).
+        on_dir: Called with each open directory and its relative path ("" for the root, then "memory",
+            "memory/x", ...) before that directory is read, so a watch added there sees every later change.
+    """
+    found: dict[str, os.stat_result] = {}
     try:
         root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return found
     try:
+        if on_dir is not None:
+            on_dir(root_fd, "")
         try:
             st = os.stat(MEMORY_FILE, dir_fd=root_fd, follow_symlinks=False)
             if stat.S_ISREG(st.st_mode):
-                found[MEMORY_FILE] = signature(st)
+                found[MEMORY_FILE] = st
         except OSError:
             pass
         try:
@@ -71,15 +89,20 @@ def list_root(root: Path) -> dict[str, Signature]:
         except OSError:
             return found
         try:
-            for rel, sig in _walk_md(mem_fd, MEMORY_DIR, 1):
+            for rel, st in _walk_md(mem_fd, MEMORY_DIR, 1, on_dir):
                 if len(found) >= MAX_FILES_PER_ROOT:
                     break
-                found[rel] = sig
+                found[rel] = st
         finally:
             os.close(mem_fd)
     finally:
         os.close(root_fd)
     return found
+
+
+def list_root(root: Path) -> dict[str, Signature]:
+    """Memory files of one workspace root and their signatures; symlinks (files or dirs) are skipped."""
+    return {rel: signature(st) for rel, st in walk_root(root).items()}
 
 
 def read_memory_file(root: Path, rel: str) -> str | None:
