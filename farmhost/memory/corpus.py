@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,10 +10,11 @@ from typing import Final
 
 from farmhost.memory.bm25 import Bm25Index, SegmentKey
 from farmhost.memory.chunker import DEFAULT_MAX_CHARS, Chunk, chunk_markdown
-from farmhost.memory.files import Signature, list_root, read_memory_file
+from farmhost.memory.files import Signature, read_memory_file
 from farmhost.memory.progress import PROGRESS_AFTER_SECONDS, PROGRESS_EVERY_SECONDS, PROGRESS_FILES, IndexProgress
 from farmhost.memory.snippet import snippet
 from farmhost.memory.tokenize import tokenize
+from farmhost.memory.watch import MemoryWatch
 
 # Segment kinds in the BM25 index; "memory" < "session" puts memory first among equal scores.
 _MEMORY: Final = "memory"
@@ -72,6 +74,7 @@ class CorpusStats:
     files_chunked: int = 0
     segments_indexed: int = 0
     searches: int = 0
+    listings: int = 0  # roots listed (one stat per file); a search lists only the roots whose watch says dirty
 
 
 @dataclass(slots=True)
@@ -84,10 +87,12 @@ class MemoryCorpus:
     """BM25 search over the markdown memory (`MEMORY.md`, `memory/**/*.md`) of several workspace roots.
 
     Each file is one segment of an incremental BM25 index, cached by its (inode, size, mtime_ns,
-    ctime_ns): every search re-stats the files, then re-reads, re-chunks and re-indexes only the
-    new or changed ones and drops removed ones, so an edit costs in proportion to the edited file.
+    ctime_ns). A search lists (re-stats) only the roots whose inotify watch (`watch.py`) says something
+    may have changed, then re-reads, re-chunks and re-indexes only the new or changed files and drops
+    removed ones, so an edit costs in proportion to the edited file.
     Chat messages are segments of the same index, so memory and session scores compare.
-    Not thread-safe: use one instance from one thread (the daemon's event loop via to_thread).
+    Not thread-safe: use one instance from one thread at a time (the daemon's, via to_thread under a lock).
+    `close()` releases the inotify instance (a finalizer does it when the corpus is dropped).
     """
 
     def __init__(
@@ -121,11 +126,22 @@ class MemoryCorpus:
         self._index = Bm25Index()
         self._sessions: dict[int, SessionDoc] = {}
         self.stats = CorpusStats()
+        self._watch = MemoryWatch(self._name)
+        self._root_watches = {label: self._watch.root(path) for label, path in self._roots.items()}
+        self._finalizer = weakref.finalize(self, self._watch.close)
+
+    def close(self) -> None:
+        """Release the inotify instance; the corpus stays usable and then re-lists every root at every search."""
+        self._finalizer()
 
     def _changed_files(self, number: int, label: str) -> list[tuple[str, Signature]]:
         """Drop the files of one root that are gone; return the new or changed ones, to be read."""
+        watch = self._root_watches[label]
+        if not watch.dirty:
+            return []
         files = self._files[label]
-        current = list_root(self._roots[label])
+        current = watch.list()
+        self.stats.listings += 1
         for rel in [r for r in files if r not in current]:
             del files[rel]
             self._index.remove((_MEMORY, number, rel))
@@ -159,6 +175,7 @@ class MemoryCorpus:
 
     def refresh(self, sessions: tuple[SessionDoc, ...] = ()) -> None:
         """Bring the index up to date with the files and these chat messages (a search does this itself)."""
+        self._watch.poll()
         changed = [(number, label, self._changed_files(number, label)) for number, label in enumerate(self._labels)]
         progress = IndexProgress(
             self._name,
