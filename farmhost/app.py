@@ -110,6 +110,7 @@ class App:
         self.auto_off: AutoOff | None = None
         self.sites: SiteCaller | None = None
         self.mqtt: MqttService | None = None
+        self.memory: MemoryService | None = None
         self.loop_monitor = LoopMonitor(self.layout.logs)
 
     async def start(self) -> None:
@@ -128,7 +129,7 @@ class App:
             self.collector = StateCollector.from_deps(farm, **collector_options(self.settings))
             farm = replace(farm, state=self.collector)
             await self.collector.start()  # returns at once; the first poll runs in the background
-        memory = MemoryService(self.layout)
+        memory = self.memory = MemoryService(self.layout)
         audit = AuditLog(self.layout.farm_state, max_bytes=self.settings.request_log_max_bytes)
         self.sites = SiteCaller(
             db=self.db, site=self.settings.site_name, audit=audit, enabled=bool(self.settings.mqtt_url)
@@ -231,6 +232,9 @@ class App:
         if self.ipc is not None:
             await self.ipc.stop()
             self.ipc = None
+        if self.memory is not None:  # after the IPC handlers and agent runs that search it
+            await self.memory.close()
+            self.memory = None
         if self.collector is not None:
             await self.collector.stop()
             self.collector = None

@@ -20,11 +20,23 @@ PER_FILE_CAP: Final = 3
 
 
 class MemoryService:
-    """Keeps one MemoryCorpus per searched folder; each is rebuilt only for the files that changed."""
+    """Keeps one MemoryCorpus per searched folder; each is rebuilt only for the files that changed.
+
+    A folder is searched by its own group, by main (any registered group) or for an agent run's prompt, so
+    there is at most one corpus per registered group plus one for `global`; each holds one inotify
+    instance (`watch.py`) until `close()`.
+    """
 
     def __init__(self, layout: DataLayout) -> None:
         self._layout = layout
         self._corpora: dict[str, tuple[MemoryCorpus, asyncio.Lock]] = {}
+
+    async def close(self) -> None:
+        """Release every corpus's inotify instance, each after its running search; a later search starts afresh."""
+        corpora, self._corpora = self._corpora, {}
+        for corpus, lock in corpora.values():
+            async with lock:
+                corpus.close()
 
     async def search(
         self, folder: str, query: str, *, top_k: int, sessions: tuple[SessionDoc, ...] = (), memory: bool = True
