@@ -25,6 +25,8 @@ this module existed. Each cause is logged once:
   descriptor limit reached), a watch could not be added for lack of watches (`ENOSPC`:
   `fs.inotify.max_user_watches`), or the queue could not be read. The instance is closed, which frees
   its watches for the IPC watcher and agent runs.
+- a watch could not be added for another reason (no `/proc`, say): that listing is not trusted, and the
+  next one tries again.
 - the root has more than MAX_WATCHED_DIRS directories to watch (an agent must not spend the user's
   watches); its watches are removed until it has fewer again.
 - a memory file has `st_nlink > 1`: a hard link lets it be written through a directory that is not
@@ -37,7 +39,7 @@ directory's, so writes through it go unseen. The index may then be stale until t
 change (a `write`, truncate, rename or touch through the memory path) and at most REVALIDATE_SECONDS: a
 root is re-listed at least that often anyway. The content is the agent's own; it can only mislead itself.
 The sandboxes (docker, podman, bwrap, process) bind-mount the workspace, so their writes reach the same
-inodes and are seen; a network or FUSE filesystem whose writes come from elsewhere is covered by the bound only.
+inodes and are seen; a network or FUSE filesystem written from elsewhere is covered by the bound only.
 
 Cost: one inotify instance (one descriptor) per corpus. `MemoryService` keeps one corpus per folder
 searched, so a daemon holds at most one per registered group plus one for `global`, each counted against
@@ -193,6 +195,8 @@ class MemoryWatch:
         except OSError as err:
             if err.errno == errno.ENOSPC:
                 self._give_up("inotify watch limit reached (raise fs.inotify.max_user_watches)")
+            else:
+                self.warn_once(f"add:{err.errno}", "cannot watch a directory of %s: %s", root.path, err)
             return None
         owner = self._owners.get(wd)
         if owner is not None and owner[0] is not root:
