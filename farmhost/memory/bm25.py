@@ -146,6 +146,8 @@ class Bm25Index:
         self._next_id = 0
         self._doc_len = np.zeros(0, dtype=np.float64)  # by global id; ids of removed segments are unused
         self._dead = np.zeros(0, dtype=np.bool_)  # by global id: removed, still in merged postings until _compact
+        self._kinds: dict[str, int] = {}  # a segment key's kind ("memory", "session") -> its code in _kind
+        self._kind = np.zeros(0, dtype=np.int16)  # by global id
         # Global postings per term, built on first use; segments added since wait in _pending, removed ones are
         # masked by _dead, so an update never throws away a merge of every other segment's postings.
         self._merged: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -181,7 +183,9 @@ class Bm25Index:
             size = max(self._next_id, 2 * self._doc_len.size)
             self._doc_len = _grown(self._doc_len, size)
             self._dead = _grown(self._dead, size)
+            self._kind = _grown(self._kind, size)
         self._doc_len[segment.base : segment.base + len(documents)] = segment.doc_len
+        self._kind[segment.base : segment.base + len(documents)] = self._kinds.setdefault(key[0], len(self._kinds))
         self._segments[key] = segment
         self._account(segment, +1)
         for term in segment.postings:
@@ -225,8 +229,10 @@ class Bm25Index:
         self._next_id = next_id
         self._doc_len = np.zeros(next_id, dtype=np.float64)
         self._dead = np.zeros(next_id, dtype=np.bool_)
+        self._kind = np.zeros(next_id, dtype=np.int16)
         for seg in self._segments.values():
             self._doc_len[seg.base : seg.base + len(seg.doc_len)] = seg.doc_len
+            self._kind[seg.base : seg.base + len(seg.doc_len)] = self._kinds[seg.key[0]]
         self._merged = {}
         self._pending = {}
         self._order = None
@@ -276,19 +282,25 @@ class Bm25Index:
             (seg.key, i): float(total[seg.base + i]) for seg in self._segments.values() for i in range(len(seg.doc_len))
         }
 
-    def ranked(self, tokens: Sequence[str], batch: int = 8) -> Iterator[tuple[SegmentKey, int, float]]:
+    def ranked(
+        self, tokens: Sequence[str], batch: int = 8, *, kind: str | None = None
+    ) -> Iterator[tuple[SegmentKey, int, float]]:
         """The matching documents for the query tokens, best first, sorted lazily.
 
         Args:
             tokens: The query's tokens.
             batch: How many to sort before the first result; each further batch is 4 times larger,
                 so a caller that stops after a few results never sorts the whole match list.
+            kind: Only documents of segments whose key starts with this kind; they are scored over
+                every document all the same (same IDF and average length).
 
         Yields:
             (segment key, position, score) with score > 0, by score descending, then segment key,
             then position.
         """
         total = self._scores(tokens)
+        if kind is not None:
+            total[self._kind[: self._next_id] != self._kinds.get(kind, -1)] = 0.0
         remaining = np.flatnonzero(total > 0.0)
         order = self._tie_order()
         rank, bases, by_base = order.rank, order.bases(), order.by_base

@@ -227,18 +227,18 @@ class MemoryCorpus:
         self.stats.searches += 1
         self.refresh()
         tokens = tokenize(query_text)
-        if not tokens or top_k <= 0:
+        if not tokens or top_k <= 0 or not (memory or sessions):
             return []
+        only = None if memory and sessions else _MEMORY if memory else _SESSION
         token_set = set(tokens)
         per_file: dict[SegmentKey, int] = {}
         hits: list[MemoryHit | SessionHit] = []
-        for key, position, score in self._index.ranked(tokens, batch=top_k):
+        for key, position, score in self._index.ranked(tokens, batch=top_k, kind=only):
             kind, number, rel = key
             if kind == _SESSION:
-                if sessions:
-                    doc = self._sessions[number]
-                    hits.append(SessionHit(doc, snippet(doc.text, token_set), score))
-            elif memory and per_file.get(key, 0) < per_file_cap:
+                doc = self._sessions[number]
+                hits.append(SessionHit(doc, snippet(doc.text, token_set), score))
+            elif per_file.get(key, 0) < per_file_cap:
                 per_file[key] = per_file.get(key, 0) + 1
                 label = self._labels[number]
                 chunk = self._files[label][rel].chunks[position]

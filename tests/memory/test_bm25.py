@@ -254,7 +254,10 @@ def test_queries_between_edits_appends_and_evictions_rank_like_a_fresh_index(
             ours = index.scores(query)
             assert set(ours) == {(key, i) for key in live for i in range(len(live[key]))}
             assert ours == pytest.approx(_fresh(live).scores(query), rel=1e-9, abs=1e-12)
-            assert [(key, i) for key, i, _ in index.ranked(query, batch)] == _reference(live, query)
+            every = list(index.ranked(query, batch))
+            assert [(key, i) for key, i, _ in every] == _reference(live, query)
+            for kind in ("memory", "session"):
+                assert list(index.ranked(query, batch, kind=kind)) == [r for r in every if r[0][0] == kind]
     assert index.size == sum(len(d) for d in live.values())
 
 
