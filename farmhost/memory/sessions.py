@@ -6,7 +6,8 @@ tokenising happens in the search's worker thread. More new rows than that are re
 connection of its own (the daemon's connection belongs to the event loop). So is the whole window: on the first
 search, when the chats bound to the folder change (a group removed, or a chat registered under another folder),
 after more new rows than the window holds, and when rows it holds are gone. Only another connection could
-delete rows (farmhost never does), so that is counted only after another connection committed (`data_version`).
+delete rows (farmhost never does), so the held rows are counted (in the thread) only after another connection
+committed (`data_version`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class WindowStats:
     Attributes:
         loads: Windows read in full.
         rows_fetched: Transcript rows read, by loads and by the searches in between.
-        checks: Counts of the held rows after another connection committed.
+        checks: Counts of the held rows (in the worker thread) after another connection committed.
     """
 
     loads: int = 0
@@ -50,12 +51,15 @@ class SessionUpdate:
         new: Messages above the newest one held, oldest first.
         catch_up: More new messages than the loop reads: the thread reads those above the newest one held.
         reload: Read the window of `jids` anew (then `new` is empty).
+        verify: Another connection committed since the last search: the thread counts the rows held, and
+            reloads the window when some are gone.
     """
 
     jids: tuple[str, ...]
     new: tuple[SessionDoc, ...] = ()
     catch_up: bool = False
     reload: bool = False
+    verify: bool = False
 
 
 class SessionWindow:
@@ -98,16 +102,13 @@ class SessionWindow:
             return SessionUpdate(jids, reload=True)
         if not jids:
             return SessionUpdate(jids)
-        if version != self._version:
-            self.stats.checks += 1
-            self._version = version
-            if transcripts.count_between(db.conn, jids, self._first, self._last) != self._count:
-                return SessionUpdate(jids, reload=True)
+        verify = version != self._version
+        self._version = version
         rows = transcripts.since(db.conn, jids, self._last, limit=self._batch + 1)
         self.stats.rows_fetched += len(rows)
         if len(rows) > self._batch:
-            return SessionUpdate(jids, catch_up=True)
-        return SessionUpdate(jids, new=_docs(rows))
+            return SessionUpdate(jids, catch_up=True, verify=verify)
+        return SessionUpdate(jids, new=_docs(rows), verify=verify)
 
     def apply(self, corpus: MemoryCorpus, update: SessionUpdate, db_path: Path | None) -> None:
         """Bring the corpus's messages up to date (in the worker thread: it may read up to `limit` rows).
@@ -118,31 +119,28 @@ class SessionWindow:
             db_path: The database file the thread reads (on its own connection); None for no chat.
         """
         self._jids = None  # until the corpus is up to date: a failure here makes the next search reload
-        docs = update.new
-        if update.reload or update.catch_up:
-            rows = self._read(corpus, update, db_path)
-            self.stats.rows_fetched += len(rows)
-            docs = _docs(rows)
-        corpus.add_sessions(docs, keep=self._limit)
-        self._jids = update.jids
-        self._count, self._first, self._last = corpus.session_span()
-
-    def _read(self, corpus: MemoryCorpus, update: SessionUpdate, db_path: Path | None) -> list[transcripts.MessageRow]:
-        """The rows above the newest one held (catching up), else the whole window, clearing the corpus's."""
-        full = update.reload
-        rows: list[transcripts.MessageRow] = []
-        if db_path is not None and update.jids:
+        full, docs = update.reload, update.new
+        if db_path is not None and update.jids and (update.reload or update.catch_up or update.verify):
             with closing(sqlite3.connect(db_path, timeout=BUSY_TIMEOUT_MS / 1000)) as conn:
                 conn.execute("PRAGMA query_only = 1")
-                if update.catch_up:
+                if update.verify and not full:
+                    self.stats.checks += 1
+                    full = transcripts.count_between(conn, update.jids, self._first, self._last) != self._count
+                if update.catch_up and not full:
                     rows = transcripts.since(conn, update.jids, self._last, limit=self._limit + 1)
+                    self.stats.rows_fetched += len(rows)
                     full = len(rows) > self._limit  # more than the window: only its latest `limit` stay
+                    docs = _docs(rows)
                 if full:
                     rows = transcripts.latest(conn, update.jids, limit=self._limit)
+                    self.stats.rows_fetched += len(rows)
+                    docs = _docs(rows)
         if full:
             corpus.clear_sessions()
             self.stats.loads += 1
-        return rows
+        corpus.add_sessions(docs, keep=self._limit)
+        self._jids = update.jids
+        self._count, self._first, self._last = corpus.session_span()
 
 
 def _docs(rows: Sequence[transcripts.MessageRow]) -> tuple[SessionDoc, ...]:

@@ -172,19 +172,25 @@ def test_rows_another_connection_deletes_leave_the_window(farm: Farm) -> None:
     first, second = farm.post(FIELD, "pump alpha", "pump beta")
     assert sorted(texts(search(service, farm, "pump"))) == ["pump alpha", "pump beta"]
     other = Database.open(farm.layout.root)  # what a CLI or a hand-run sqlite3 would be
+    on_loop: list[str] = []
+    farm.db.conn.set_trace_callback(on_loop.append)
     try:
         with other.tx() as conn:
             conn.execute("DELETE FROM transcript WHERE id = ?", (first,))
         assert texts(search(service, farm, "pump")) == ["pump beta"]
+        assert stats(service)[1].checks == 1 and not any("count(" in sql for sql in on_loop), "counted in the thread"
         with other.tx() as conn:
             conn.execute("DELETE FROM transcript WHERE id = ?", (second,))
-        farm.post(FIELD, "pump gamma")  # reuses the newest id: SQLite hands out max(id) + 1
+        farm.post(FIELD, "pump gamma")  # SQLite hands out max(id) + 1: an id below the newest one held
         assert texts(search(service, farm, "pump")) == ["pump gamma"]
         farm.post(FIELD, "pump delta", db=other)  # another connection adding rows only: no reload
         loads = stats(service)[1].loads
         assert sorted(texts(search(service, farm, "pump"))) == ["pump delta", "pump gamma"]
         assert stats(service)[1].loads == loads
+        search(service, farm, "pump")
+        assert stats(service)[1].checks == 3, "counted only after another connection committed"
     finally:
+        farm.db.conn.set_trace_callback(None)
         other.close()
 
 
