@@ -86,7 +86,7 @@ def _runtime(settings: Settings, command: Sequence[str] | None = None) -> AgentR
         layout=DataLayout(settings.data_dir),
         group=groups.get,
         before_run=_no_hook,
-        memory_snippets=lambda folder, prompt: memory.search(folder, prompt, top_k=8),
+        memory_snippets=lambda folder, prompt: memory.search(folder, prompt, top_k=8, sources="memory"),
         command=command,
     )
 

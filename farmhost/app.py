@@ -161,7 +161,9 @@ class App:
             layout=self.layout,
             group=self._group,
             before_run=self._before_run,
-            memory_snippets=lambda folder, prompt: memory.search(folder, prompt, top_k=MEMORY_HITS_PER_RUN),
+            memory_snippets=lambda folder, prompt: memory.search(
+                folder, prompt, top_k=MEMORY_HITS_PER_RUN, sources="memory", db=self.db
+            ),
             host_notes=self.desk.notes,
         )
         await self.runtime.start()

@@ -5,12 +5,15 @@ with Lucene's IDF in place of Okapi's. What differs is the bookkeeping: document
 segments (one per memory file or chat message) that can be added, replaced and removed, and the
 corpus-wide numbers (document count, total length, document frequency per term) are kept as
 running counters. Replacing one file therefore costs in proportion to that file, not to the corpus.
+The caches a query builds (a term's postings across segments, the tie-break order) survive updates too:
+a removed segment's documents are masked out of the scores until the next renumbering, and a segment
+added under a key greater than every other (the newest chat message) is appended to them.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -66,6 +69,66 @@ def _segment(key: SegmentKey, base: int, documents: Sequence[Sequence[str]]) -> 
     return _Segment(key, base, list(model.doc_len), model.doc_counts, postings)
 
 
+def _grown(array: np.ndarray, size: int) -> np.ndarray:
+    grown = np.zeros(size, dtype=array.dtype)
+    grown[: array.size] = array
+    return grown
+
+
+def _merge(term: str, segments: Iterable[_Segment]) -> tuple[np.ndarray, np.ndarray]:
+    """The term's postings in these segments, as global ids and term frequencies."""
+    ids: list[int] = []
+    tf: list[int] = []
+    for seg in segments:
+        local_ids, freqs = seg.postings[term]
+        ids.extend(seg.base + i for i in local_ids)
+        tf.extend(freqs)
+    return np.array(ids, dtype=np.int64), np.array(tf, dtype=np.float64)
+
+
+class _TieOrder:
+    """Global id -> rank in (segment key, position) order, and the segments by base to find a document's owner.
+
+    Ranks only need to order the live documents, so a removed segment leaves a gap (and a stale entry in
+    `by_base` that no live id falls into), and a segment whose key is above every key seen is ranked after
+    all of them without touching the rest.
+    """
+
+    def __init__(self, segments: dict[SegmentKey, _Segment], next_id: int) -> None:
+        self.rank = np.zeros(next_id, dtype=np.int64)
+        position = 0
+        keys = sorted(segments)
+        for key in keys:
+            seg = segments[key]
+            count = len(seg.doc_len)
+            self.rank[seg.base : seg.base + count] = np.arange(position, position + count)
+            position += count
+        self._next_rank = position
+        self._last_key = keys[-1] if keys else None
+        self.by_base = sorted(segments.values(), key=lambda seg: seg.base)
+        self._bases = np.array([seg.base for seg in self.by_base], dtype=np.int64)
+
+    def append(self, seg: _Segment) -> bool:
+        """Rank a new segment after every other; False when its key is not above them all (rebuild instead)."""
+        if self._last_key is not None and seg.key <= self._last_key:
+            return False
+        count = len(seg.doc_len)
+        if self.rank.size < seg.base + count:
+            self.rank = _grown(self.rank, max(seg.base + count, 2 * self.rank.size))
+        self.rank[seg.base : seg.base + count] = np.arange(self._next_rank, self._next_rank + count)
+        self._next_rank += count
+        self._last_key = seg.key
+        if self._bases.size <= len(self.by_base):
+            self._bases = _grown(self._bases, 2 * self._bases.size + 16)
+        self._bases[len(self.by_base)] = seg.base  # the highest base yet: ids only grow between renumberings
+        self.by_base.append(seg)
+        return True
+
+    def bases(self) -> np.ndarray:
+        """The segments' first ids, ascending (parallel to `by_base`)."""
+        return self._bases[: len(self.by_base)]
+
+
 class Bm25Index:
     """BM25 over segments of documents (token lists), updated one segment at a time.
 
@@ -82,10 +145,15 @@ class Bm25Index:
         self._total_len = 0
         self._next_id = 0
         self._doc_len = np.zeros(0, dtype=np.float64)  # by global id; ids of removed segments are unused
-        # Global postings per term, built on first use and dropped when a segment with the term changes.
+        self._dead = np.zeros(0, dtype=np.bool_)  # by global id: removed, still in merged postings until _compact
+        self._kinds: dict[str, int] = {}  # a segment key's kind ("memory", "session") -> its code in _kind
+        self._kind = np.zeros(0, dtype=np.int16)  # by global id
+        # Global postings per term, built on first use; segments added since wait in _pending, removed ones are
+        # masked by _dead, so an update never throws away a merge of every other segment's postings.
         self._merged: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._pending: dict[str, list[_Segment]] = {}
         self._term_segments: dict[str, set[SegmentKey]] = {}
-        self._order: tuple[np.ndarray, np.ndarray, list[_Segment]] | None = None
+        self._order: _TieOrder | None = None
 
     @property
     def size(self) -> int:
@@ -112,18 +180,26 @@ class Bm25Index:
         segment = _segment(key, self._next_id, documents)
         self._next_id += len(documents)
         if self._doc_len.size < self._next_id:
-            grown = np.zeros(max(self._next_id, 2 * self._doc_len.size), dtype=np.float64)
-            grown[: self._doc_len.size] = self._doc_len
-            self._doc_len = grown
+            size = max(self._next_id, 2 * self._doc_len.size)
+            self._doc_len = _grown(self._doc_len, size)
+            self._dead = _grown(self._dead, size)
+            self._kind = _grown(self._kind, size)
         self._doc_len[segment.base : segment.base + len(documents)] = segment.doc_len
+        self._kind[segment.base : segment.base + len(documents)] = self._kinds.setdefault(key[0], len(self._kinds))
         self._segments[key] = segment
         self._account(segment, +1)
+        for term in segment.postings:
+            if term in self._merged:
+                self._pending.setdefault(term, []).append(segment)
+        if self._order is not None and not self._order.append(segment):
+            self._order = None
 
     def remove(self, key: SegmentKey) -> None:
         """Remove the segment `key` if present."""
         segment = self._segments.pop(key, None)
         if segment is not None:
             self._account(segment, -1)
+            self._dead[segment.base : segment.base + len(segment.doc_len)] = True
 
     def _account(self, segment: _Segment, sign: int) -> None:
         self._n_docs += sign * len(segment.doc_len)
@@ -140,8 +216,8 @@ class Bm25Index:
             else:
                 del self._doc_freq[term]
                 del self._term_segments[term]
-            self._merged.pop(term, None)
-        self._order = None
+                self._merged.pop(term, None)
+                self._pending.pop(term, None)
 
     def _compact(self) -> None:
         """Renumber the live documents from 0 so removed segments stop taking id space."""
@@ -152,9 +228,13 @@ class Bm25Index:
             next_id += len(seg.doc_len)
         self._next_id = next_id
         self._doc_len = np.zeros(next_id, dtype=np.float64)
+        self._dead = np.zeros(next_id, dtype=np.bool_)
+        self._kind = np.zeros(next_id, dtype=np.int16)
         for seg in self._segments.values():
             self._doc_len[seg.base : seg.base + len(seg.doc_len)] = seg.doc_len
+            self._kind[seg.base : seg.base + len(seg.doc_len)] = self._kinds[seg.key[0]]
         self._merged = {}
+        self._pending = {}
         self._order = None
 
     def idf(self, term: str) -> float:
@@ -163,18 +243,16 @@ class Bm25Index:
         return 0.0 if freq is None else positive_idf(self._n_docs, freq)
 
     def _postings(self, term: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """The term's postings over every document (those of removed segments included: _scores masks them)."""
         merged = self._merged.get(term)
         if merged is None:
             holders = self._term_segments.get(term)
             if not holders:
                 return None
-            ids: list[int] = []
-            tf: list[int] = []
-            for seg in (self._segments[k] for k in holders):
-                local_ids, freqs = seg.postings[term]
-                ids.extend(seg.base + i for i in local_ids)
-                tf.extend(freqs)
-            merged = self._merged[term] = (np.array(ids, dtype=np.int64), np.array(tf, dtype=np.float64))
+            merged = self._merged[term] = _merge(term, (self._segments[k] for k in holders))
+        elif term in self._pending:
+            ids, tf = _merge(term, self._pending.pop(term))
+            merged = self._merged[term] = (np.concatenate((merged[0], ids)), np.concatenate((merged[1], tf)))
         return merged
 
     def _scores(self, tokens: Sequence[str]) -> np.ndarray:
@@ -189,20 +267,12 @@ class Bm25Index:
             ids, tf = posting
             norm = K1 * (1.0 - B + B * self._doc_len[ids] / avgdl)
             total[ids] += self.idf(term) * tf * (K1 + 1.0) / (tf + norm)
+        total[self._dead[: self._next_id]] = 0.0
         return total
 
-    def _tie_order(self) -> tuple[np.ndarray, np.ndarray, list[_Segment]]:
-        """Global id -> rank in (segment key, position) order; segment bases ascending and their segments."""
+    def _tie_order(self) -> _TieOrder:
         if self._order is None:
-            rank = np.zeros(self._next_id, dtype=np.int64)
-            position = 0
-            for key in sorted(self._segments):
-                seg = self._segments[key]
-                count = len(seg.doc_len)
-                rank[seg.base : seg.base + count] = np.arange(position, position + count)
-                position += count
-            by_base = sorted(self._segments.values(), key=lambda seg: seg.base)
-            self._order = (rank, np.array([seg.base for seg in by_base], dtype=np.int64), by_base)
+            self._order = _TieOrder(self._segments, self._next_id)
         return self._order
 
     def scores(self, tokens: Sequence[str]) -> dict[tuple[SegmentKey, int], float]:
@@ -212,21 +282,28 @@ class Bm25Index:
             (seg.key, i): float(total[seg.base + i]) for seg in self._segments.values() for i in range(len(seg.doc_len))
         }
 
-    def ranked(self, tokens: Sequence[str], batch: int = 8) -> Iterator[tuple[SegmentKey, int, float]]:
+    def ranked(
+        self, tokens: Sequence[str], batch: int = 8, *, kind: str | None = None
+    ) -> Iterator[tuple[SegmentKey, int, float]]:
         """The matching documents for the query tokens, best first, sorted lazily.
 
         Args:
             tokens: The query's tokens.
             batch: How many to sort before the first result; each further batch is 4 times larger,
                 so a caller that stops after a few results never sorts the whole match list.
+            kind: Only documents of segments whose key starts with this kind; they are scored over
+                every document all the same (same IDF and average length).
 
         Yields:
             (segment key, position, score) with score > 0, by score descending, then segment key,
             then position.
         """
         total = self._scores(tokens)
+        if kind is not None:
+            total[self._kind[: self._next_id] != self._kinds.get(kind, -1)] = 0.0
         remaining = np.flatnonzero(total > 0.0)
-        rank, bases, by_base = self._tie_order()
+        order = self._tie_order()
+        rank, bases, by_base = order.rank, order.bases(), order.by_base
         batch = max(batch, 1)
         while remaining.size:
             if remaining.size > batch:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -49,13 +49,18 @@ class MemoryHit:
 
 @dataclass(frozen=True, slots=True)
 class SessionDoc:
-    """A chat message searched beside the memory files, in the same BM25 index (so scores compare)."""
+    """A chat message searched beside the memory files, in the same BM25 index (so scores compare).
+
+    Attributes:
+        id: The transcript row's id (messages are added in id order; ties in score break by it).
+        sent_at: When it was sent, as the transcript stores it (not parsed: only hits are shown).
+    """
 
     id: int
     text: str
     chat_jid: str
     sender: str | None
-    timestamp: str
+    sent_at: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +80,8 @@ class CorpusStats:
     segments_indexed: int = 0
     searches: int = 0
     listings: int = 0  # roots listed (one stat per file); a search lists only the roots whose watch says dirty
+    sessions_indexed: int = 0
+    sessions_evicted: int = 0
 
 
 @dataclass(slots=True)
@@ -90,7 +97,9 @@ class MemoryCorpus:
     ctime_ns). A search lists (re-stats) only the roots whose inotify watch (`watch.py`) says something
     may have changed, then re-reads, re-chunks and re-indexes only the new or changed files and drops
     removed ones, so an edit costs in proportion to the edited file.
-    Chat messages are segments of the same index, so memory and session scores compare.
+    Chat messages are segments of the same index, so memory and session scores compare; the caller
+    adds the new ones (`add_sessions`) and the oldest leave as the window slides, so a search costs
+    in proportion to the messages that are new, not to the window.
     Not thread-safe: use one instance from one thread at a time (the daemon's, via to_thread under a lock).
     `close()` releases the inotify instance (a finalizer does it when the corpus is dropped).
     """
@@ -124,7 +133,7 @@ class MemoryCorpus:
         self._max_chunk_chars = max_chunk_chars
         self._files: dict[str, dict[str, _FileEntry]] = {label: {} for label in self._roots}
         self._index = Bm25Index()
-        self._sessions: dict[int, SessionDoc] = {}
+        self._sessions: dict[int, SessionDoc] = {}  # in id order, oldest first
         self.stats = CorpusStats()
         self._watch = MemoryWatch(self._name)
         self._root_watches = {label: self._watch.root(path) for label, path in self._roots.items()}
@@ -162,19 +171,42 @@ class MemoryCorpus:
         self.stats.segments_indexed += 1
         return len(chunks)
 
-    def _refresh_sessions(self, sessions: tuple[SessionDoc, ...]) -> None:
-        wanted = {doc.id: doc for doc in sessions}
-        for gone in [i for i in self._sessions if i not in wanted]:
-            del self._sessions[gone]
-            self._index.remove((_SESSION, gone, ""))
-        for doc_id, doc in wanted.items():
-            if self._sessions.get(doc_id) != doc:
-                self._sessions[doc_id] = doc
-                self._index.put((_SESSION, doc_id, ""), [tokenize(doc.text)])
-                self.stats.segments_indexed += 1
+    def add_sessions(self, docs: Sequence[SessionDoc], *, keep: int) -> None:
+        """Index chat messages newer than every one held, then evict the oldest beyond `keep`.
 
-    def refresh(self, sessions: tuple[SessionDoc, ...] = ()) -> None:
-        """Bring the index up to date with the files and these chat messages (a search does this itself)."""
+        Raises:
+            ValueError: a message is not newer than the newest one held (the caller lost track).
+        """
+        newest = next(reversed(self._sessions), 0)
+        for doc in docs:
+            if doc.id <= newest:
+                raise ValueError(f"session {doc.id} is not newer than {newest}: reload the window instead")
+            newest = doc.id
+            self._sessions[doc.id] = doc
+            self._index.put((_SESSION, doc.id, ""), [tokenize(doc.text)])
+            self.stats.sessions_indexed += 1
+            self.stats.segments_indexed += 1
+        while len(self._sessions) > keep:
+            oldest = next(iter(self._sessions))
+            del self._sessions[oldest]
+            self._index.remove((_SESSION, oldest, ""))
+            self.stats.sessions_evicted += 1
+
+    def clear_sessions(self) -> None:
+        """Drop every chat message (before a window is loaded anew)."""
+        for doc_id in self._sessions:
+            self._index.remove((_SESSION, doc_id, ""))
+        self.stats.sessions_evicted += len(self._sessions)
+        self._sessions.clear()
+
+    def session_span(self) -> tuple[int, int, int]:
+        """(how many messages are held, the oldest id, the newest id); (0, 0, 0) when none."""
+        if not self._sessions:
+            return 0, 0, 0
+        return len(self._sessions), next(iter(self._sessions)), next(reversed(self._sessions))
+
+    def refresh(self) -> None:
+        """Bring the index up to date with the files (a search does this itself)."""
         self._watch.poll()
         changed = [(number, label, self._changed_files(number, label)) for number, label in enumerate(self._labels)]
         progress = IndexProgress(
@@ -191,10 +223,9 @@ class MemoryCorpus:
                 done += 1
                 progress.step(done)
         progress.finish(done, chunks)
-        self._refresh_sessions(sessions)
 
     def search(
-        self, query_text: str, top_k: int = 8, per_file_cap: int = 3, sessions: tuple[SessionDoc, ...] = ()
+        self, query_text: str, top_k: int = 8, per_file_cap: int = 3, *, memory: bool = True, sessions: bool = True
     ) -> list[MemoryHit | SessionHit]:
         """The best-matching chunks for a free-text query.
 
@@ -202,21 +233,24 @@ class MemoryCorpus:
             query_text: What to look for, in any script.
             top_k: At most this many hits.
             per_file_cap: At most this many hits from one file, so one long file cannot crowd out the rest.
-            sessions: Chat messages indexed beside the memory chunks, so memory and session scores compare.
+            memory: Return memory chunks.
+            sessions: Return chat messages. Both kinds are scored together whichever are returned, so a
+                hit has the same score whatever the caller asked for.
 
         Returns:
             Hits by score descending, ties in root order, then path, then line, then sessions by
             message id (deterministic).
         """
         self.stats.searches += 1
-        self.refresh(sessions)
+        self.refresh()
         tokens = tokenize(query_text)
-        if not tokens or top_k <= 0:
+        if not tokens or top_k <= 0 or not (memory or sessions):
             return []
+        only = None if memory and sessions else _MEMORY if memory else _SESSION
         token_set = set(tokens)
         per_file: dict[SegmentKey, int] = {}
         hits: list[MemoryHit | SessionHit] = []
-        for key, position, score in self._index.ranked(tokens, batch=top_k):
+        for key, position, score in self._index.ranked(tokens, batch=top_k, kind=only):
             kind, number, rel = key
             if kind == _SESSION:
                 doc = self._sessions[number]

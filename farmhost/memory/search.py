@@ -1,61 +1,120 @@
-"""memory_search: BM25 over a group's markdown memory and the global memory, one cached corpus per group."""
+"""memory_search: BM25 over a group's markdown memory, the global memory and its chat, one cached corpus per group."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Final
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal
 
 from farmhost.ipc.handlers import Effect, Handlers, HandlerSpec, RequestContext
 from farmhost.layout import GLOBAL_MEMORY_FOLDER, DataLayout
 from farmhost.memory.access import target_folder
-from farmhost.memory.corpus import MemoryCorpus, MemoryHit, SessionDoc, SessionHit
+from farmhost.memory.corpus import CorpusStats, MemoryCorpus, MemoryHit, SessionHit
 from farmhost.memory.get import memory_get
+from farmhost.memory.sessions import SessionUpdate, SessionWindow, WindowStats
 from farmhost.protocol.envelope import Outcome, utc_stamp
-from farmhost.protocol.params import MAX_TOP_K, MemorySearchParams, parse_params
+from farmhost.protocol.params import MemorySearchParams, parse_params
 from farmhost.protocol.requests import AnyRequest, MemoryActionRequest
-from farmhost.store import groups, transcripts
+from farmhost.store import transcripts
+from farmhost.store.db import Database, parse_iso
 
 # One long file must not crowd out the rest of the memory.
 PER_FILE_CAP: Final = 3
 
+Sources = Literal["memory", "sessions", "all"]
+
+
+@dataclass(slots=True)
+class _Folder:
+    corpus: MemoryCorpus
+    window: SessionWindow
+    lock: asyncio.Lock
+
 
 class MemoryService:
-    """Keeps one MemoryCorpus per searched folder; each is rebuilt only for the files that changed.
+    """Keeps one MemoryCorpus per searched folder, with the window of its chats; each search updates only what changed.
 
     A folder is searched by its own group, by main (any registered group) or for an agent run's prompt, so
     there is at most one corpus per registered group plus one for `global`; each holds one inotify
     instance (`watch.py`) until `close()`.
     """
 
-    def __init__(self, layout: DataLayout) -> None:
+    def __init__(self, layout: DataLayout, *, session_limit: int = transcripts.RECENT_LIMIT) -> None:
+        """Nothing is read until a folder's first search.
+
+        Args:
+            layout: The data directory.
+            session_limit: How many of the latest messages of a folder's chats are searched.
+        """
         self._layout = layout
-        self._corpora: dict[str, tuple[MemoryCorpus, asyncio.Lock]] = {}
+        self._session_limit = session_limit
+        self._folders: dict[str, _Folder] = {}
 
     async def close(self) -> None:
         """Release every corpus's inotify instance, each after its running search; a later search starts afresh."""
-        corpora, self._corpora = self._corpora, {}
-        for corpus, lock in corpora.values():
-            async with lock:
-                corpus.close()
+        folders, self._folders = self._folders, {}
+        for entry in folders.values():
+            async with entry.lock:
+                entry.corpus.close()
 
     async def search(
-        self, folder: str, query: str, *, top_k: int, sessions: tuple[SessionDoc, ...] = (), memory: bool = True
+        self, folder: str, query: str, *, top_k: int, sources: Sources = "all", db: Database | None = None
     ) -> list[dict[str, Any]]:
-        """The best memory chunks of `folder` (and the global memory) and chat messages, on one BM25 score."""
-        roots = {folder: self._layout.workspace(folder)}
-        if folder != GLOBAL_MEMORY_FOLDER:
-            roots[GLOBAL_MEMORY_FOLDER] = self._layout.workspace(GLOBAL_MEMORY_FOLDER)
-        if folder not in self._corpora:
-            self._corpora[folder] = (MemoryCorpus(roots, name=folder), asyncio.Lock())
-        corpus, lock = self._corpora[folder]
-        async with lock:  # a corpus is not thread-safe: one search at a time, in a thread (the first build is slow)
-            # Memory-only hits are still scored against the sessions too, so both kinds share one scale.
-            wanted = top_k if memory else top_k + MAX_TOP_K
-            hits = await asyncio.to_thread(corpus.search, query, wanted, PER_FILE_CAP, sessions)
-        documents = [_document(folder, hit) for hit in hits]
-        if not memory:
-            documents = [d for d in documents if d["source"] == "session"]
-        return documents[:top_k]
+        """The best memory chunks of `folder` (and the global memory) and chat messages, on one BM25 score.
+
+        Args:
+            folder: The group folder searched (access was checked by the caller).
+            query: Free text.
+            top_k: At most this many hits.
+            sources: Which kinds of hits to return; both are scored together whichever is asked for.
+            db: The daemon's database, where the folder's chats are; None searches no chat.
+        """
+        entry = self._folder(folder)
+        await entry.lock.acquire()
+        try:
+            update = entry.window.plan(db)  # on the loop: the daemon's connection is the loop's
+            path = None if db is None else db.path
+            job = asyncio.ensure_future(
+                asyncio.to_thread(self._search_sync, entry, update, path, query, top_k, sources)
+            )
+        except BaseException:
+            entry.lock.release()
+            raise
+        # A thread cannot be stopped: a search given up (its request timed out) keeps the corpus until it is done.
+        job.add_done_callback(lambda done: _release(entry.lock, done))
+        hits = await asyncio.shield(job)
+        return [_document(folder, hit) for hit in hits]
+
+    def stats(self, folder: str) -> tuple[CorpusStats, WindowStats] | None:
+        """The counters of a folder's corpus and window, once it was searched."""
+        entry = self._folders.get(folder)
+        return None if entry is None else (entry.corpus.stats, entry.window.stats)
+
+    def _folder(self, folder: str) -> _Folder:
+        if folder not in self._folders:
+            roots = {folder: self._layout.workspace(folder)}
+            if folder != GLOBAL_MEMORY_FOLDER:
+                roots[GLOBAL_MEMORY_FOLDER] = self._layout.workspace(GLOBAL_MEMORY_FOLDER)
+            window = SessionWindow(folder, limit=self._session_limit)
+            self._folders[folder] = _Folder(MemoryCorpus(roots, name=folder), window, asyncio.Lock())
+        return self._folders[folder]
+
+    @staticmethod
+    def _search_sync(
+        entry: _Folder, update: SessionUpdate, db_path: Path | None, query: str, top_k: int, sources: Sources
+    ) -> list[MemoryHit | SessionHit]:
+        """In the worker thread: the first build of a corpus and the load of a window are slow."""
+        entry.window.apply(entry.corpus, update, db_path)
+        return entry.corpus.search(
+            query, top_k, PER_FILE_CAP, memory=sources != "sessions", sessions=sources != "memory"
+        )
+
+
+def _release(lock: asyncio.Lock, job: asyncio.Future[Any]) -> None:
+    lock.release()
+    if not job.cancelled():
+        job.exception()  # retrieved here too, so a search nobody waits for any more logs no "never retrieved"
 
 
 def _document(folder: str, hit: MemoryHit | SessionHit) -> dict[str, Any]:
@@ -66,7 +125,7 @@ def _document(folder: str, hit: MemoryHit | SessionHit) -> dict[str, Any]:
             "groupFolder": folder,
             "chatJid": hit.doc.chat_jid,
             "sender": hit.doc.sender,
-            "timestamp": hit.doc.timestamp,
+            "timestamp": _wire_stamp(hit.doc.sent_at),
             "snippet": hit.snippet,
         }
     return {
@@ -81,13 +140,11 @@ def _document(folder: str, hit: MemoryHit | SessionHit) -> dict[str, Any]:
     }
 
 
-def session_docs(ctx: RequestContext, folder: str) -> tuple[SessionDoc, ...]:
-    """The recent messages of the chats bound to `folder` (transcripts are per chat; a group has one chat)."""
-    jids = [g.jid for g in groups.list_groups(ctx.db.conn) if g.folder == folder]
-    return tuple(
-        SessionDoc(id=m.id, text=m.text, chat_jid=m.chat_jid, sender=m.sender, timestamp=utc_stamp(m.sent_at))
-        for m in transcripts.recent(ctx.db.conn, jids)
-    )
+def _wire_stamp(stored: str) -> str:
+    """The contract's timestamp of a stored `sent_at` (parsed for hits only, never for the whole window)."""
+    sent = parse_iso(stored)
+    assert sent is not None
+    return utc_stamp(sent)
 
 
 def memory_handlers(service: MemoryService) -> Handlers:
@@ -98,8 +155,7 @@ def memory_handlers(service: MemoryService) -> Handlers:
         p = parse_params(MemorySearchParams, request.params, "memory_search")
         query, top_k, sources = p.query, p.topK, p.sources
         folder = target_folder(ctx, p.groupFolder, request.groupFolder)
-        sessions = session_docs(ctx, folder) if sources != "memory" else ()
-        hits = await service.search(folder, query, top_k=top_k, sessions=sessions, memory=sources != "sessions")
+        hits = await service.search(folder, query, top_k=top_k, sources=sources, db=ctx.db)
         return Outcome(result={"hits": hits})
 
     return {

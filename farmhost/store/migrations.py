@@ -235,4 +235,9 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     CREATE UNIQUE INDEX site_calls_request ON site_calls(group_folder, request_id);
     CREATE INDEX site_calls_pending ON site_calls(status, target)
     """,
+    # 10: a chat's messages by id, so memory_search fetches only the messages after the last one it indexed and
+    # a chat's latest window walks the index backwards (transcript_chat orders by sent_at: a scan of the chat)
+    """
+    CREATE INDEX transcript_chat_id ON transcript(chat_jid, id)
+    """,
 )

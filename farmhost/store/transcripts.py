@@ -1,4 +1,7 @@
-"""The transcript table: every message that passes through farmhost, searchable as the group's sessions."""
+"""The transcript table: every message that passes through farmhost, searchable as the group's sessions.
+
+Rows are only ever inserted (an edit is a new row): nothing in farmhost updates or deletes one.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +9,12 @@ import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from farmhost.store.db import iso, parse_iso
 
 Direction = Literal["in", "out"]
-# How much of a chat's history memory_search looks at: recent enough to matter, small enough to index per search.
+# How much of a chat's history memory_search looks at: recent enough to matter, small enough to keep indexed.
 RECENT_LIMIT = 5000
 
 
@@ -44,6 +47,57 @@ def append(
         (chat_jid, direction, sender, text, iso(at), message_key),
     )
     return cursor.lastrowid if cursor.rowcount else None
+
+
+class MessageRow(NamedTuple):
+    """A transcript row as memory_search indexes it: `sent_at` is the stored text (`iso`), not parsed."""
+
+    id: int
+    chat_jid: str
+    sender: str | None
+    text: str
+    sent_at: str
+
+
+_ROW_COLUMNS = "id, chat_jid, sender, text, sent_at"
+
+
+def _marks(chat_jids: Sequence[str]) -> str:
+    return ",".join("?" * len(chat_jids))
+
+
+def latest(conn: sqlite3.Connection, chat_jids: Sequence[str], *, limit: int = RECENT_LIMIT) -> list[MessageRow]:
+    """The latest `limit` messages of these chats, oldest first."""
+    if not chat_jids:
+        return []
+    rows = conn.execute(
+        f"SELECT * FROM (SELECT {_ROW_COLUMNS} FROM transcript WHERE chat_jid IN ({_marks(chat_jids)})"
+        " ORDER BY id DESC LIMIT ?) ORDER BY id",
+        (*chat_jids, limit),
+    )
+    return [MessageRow(*row) for row in rows]
+
+
+def since(conn: sqlite3.Connection, chat_jids: Sequence[str], after_id: int, *, limit: int) -> list[MessageRow]:
+    """At most `limit` messages of these chats with an id above `after_id`, oldest first (an index range)."""
+    if not chat_jids:
+        return []
+    rows = conn.execute(
+        f"SELECT {_ROW_COLUMNS} FROM transcript WHERE chat_jid IN ({_marks(chat_jids)}) AND id > ? ORDER BY id LIMIT ?",
+        (*chat_jids, after_id, limit),
+    )
+    return [MessageRow(*row) for row in rows]
+
+
+def count_between(conn: sqlite3.Connection, chat_jids: Sequence[str], first_id: int, last_id: int) -> int:
+    """How many messages of these chats have an id in [first_id, last_id] (counted on the index, no row read)."""
+    if not chat_jids:
+        return 0
+    row = conn.execute(
+        f"SELECT count(*) FROM transcript WHERE chat_jid IN ({_marks(chat_jids)}) AND id BETWEEN ? AND ?",
+        (*chat_jids, first_id, last_id),
+    ).fetchone()
+    return int(row[0])
 
 
 def recent(conn: sqlite3.Connection, chat_jids: Sequence[str], *, limit: int = RECENT_LIMIT) -> list[TranscriptMessage]:

@@ -207,3 +207,80 @@ def test_thousands_of_edits_keep_scores_exact() -> None:
     assert len(ours) == 21
     assert [ours[(("memory", 0, f"f{n % 7}.md"), i)] for n in last for i in range(3)] == pytest.approx(list(reference))
     assert next(index.ranked(["w2999"]))[:2] == (("memory", 0, f"f{2999 % 7}.md"), 2)
+
+
+_MIXED_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["put", "remove", "append", "evict", "query"]),
+        st.integers(min_value=0, max_value=4),
+        _SEGMENT,
+        st.lists(_WORDS, min_size=1, max_size=3),
+    ),
+    max_size=60,
+)
+
+
+def _reference(live: dict[SegmentKey, list[list[str]]], query: list[str]) -> list[tuple[SegmentKey, int]]:
+    """What a fresh index over the live segments ranks (the order and ties the cached one must keep)."""
+    return [(key, i) for key, i, _ in _fresh(live).ranked(query, batch=64)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=_MIXED_OPS, batch=st.integers(min_value=1, max_value=5))
+def test_queries_between_edits_appends_and_evictions_rank_like_a_fresh_index(
+    ops: list[tuple[str, int, list[list[str]], list[str]]], batch: int
+) -> None:
+    """Chat messages come with ever higher keys and the oldest leave; files change in between; caches must not lie."""
+    index = Bm25Index()
+    live: dict[SegmentKey, list[list[str]]] = {}
+    next_message = 0
+    for op, number, docs, query in ops:
+        if op == "put":
+            key: SegmentKey = ("memory", 0, f"f{number}.md")
+            index.put(key, docs)
+            live[key] = docs
+        elif op == "remove":
+            index.remove(("memory", 0, f"f{number}.md"))
+            live.pop(("memory", 0, f"f{number}.md"), None)
+        elif op == "append":
+            next_message += 1 + number
+            index.put(("session", next_message, ""), docs[:1] or [[]])
+            live[("session", next_message, "")] = docs[:1] or [[]]
+        elif op == "evict":
+            for oldest in sorted(k for k in live if k[0] == "session")[: number + 1]:
+                index.remove(oldest)
+                del live[oldest]
+        else:
+            ours = index.scores(query)
+            assert set(ours) == {(key, i) for key in live for i in range(len(live[key]))}
+            assert ours == pytest.approx(_fresh(live).scores(query), rel=1e-9, abs=1e-12)
+            every = list(index.ranked(query, batch))
+            assert [(key, i) for key, i, _ in every] == _reference(live, query)
+            for kind in ("memory", "session"):
+                assert list(index.ranked(query, batch, kind=kind)) == [r for r in every if r[0][0] == kind]
+    assert index.size == sum(len(d) for d in live.values())
+
+
+def test_a_chat_window_sliding_for_thousands_of_messages_keeps_scores_exact() -> None:
+    """Append one message, evict the oldest, query now and then: renumberings happen on the way, ranks stay right."""
+    index = Bm25Index()
+    live: dict[SegmentKey, list[list[str]]] = {("memory", 0, "MEMORY.md"): [["pump", "valve"], ["tank"]]}
+    index.put(("memory", 0, "MEMORY.md"), live[("memory", 0, "MEMORY.md")])
+    window, query = 50, ["pump", "w3"]
+    for n in range(3000):
+        live[("session", n, "")] = [["pump", f"w{n % 11}"]]
+        index.put(("session", n, ""), live[("session", n, "")])
+        if n >= window:
+            index.remove(("session", n - window, ""))
+            del live[("session", n - window, "")]
+        if n % 37 == 0 or n == 2999:
+            assert index.scores(query) == pytest.approx(_fresh(live).scores(query), rel=1e-9, abs=1e-12)
+            assert [(key, i) for key, i, _ in index.ranked(query, batch=3)] == _reference(live, query)
+    assert index.size == 2 + window
+
+
+def _fresh(live: dict[SegmentKey, list[list[str]]]) -> Bm25Index:
+    fresh = Bm25Index()
+    for key in sorted(live):
+        fresh.put(key, live[key])
+    return fresh
