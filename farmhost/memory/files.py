@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
 from collections.abc import Callable, Iterator
@@ -16,6 +17,9 @@ MD_SUFFIX: Final = ".md"
 MAX_FILE_BYTES: Final = 1 << 20
 MAX_FILES_PER_ROOT: Final = 2000
 MAX_DEPTH: Final = 16
+
+logger = logging.getLogger(__name__)
+_capped: set[Path] = set()  # roots already warned about, so a listing at every search does not repeat it
 
 OPEN_DIR: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _OPEN_FILE: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -91,6 +95,7 @@ def walk_root(root: Path, on_dir: OnDir | None = None) -> dict[str, os.stat_resu
         try:
             for rel, st in _walk_md(mem_fd, MEMORY_DIR, 1, on_dir):
                 if len(found) >= MAX_FILES_PER_ROOT:
+                    _warn_capped(root)
                     break
                 found[rel] = st
         finally:
@@ -137,3 +142,16 @@ def read_memory_file(root: Path, rel: str) -> str | None:
         for fd in fds:
             os.close(fd)
     return data.decode("utf-8", errors="replace")
+
+
+def _warn_capped(root: Path) -> None:
+    if root in _capped:
+        return
+    _capped.add(root)
+    logger.warning(
+        "memory of %s has more than %s files: only the first %s (by name) are searched; merge notes into fewer files",
+        root,
+        f"{MAX_FILES_PER_ROOT:,}",
+        f"{MAX_FILES_PER_ROOT:,}",
+        extra={"event": "memory_files_capped", "root": str(root), "limit": MAX_FILES_PER_ROOT},
+    )

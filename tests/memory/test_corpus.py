@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from farmhost.memory.chunker import split_lines
 from farmhost.memory.corpus import MemoryCorpus
-from farmhost.memory.files import read_memory_file
+from farmhost.memory.files import MAX_FILES_PER_ROOT, read_memory_file
 
 FILES = {
     "field/MEMORY.md": (
@@ -190,3 +191,20 @@ def test_read_memory_file(tmp_path: Path, rel: str, expected: str | None) -> Non
 
 def test_missing_root_is_empty(tmp_path: Path) -> None:
     assert MemoryCorpus({"g": tmp_path / "nope"}).search("anything") == []
+
+
+def test_a_memory_over_the_file_cap_says_so_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # An agent can write any number of files; the host reads at most MAX_FILES_PER_ROOT and tells the operator.
+    notes = tmp_path / "g" / "memory"
+    notes.mkdir(parents=True)
+    for i in range(MAX_FILES_PER_ROOT + 5):
+        (notes / f"n{i:05d}.md").write_text(f"note {i} about the pump\n")
+    corpus = MemoryCorpus({"g": tmp_path / "g"})
+    with caplog.at_level(logging.WARNING, logger="farmhost.memory.files"):
+        corpus.search("pump")
+        (notes / "n00000.md").write_text("changed note about the pump\n")
+        corpus.search("pump")
+    assert corpus.stats.files_chunked == MAX_FILES_PER_ROOT + 1  # the first listing's files, then the edited one
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    expected = f"memory of {tmp_path / 'g'} has more than 2,000 files: only the first 2,000 (by name) are searched"
+    assert warnings == [expected + "; merge notes into fewer files"]
