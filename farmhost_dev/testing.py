@@ -14,8 +14,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -332,6 +332,23 @@ class Daemon:
     def log(self) -> str:
         """Everything the daemon printed so far."""
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def write_tree(base: Path, files: Mapping[str, str]) -> None:
+    """Write each `relative path -> text` under `base`, making the directories on the way."""
+    for rel, text in files.items():
+        path = base / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+def inotify_instances() -> int:
+    """How many inotify instances this process holds (its `anon_inode:inotify` descriptors)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with suppress(OSError):  # the listing's own descriptor, closed already
+            count += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify"
+    return count
 
 
 def init_data_dir(root: Path) -> Path:

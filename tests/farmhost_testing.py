@@ -15,6 +15,7 @@ from farmhost_dev.testing import (
     group_lookup,
     init_data_dir,
     init_data_dir_in_process,
+    inotify_instances,
     ok,
     quarantined,
     read_result,
@@ -27,6 +28,7 @@ from farmhost_dev.testing import (
     wait_for,
     wait_for_async,
     wait_result,
+    write_tree,
 )
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "group_lookup",
     "init_data_dir",
     "init_data_dir_in_process",
+    "inotify_instances",
     "ok",
     "quarantined",
     "read_result",
@@ -54,4 +57,5 @@ __all__ = [
     "wait_for",
     "wait_for_async",
     "wait_result",
+    "write_tree",
 ]

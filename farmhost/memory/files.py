@@ -105,11 +105,6 @@ def walk_root(root: Path, on_dir: OnDir | None = None) -> dict[str, os.stat_resu
     return found
 
 
-def list_root(root: Path) -> dict[str, Signature]:
-    """Memory files of one workspace root and their signatures; symlinks (files or dirs) are skipped."""
-    return {rel: signature(st) for rel, st in walk_root(root).items()}
-
-
 def read_memory_file(root: Path, rel: str) -> str | None:
     """Read a memory file relative to `root`, opening every path component with O_NOFOLLOW.
 

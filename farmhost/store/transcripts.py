@@ -54,12 +54,13 @@ class MessageRow(NamedTuple):
 
     id: int
     chat_jid: str
+    direction: Direction
     sender: str | None
     text: str
     sent_at: str
 
 
-_ROW_COLUMNS = "id, chat_jid, sender, text, sent_at"
+_ROW_COLUMNS = "id, chat_jid, direction, sender, text, sent_at"
 
 
 def _marks(chat_jids: Sequence[str]) -> str:
@@ -98,18 +99,6 @@ def count_between(conn: sqlite3.Connection, chat_jids: Sequence[str], first_id: 
         (*chat_jids, first_id, last_id),
     ).fetchone()
     return int(row[0])
-
-
-def recent(conn: sqlite3.Connection, chat_jids: Sequence[str], *, limit: int = RECENT_LIMIT) -> list[TranscriptMessage]:
-    """The latest `limit` messages of these chats, oldest first."""
-    if not chat_jids:
-        return []
-    marks = ",".join("?" * len(chat_jids))
-    rows = conn.execute(
-        f"SELECT * FROM (SELECT * FROM transcript WHERE chat_jid IN ({marks}) ORDER BY id DESC LIMIT ?) ORDER BY id",
-        (*chat_jids, limit),
-    )
-    return [message_from_row(row) for row in rows]
 
 
 def message_from_row(row: sqlite3.Row) -> TranscriptMessage:

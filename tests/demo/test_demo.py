@@ -18,7 +18,7 @@ from ha_fixture import WsSession
 from llm_stub import Reply, ScriptedLLM, ToolCall
 
 from farmhost.store.db import Database
-from farmhost.store.transcripts import recent
+from farmhost.store.transcripts import latest
 
 QUESTION = "How are the fields doing?"
 NOTICE = "Heads-up: frost is likely tonight, I am keeping an eye on it."
@@ -89,7 +89,7 @@ def test_the_demo_runs_a_live_farm_you_can_log_into_look_at_and_talk_to(tmp_path
 
     db = Database.open(data_dir)
     try:
-        stored = [(m.direction, m.sender, m.text) for m in recent(db.conn, ["local:main"])]
+        stored = [(m.direction, m.sender, m.text) for m in latest(db.conn, ["local:main"])]
     finally:
         db.close()
     assert stored == [("in", "you", QUESTION), ("out", "farmhost", NOTICE), ("out", "farmhost", ANSWER)]

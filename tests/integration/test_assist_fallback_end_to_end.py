@@ -16,7 +16,7 @@ from telegram_stub import FakeTelegram
 
 from farmhost.store import chat_notices
 from farmhost.store.db import Database
-from farmhost.store.transcripts import recent
+from farmhost.store.transcripts import latest
 
 pytestmark = pytest.mark.slow  # end to end, several seconds
 
@@ -71,7 +71,7 @@ def test_without_an_llm_assist_answers_the_chat_and_switches_the_pump(
     ]
     db = Database.open(data_dir)
     try:
-        stored = [(m.direction, m.text) for m in recent(db.conn, [MAIN_JID])]
+        stored = [(m.direction, m.text) for m in latest(db.conn, [MAIN_JID])]
         assert chat_notices.given(db.conn, MAIN_JID) == ["assist-fallback"]
     finally:
         db.close()

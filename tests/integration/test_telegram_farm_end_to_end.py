@@ -17,7 +17,7 @@ from llm_stub import Recorded, Reply, ScriptedLLM, ToolCall
 from telegram_stub import FakeTelegram
 
 from farmhost.store.db import Database
-from farmhost.store.transcripts import recent
+from farmhost.store.transcripts import latest
 
 pytestmark = pytest.mark.slow  # end to end, many seconds each (make test-fast leaves it out)
 
@@ -62,7 +62,7 @@ def test_a_chat_message_turns_the_pump_on_in_home_assistant_and_the_reply_reache
     assert "irrigation pump" in first.text() and first.headers["authorization"] == "Bearer sk-e2e"
     db = Database.open(data_dir)
     try:
-        stored = [(m.direction, m.text) for m in recent(db.conn, [MAIN_JID])]
+        stored = [(m.direction, m.text) for m in latest(db.conn, [MAIN_JID])]
     finally:
         db.close()
     assert stored == [("in", "Please turn the irrigation pump on"), ("out", "Done: the irrigation pump is on.")]

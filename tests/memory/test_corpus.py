@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from farmhost_testing import write_tree
 
 from farmhost.memory.chunker import split_lines
 from farmhost.memory.corpus import MemoryCorpus
@@ -29,10 +30,7 @@ FILES = {
 
 @pytest.fixture
 def roots(tmp_path: Path) -> dict[str, Path]:
-    for rel, text in FILES.items():
-        path = tmp_path / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+    write_tree(tmp_path, FILES)
     return {"field": tmp_path / "field", "global": tmp_path / "global"}
 
 

@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-from farmhost_testing import clean_env, scaled
+from farmhost_testing import clean_env, inotify_instances, scaled
 
 from farmhost.layout import DataLayout
 from farmhost.memory.search import MemoryService
-
-
-def inotify_fds() -> int:
-    """The inotify instances this process holds."""
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):  # the listing's own descriptor, closed already
-            count += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify"
-    return count
 
 
 async def test_close_releases_every_corpus(tmp_path: Path) -> None:
@@ -29,18 +18,18 @@ async def test_close_releases_every_corpus(tmp_path: Path) -> None:
     (layout.workspace("field") / "memory" / "crops.md").write_text("# Crops\nTomatoes in the north field.\n")
     (layout.workspace("global")).mkdir(parents=True)
     (layout.workspace("global") / "MEMORY.md").write_text("# Rules\nAsk before opening the tomatoes valve.\n")
-    before = inotify_fds()
+    before = inotify_instances()
     service = MemoryService(layout)
     field = await service.search("field", "tomatoes", top_k=5)
     assert [(d["groupFolder"], d["path"]) for d in field] == [("field", "memory/crops.md"), ("global", "MEMORY.md")]
     await service.search("global", "tomatoes", top_k=5)
-    assert inotify_fds() == before + 2  # one corpus per folder searched
+    assert inotify_instances() == before + 2  # one corpus per folder searched
     await service.close()
-    assert inotify_fds() == before
+    assert inotify_instances() == before
     assert len(await service.search("field", "tomatoes", top_k=5)) == 2  # a new corpus
-    assert inotify_fds() == before + 1
+    assert inotify_instances() == before + 1
     await service.close()
-    assert inotify_fds() == before
+    assert inotify_instances() == before
 
 
 PROBE = """
@@ -48,15 +37,7 @@ import asyncio, os, sys
 from pathlib import Path
 from farmhost.app import App
 from farmhost.config import Settings
-
-def inotify_fds() -> int:
-    links = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            links.append(os.readlink(f"/proc/self/fd/{fd}"))
-        except OSError:
-            pass
-    return links.count("anon_inode:inotify")
+from farmhost_dev.testing import inotify_instances as inotify_fds
 
 async def main() -> None:
     app = App(Settings(_env_file=None, FARMHOST_DATA_DIR=Path(sys.argv[1])))

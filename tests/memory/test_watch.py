@@ -6,7 +6,6 @@ next search and whether that search had to list anything to see it.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import os
@@ -16,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from farmhost_testing import inotify_instances, write_tree
 
 from farmhost.memory.corpus import MemoryCorpus
 from farmhost.memory.watch import MAX_WATCHED_DIRS, REVALIDATE_SECONDS, MemoryWatch
@@ -31,10 +31,7 @@ FILES = {
 
 @pytest.fixture
 def roots(tmp_path: Path) -> dict[str, Path]:
-    for rel, text in FILES.items():
-        path = tmp_path / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+    write_tree(tmp_path, FILES)
     return {"field": tmp_path / "field", "global": tmp_path / "global"}
 
 
@@ -48,14 +45,6 @@ def corpus(roots: dict[str, Path]) -> MemoryCorpus:
 
 def _paths(corpus: MemoryCorpus, query: str) -> set[tuple[str, str]]:
     return {(h.root, h.path) for h in corpus.search(query, top_k=20)}
-
-
-def _inotify_fds() -> int:
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):  # the listing's own descriptor, closed already
-            count += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify"
-    return count
 
 
 def _in_place(ws: Path) -> None:
@@ -321,17 +310,17 @@ def test_without_inotify_every_search_re_lists(roots: dict[str, Path], caplog: p
 
 def test_close_and_drop_release_the_inotify_instance(roots: dict[str, Path]) -> None:
     gc.collect()
-    before = _inotify_fds()
+    before = inotify_instances()
     corpus = MemoryCorpus(roots)
     dropped = MemoryCorpus(roots)
-    assert _inotify_fds() == before + 2
+    assert inotify_instances() == before + 2
     corpus.search("tomatoes")
     corpus.close()
     corpus.close()
-    assert _inotify_fds() == before + 1
+    assert inotify_instances() == before + 1
     del dropped
     gc.collect()
-    assert _inotify_fds() == before
+    assert inotify_instances() == before
     # A closed corpus still answers, re-listing every root each time.
     (roots["field"] / "MEMORY.md").write_text("cucumbers\n")
     assert _paths(corpus, "cucumbers") == {("field", "MEMORY.md")}

@@ -101,8 +101,8 @@ class Rig:
     async def wait_sent(self, count: int, chat_id: int | None = None, timeout: float = 5) -> list[Call]:
         return await asyncio.to_thread(self.fake.wait_sent, count, chat_id, timeout)
 
-    def transcript(self, chat_id: int) -> list[transcripts.TranscriptMessage]:
-        return transcripts.recent(self.db.conn, [f"telegram:{chat_id}"])
+    def transcript(self, chat_id: int) -> list[transcripts.MessageRow]:
+        return transcripts.latest(self.db.conn, [f"telegram:{chat_id}"])
 
 
 @pytest.fixture
