@@ -86,6 +86,17 @@ class DataLayout:
         return self.root / "run"
 
     @property
+    def memory_index(self) -> Path:
+        """Host-private (0700) persisted memory indexes, one `<folder>.sqlite` per searched folder."""
+        return self.root / "memory-index"
+
+    def create_memory_index(self) -> Path:
+        """Create `memory-index/` (0700) if needed; returns it."""
+        self.memory_index.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(self.memory_index, 0o700)
+        return self.memory_index
+
+    @property
     def agent_limits(self) -> Path:
         """Per-group overrides of the agent run limits (optional)."""
         return self.root / "agent-limits.json"

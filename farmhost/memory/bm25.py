@@ -8,6 +8,8 @@ running counters. Replacing one file therefore costs in proportion to that file,
 The caches a query builds (a term's postings across segments, the tie-break order) survive updates too:
 a removed segment's documents are masked out of the scores until the next renumbering, and a segment
 added under a key greater than every other (the newest chat message) is appended to them.
+An index can also start from a `FrozenIndex` (a snapshot's arrays): those documents keep their ids and their
+postings are read from the arrays in place; replacing or removing one of their files masks it like any other.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Final
 
 import numpy as np
 from rank_bm25 import BM25Okapi
+
+from farmhost.memory.frozen import FrozenIndex
 
 K1: Final = 1.5
 B: Final = 0.75
@@ -50,14 +54,21 @@ class PositiveIdfOkapi(BM25Okapi):  # type: ignore[misc]  # rank_bm25 ships no t
 class _Segment:
     key: SegmentKey
     base: int  # global id of the segment's first document
-    doc_len: list[int]
-    doc_counts: dict[str, int]  # term -> documents of this segment containing it
-    postings: dict[str, tuple[list[int], list[int]]]  # term -> (local ids, term frequencies)
+    count: int
+    total_len: int
+    doc_len: list[int]  # empty for a frozen segment: its lengths are in the frozen arrays only
+    doc_counts: dict[str, int] | None  # term -> documents of this segment containing it (None: frozen, computed)
+    postings: dict[str, tuple[list[int], list[int]]] | None  # term -> (local ids, frequencies); None: frozen
+
+    @property
+    def frozen(self) -> bool:
+        return self.postings is None
 
 
 def _segment(key: SegmentKey, base: int, documents: Sequence[Sequence[str]]) -> _Segment:
+    lengths = [len(d) for d in documents]
     if not any(documents):  # rank_bm25 divides by the corpus size and cannot take an empty one
-        return _Segment(key, base, [len(d) for d in documents], {}, {})
+        return _Segment(key, base, len(lengths), sum(lengths), lengths, {}, {})
     model = PositiveIdfOkapi([list(d) for d in documents], k1=K1, b=B)
     ids: dict[str, list[int]] = {}
     freqs: dict[str, list[int]] = {}
@@ -66,7 +77,7 @@ def _segment(key: SegmentKey, base: int, documents: Sequence[Sequence[str]]) -> 
             ids.setdefault(term, []).append(local)
             freqs.setdefault(term, []).append(freq)
     postings = {t: (ids[t], freqs[t]) for t in ids}
-    return _Segment(key, base, list(model.doc_len), model.doc_counts, postings)
+    return _Segment(key, base, len(lengths), sum(lengths), lengths, model.doc_counts, postings)
 
 
 def _grown(array: np.ndarray, size: int) -> np.ndarray:
@@ -80,6 +91,7 @@ def _merge(term: str, segments: Iterable[_Segment]) -> tuple[np.ndarray, np.ndar
     ids: list[int] = []
     tf: list[int] = []
     for seg in segments:
+        assert seg.postings is not None  # frozen segments' postings are read from the frozen arrays instead
         local_ids, freqs = seg.postings[term]
         ids.extend(seg.base + i for i in local_ids)
         tf.extend(freqs)
@@ -134,16 +146,20 @@ class Bm25Index:
 
     A document is addressed by (segment key, position in its segment). Ties in score are broken
     by segment key, then position, so results are deterministic whatever the order of updates.
-    Not thread-safe.
+    An index can start from a `FrozenIndex` (`Bm25Index(frozen)`): its documents keep ids below
+    `frozen.n_docs`, their postings stay the frozen arrays (read in place, never merged), and a frozen
+    segment that is replaced or removed is masked out like any other. Not thread-safe.
     """
 
-    def __init__(self) -> None:
-        """Create an empty index."""
+    def __init__(self, frozen: FrozenIndex | None = None) -> None:
+        """Create an index: empty, or holding the documents of a checked `frozen` index."""
         self._segments: dict[SegmentKey, _Segment] = {}
-        self._doc_freq: dict[str, int] = {}
-        self._n_docs = 0
-        self._total_len = 0
-        self._next_id = 0
+        self._frozen = frozen
+        self._frozen_end = 0 if frozen is None else frozen.n_docs  # ids below are frozen documents
+        self._posting_terms: np.ndarray | None = None  # of the frozen postings, built at the first frozen removal
+        # Document frequency per term is the frozen one (offsets) plus this change to it.
+        self._df_change: dict[str, int] = {}
+        self._n_docs = self._total_len = self._next_id = self._unfrozen_docs = 0
         self._doc_len = np.zeros(0, dtype=np.float64)  # by global id; ids of removed segments are unused
         self._dead = np.zeros(0, dtype=np.bool_)  # by global id: removed, still in merged postings until _compact
         self._kinds: dict[str, int] = {}  # a segment key's kind ("memory", "session") -> its code in _kind
@@ -152,8 +168,22 @@ class Bm25Index:
         # masked by _dead, so an update never throws away a merge of every other segment's postings.
         self._merged: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._pending: dict[str, list[_Segment]] = {}
-        self._term_segments: dict[str, set[SegmentKey]] = {}
+        self._term_segments: dict[str, set[SegmentKey]] = {}  # unfrozen segments only
         self._order: _TieOrder | None = None
+        if frozen is not None:
+            self._load(frozen)
+
+    def _load(self, frozen: FrozenIndex) -> None:
+        n = frozen.n_docs
+        self._doc_len = frozen.doc_len.astype(np.float64)
+        self._dead = np.zeros(n, dtype=np.bool_)
+        codes = [self._kinds.setdefault(key[0], len(self._kinds)) for key in frozen.keys]
+        self._kind = np.repeat(np.array(codes, dtype=np.int16), frozen.counts)
+        for key, start, count in zip(frozen.keys, frozen.starts.tolist(), frozen.counts.tolist(), strict=True):
+            total = int(frozen.doc_len[start : start + count].sum())
+            self._segments[key] = _Segment(key, start, count, total, [], None, None)
+        self._n_docs = self._next_id = n
+        self._total_len = int(frozen.doc_len.sum())
 
     @property
     def size(self) -> int:
@@ -167,6 +197,10 @@ class Bm25Index:
         """The keys of the segments in the index, in tie-break order."""
         return sorted(self._segments)
 
+    def frozen_keys(self) -> list[SegmentKey]:
+        """The keys of the segments still as the frozen index had them (neither replaced nor removed)."""
+        return sorted(key for key, seg in self._segments.items() if seg.frozen)
+
     def put(self, key: SegmentKey, documents: Sequence[Sequence[str]]) -> None:
         """Add the segment `key`, replacing any segment already under that key.
 
@@ -175,7 +209,7 @@ class Bm25Index:
             documents: The segment's documents as token lists; empty lists never match.
         """
         self.remove(key)
-        if self._next_id + len(documents) > 2 * max(self._n_docs, 512):
+        if self._next_id - self._frozen_end + len(documents) > 2 * max(self._unfrozen_docs, 512):
             self._compact()
         segment = _segment(key, self._next_id, documents)
         self._next_id += len(documents)
@@ -188,6 +222,7 @@ class Bm25Index:
         self._kind[segment.base : segment.base + len(documents)] = self._kinds.setdefault(key[0], len(self._kinds))
         self._segments[key] = segment
         self._account(segment, +1)
+        assert segment.postings is not None
         for term in segment.postings:
             if term in self._merged:
                 self._pending.setdefault(term, []).append(segment)
@@ -199,57 +234,94 @@ class Bm25Index:
         segment = self._segments.pop(key, None)
         if segment is not None:
             self._account(segment, -1)
-            self._dead[segment.base : segment.base + len(segment.doc_len)] = True
+            self._dead[segment.base : segment.base + segment.count] = True
+
+    def _doc_counts(self, segment: _Segment) -> dict[str, int]:
+        if segment.doc_counts is not None:
+            return segment.doc_counts
+        frozen = self._frozen
+        assert frozen is not None
+        if self._posting_terms is None:
+            self._posting_terms = frozen.posting_terms()
+        inside = (frozen.ids >= segment.base) & (frozen.ids < segment.base + segment.count)
+        counts = np.bincount(self._posting_terms[inside], minlength=len(frozen.terms))
+        return {frozen.terms[t]: int(counts[t]) for t in np.flatnonzero(counts).tolist()}
+
+    def _frozen_df(self, term: str) -> int:
+        frozen = self._frozen
+        if frozen is None or (tid := frozen.vocab.get(term)) is None:
+            return 0
+        return int(frozen.offsets[tid + 1] - frozen.offsets[tid])
+
+    def _df(self, term: str) -> int:
+        return self._frozen_df(term) + self._df_change.get(term, 0)
 
     def _account(self, segment: _Segment, sign: int) -> None:
-        self._n_docs += sign * len(segment.doc_len)
-        self._total_len += sign * sum(segment.doc_len)
-        for term, count in segment.doc_counts.items():
-            left = self._doc_freq.get(term, 0) + sign * count
-            holders = self._term_segments.setdefault(term, set())
-            if sign > 0:
-                holders.add(segment.key)
+        self._n_docs += sign * segment.count
+        self._total_len += sign * segment.total_len
+        if not segment.frozen:
+            self._unfrozen_docs += sign * segment.count
+        for term, count in self._doc_counts(segment).items():
+            change = self._df_change.get(term, 0) + sign * count
+            if change:
+                self._df_change[term] = change
             else:
-                holders.discard(segment.key)
-            if left:
-                self._doc_freq[term] = left
-            else:
-                del self._doc_freq[term]
-                del self._term_segments[term]
+                self._df_change.pop(term, None)
+            if not segment.frozen:
+                holders = self._term_segments.setdefault(term, set())
+                if sign > 0:
+                    holders.add(segment.key)
+                else:
+                    holders.discard(segment.key)
+                if not holders:
+                    del self._term_segments[term]
+            if not self._df(term):
                 self._merged.pop(term, None)
                 self._pending.pop(term, None)
 
     def _compact(self) -> None:
-        """Renumber the live documents from 0 so removed segments stop taking id space."""
-        next_id = 0
-        for key in sorted(self._segments):
-            seg = self._segments[key]
+        """Renumber the live unfrozen documents from the end of the frozen ones, so removals stop taking id space."""
+        next_id = self._frozen_end
+        unfrozen = [self._segments[key] for key in sorted(self._segments) if not self._segments[key].frozen]
+        for seg in unfrozen:
             seg.base = next_id
-            next_id += len(seg.doc_len)
+            next_id += seg.count
         self._next_id = next_id
-        self._doc_len = np.zeros(next_id, dtype=np.float64)
-        self._dead = np.zeros(next_id, dtype=np.bool_)
-        self._kind = np.zeros(next_id, dtype=np.int16)
-        for seg in self._segments.values():
-            self._doc_len[seg.base : seg.base + len(seg.doc_len)] = seg.doc_len
-            self._kind[seg.base : seg.base + len(seg.doc_len)] = self._kinds[seg.key[0]]
+        end = self._frozen_end
+        self._doc_len = _grown(self._doc_len[:end], next_id)
+        self._dead = _grown(self._dead[:end], next_id)
+        self._kind = _grown(self._kind[:end], next_id)
+        for seg in unfrozen:
+            self._doc_len[seg.base : seg.base + seg.count] = seg.doc_len
+            self._kind[seg.base : seg.base + seg.count] = self._kinds[seg.key[0]]
         self._merged = {}
         self._pending = {}
         self._order = None
 
     def idf(self, term: str) -> float:
         """The term's IDF over the current documents (0.0 for a term in no document)."""
-        freq = self._doc_freq.get(term)
-        return 0.0 if freq is None else positive_idf(self._n_docs, freq)
+        freq = self._df(term)
+        return 0.0 if not freq else positive_idf(self._n_docs, freq)
 
     def _postings(self, term: str) -> tuple[np.ndarray, np.ndarray] | None:
         """The term's postings over every document (those of removed segments included: _scores masks them)."""
         merged = self._merged.get(term)
         if merged is None:
-            holders = self._term_segments.get(term)
-            if not holders:
+            if not self._df(term):
                 return None
-            merged = self._merged[term] = _merge(term, (self._segments[k] for k in holders))
+            parts: list[tuple[np.ndarray, np.ndarray]] = []
+            frozen = self._frozen
+            if frozen is not None and (tid := frozen.vocab.get(term)) is not None:
+                start, end = int(frozen.offsets[tid]), int(frozen.offsets[tid + 1])
+                parts.append((frozen.ids[start:end], frozen.tfs[start:end]))
+            holders = self._term_segments.get(term)
+            if holders:
+                parts.append(_merge(term, (self._segments[k] for k in holders)))
+            if len(parts) == 1:
+                merged = parts[0]
+            else:
+                merged = (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+            self._merged[term] = merged
         elif term in self._pending:
             ids, tf = _merge(term, self._pending.pop(term))
             merged = self._merged[term] = (np.concatenate((merged[0], ids)), np.concatenate((merged[1], tf)))
@@ -278,9 +350,50 @@ class Bm25Index:
     def scores(self, tokens: Sequence[str]) -> dict[tuple[SegmentKey, int], float]:
         """The BM25 score of every document for the query (each distinct token counted once)."""
         total = self._scores(tokens)
-        return {
-            (seg.key, i): float(total[seg.base + i]) for seg in self._segments.values() for i in range(len(seg.doc_len))
-        }
+        return {(seg.key, i): float(total[seg.base + i]) for seg in self._segments.values() for i in range(seg.count)}
+
+    def freeze(self) -> FrozenIndex:
+        """Every live document as a `FrozenIndex` (renumbered in key order); the index itself is unchanged.
+
+        Raises:
+            ValueError: a segment key is not a memory file's ("memory", root, path): chat messages are not frozen.
+        """
+        keys = sorted(self._segments)
+        if any(key[0] != "memory" for key in keys):
+            raise ValueError("only memory files are frozen; remove the chat messages first")
+        counts = np.array([self._segments[k].count for k in keys], dtype=np.int64)
+        remap = np.full(self._next_id, -1, dtype=np.int64)
+        old_ids = np.concatenate(
+            [np.arange(s.base, s.base + s.count) for s in (self._segments[k] for k in keys)] or [np.zeros(0, np.int64)]
+        ).astype(np.int64)
+        remap[old_ids] = np.arange(old_ids.size)
+        doc_len = self._doc_len[old_ids].astype(np.int64)
+        terms = sorted(set(self._term_segments) | self._frozen_terms())
+        term_ids, ids, tfs = [], [], []
+        for number, term in enumerate(terms):
+            posting = self._postings(term)
+            if posting is None:
+                continue
+            new = remap[posting[0]]
+            alive = new >= 0
+            term_ids.append(np.full(int(alive.sum()), number, dtype=np.int64))
+            ids.append(new[alive])
+            tfs.append(posting[1][alive])
+        all_terms = np.concatenate(term_ids) if term_ids else np.zeros(0, np.int64)
+        all_ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+        all_tfs = np.concatenate(tfs).astype(np.int32) if tfs else np.zeros(0, np.int32)
+        order = np.lexsort((all_ids, all_terms))
+        used = np.bincount(all_terms, minlength=len(terms))
+        kept = [t for t, n in zip(terms, used.tolist(), strict=True) if n]
+        offsets = np.zeros(len(kept) + 1, dtype=np.int64)
+        np.cumsum(used[used > 0], out=offsets[1:])
+        return FrozenIndex(keys, counts, doc_len, kept, offsets, all_ids[order].astype(np.int32), all_tfs[order])
+
+    def _frozen_terms(self) -> set[str]:
+        frozen = self._frozen
+        if frozen is None:
+            return set()
+        return {t for t in frozen.terms if self._df(t)}
 
     def ranked(
         self, tokens: Sequence[str], batch: int = 8, *, kind: str | None = None

@@ -1,17 +1,26 @@
-"""The cached markdown memory corpus of a set of workspaces: per-file chunk cache, BM25 search, hits."""
+"""The cached markdown memory corpus of a set of workspaces: per-file chunk cache, BM25 search, hits.
+
+With a snapshot path, a corpus's first refresh starts from the persisted index (`snapshot.py`) when it fits
+the files (only files changed since are read), and has a large first index built by the builder process
+(`builder.py`) rather than on its own thread.
+"""
 
 from __future__ import annotations
 
+import logging
+import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 from farmhost.memory.bm25 import Bm25Index, SegmentKey
+from farmhost.memory.builder import BUILD_TIMEOUT_SECONDS, BuildError, run_builder
 from farmhost.memory.chunker import DEFAULT_MAX_CHARS, Chunk, chunk_markdown
 from farmhost.memory.files import Signature, read_memory_file
 from farmhost.memory.progress import PROGRESS_AFTER_SECONDS, PROGRESS_EVERY_SECONDS, PROGRESS_FILES, IndexProgress
+from farmhost.memory.snapshot import Snapshot, SnapshotError, identity, open_snapshot, write_snapshot
 from farmhost.memory.snippet import snippet
 from farmhost.memory.tokenize import tokenize
 from farmhost.memory.watch import MemoryWatch
@@ -19,6 +28,11 @@ from farmhost.memory.watch import MemoryWatch
 # Segment kinds in the BM25 index; "memory" < "session" puts memory first among equal scores.
 _MEMORY: Final = "memory"
 _SESSION: Final = "session"
+# A first index reading more than this (files, or bytes) is built by the builder process, not in this thread.
+PROCESS_FILES: Final = 64
+PROCESS_BYTES: Final = 1 << 20
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,12 +96,30 @@ class CorpusStats:
     listings: int = 0  # roots listed (one stat per file); a search lists only the roots whose watch says dirty
     sessions_indexed: int = 0
     sessions_evicted: int = 0
+    snapshots_loaded: int = 0
+    snapshots_built: int = 0  # by the builder process
+    snapshots_rejected: int = 0  # damaged, or built for another format, code, roots or chunk size
+    files_from_snapshot: int = 0  # files a loaded snapshot held unchanged (not read, not chunked)
 
 
 @dataclass(slots=True)
 class _FileEntry:
     signature: Signature
-    chunks: list[Chunk]
+    chunks: list[Chunk] | None  # None: the file is as the snapshot holds it, its chunks read from there per hit
+    first_doc: int = 0  # its first document in the snapshot
+
+
+_Changed = tuple[int, str, list[tuple[str, Signature]]]  # (root number, label, files to read)
+
+
+def _needs_process(signatures: Sequence[Signature]) -> bool:
+    return len(signatures) > PROCESS_FILES or sum(sig[1] for sig in signatures) > PROCESS_BYTES
+
+
+def _release(watch: MemoryWatch, held: list[Snapshot]) -> None:
+    watch.close()
+    while held:
+        held.pop().close()
 
 
 class MemoryCorpus:
@@ -113,6 +145,9 @@ class MemoryCorpus:
         progress_files: int = PROGRESS_FILES,
         progress_after: float = PROGRESS_AFTER_SECONDS,
         progress_every: float = PROGRESS_EVERY_SECONDS,
+        snapshot: Path | None = None,
+        build_timeout: float = BUILD_TIMEOUT_SECONDS,
+        inotify: bool = True,
     ) -> None:
         """Create an empty corpus; nothing is read until the first search.
 
@@ -123,6 +158,9 @@ class MemoryCorpus:
             progress_files: A refresh with more files than this to read logs its progress from the start.
             progress_after: A refresh still reading after this many seconds logs its progress from then on.
             progress_every: At most one progress line per this many seconds (then one summary line).
+            snapshot: The persisted index file to start from and to have built; None: always built in this thread.
+            build_timeout: Seconds the builder process may take before this thread builds the index itself.
+            inotify: False for a corpus listed once (the builder's): every search re-lists every root.
         """
         self._roots = dict(roots)
         self._name = name or next(iter(self._roots), "?")
@@ -135,12 +173,16 @@ class MemoryCorpus:
         self._index = Bm25Index()
         self._sessions: dict[int, SessionDoc] = {}  # in id order, oldest first
         self.stats = CorpusStats()
-        self._watch = MemoryWatch(self._name)
+        self._snapshot_path = snapshot
+        self._build_timeout = build_timeout
+        self._snapshot: list[Snapshot] = []  # the one loaded, while its chunks are in use
+        self._started = False  # the first refresh (the one that may load a snapshot) is done
+        self._watch = MemoryWatch(self._name, inotify=inotify)
         self._root_watches = {label: self._watch.root(path) for label, path in self._roots.items()}
-        self._finalizer = weakref.finalize(self, self._watch.close)
+        self._finalizer = weakref.finalize(self, _release, self._watch, self._snapshot)
 
     def close(self) -> None:
-        """Release the inotify instance; the corpus stays usable and then re-lists every root at every search."""
+        """Release the inotify instance and the snapshot file; then unusable for a snapshot-backed corpus."""
         self._finalizer()
 
     def _changed_files(self, number: int, label: str) -> list[tuple[str, Signature]]:
@@ -177,6 +219,8 @@ class MemoryCorpus:
         Raises:
             ValueError: a message is not newer than the newest one held (the caller lost track).
         """
+        if not self._started:
+            self.refresh()  # a snapshot is loaded into an empty index, before any message
         newest = next(reversed(self._sessions), 0)
         for doc in docs:
             if doc.id <= newest:
@@ -205,10 +249,21 @@ class MemoryCorpus:
             return 0, 0, 0
         return len(self._sessions), next(iter(self._sessions)), next(reversed(self._sessions))
 
-    def refresh(self) -> None:
-        """Bring the index up to date with the files (a search does this itself)."""
+    def refresh(self, on_file: Callable[[int], None] | None = None) -> tuple[int, int]:
+        """Bring the index up to date with the files (a search does this itself).
+
+        Args:
+            on_file: Called with the number of files read so far after each file read.
+
+        Returns:
+            (files read, chunks they hold).
+        """
         self._watch.poll()
         changed = [(number, label, self._changed_files(number, label)) for number, label in enumerate(self._labels)]
+        if not self._started:
+            self._started = True
+            if self._snapshot_path is not None:
+                changed = self._start_from_snapshot(changed, self._snapshot_path)
         progress = IndexProgress(
             self._name,
             sum(len(files) for _, _, files in changed),
@@ -222,7 +277,124 @@ class MemoryCorpus:
                 chunks += self._index_file(number, label, rel, sig)
                 done += 1
                 progress.step(done)
+                if on_file is not None:
+                    on_file(done)
         progress.finish(done, chunks)
+        return done, chunks
+
+    def _start_from_snapshot(self, changed: list[_Changed], path: Path) -> list[_Changed]:
+        """Load the snapshot (built by the builder process first when too much is to read); what is left to read."""
+        listing = {(number, rel): sig for number, _, files in changed for rel, sig in files}
+        started = time.perf_counter()
+        snap = self._open_snapshot(path)
+        if snap is not None:
+            held = {(file.root, file.rel): file.signature for file in snap.files}
+            stale = [sig for where, sig in listing.items() if held.get(where) != sig]
+            if _needs_process(stale):
+                logger.info(
+                    "memory index of group %s: %s files changed since it was saved; rebuilding it",
+                    self._name,
+                    f"{len(stale):,}",
+                    extra={"group": self._name, "event": "memory_snapshot_stale", "files": len(stale)},
+                )
+                snap.close()
+                snap = None
+        if snap is None and _needs_process(list(listing.values())):
+            snap = self._build_snapshot(path, len(listing))
+        if snap is None:
+            return changed
+        adopted = self._adopt(snap, listing)
+        left = [
+            (n, label, [(rel, sig) for rel, sig in files if (n, rel) not in adopted]) for n, label, files in changed
+        ]
+        logger.info(
+            "memory index of group %s loaded: %s files from the snapshot, %s to read, in %.0f ms",
+            self._name,
+            f"{len(adopted):,}",
+            f"{len(listing) - len(adopted):,}",
+            (time.perf_counter() - started) * 1000,
+            extra={"group": self._name, "event": "memory_snapshot_loaded", "files": len(adopted),
+                   "stale": len(listing) - len(adopted)},
+        )  # fmt: skip
+        return left
+
+    def _open_snapshot(self, path: Path) -> Snapshot | None:
+        if not path.exists():
+            return None
+        try:
+            return open_snapshot(path, identity(self._roots, self._max_chunk_chars), len(self._labels))
+        except SnapshotError as exc:
+            self.stats.snapshots_rejected += 1
+            logger.warning(
+                "memory index of group %s cannot be used (%s); building it anew",
+                self._name,
+                exc,
+                extra={"group": self._name, "event": "memory_snapshot_rejected", "reason": str(exc)},
+            )
+            path.unlink(missing_ok=True)
+            return None
+
+    def _build_snapshot(self, path: Path, total: int) -> Snapshot | None:
+        progress = IndexProgress(
+            self._name, total, files=self._progress_files, after=self._progress_after, every=self._progress_every
+        )
+        try:
+            files, chunks = run_builder(
+                self._roots,
+                path,
+                max_chunk_chars=self._max_chunk_chars,
+                name=self._name,
+                timeout=self._build_timeout,
+                on_progress=progress.step,
+            )
+        except BuildError as exc:
+            logger.warning(
+                "%s; indexing the memory of group %s in the daemon instead (other groups may wait meanwhile)",
+                exc,
+                self._name,
+                extra={"group": self._name, "event": "memory_build_failed", "reason": str(exc)},
+            )
+            return None
+        progress.finish(files, chunks)
+        self.stats.snapshots_built += 1
+        return self._open_snapshot(path)
+
+    def _adopt(self, snap: Snapshot, listing: Mapping[tuple[int, str], Signature]) -> set[tuple[int, str]]:
+        """Start the index from the snapshot; its files that changed or are gone are dropped from it."""
+        self._index = Bm25Index(snap.frozen)  # the first refresh: nothing else is held yet
+        self._snapshot.append(snap)
+        self.stats.snapshots_loaded += 1
+        adopted: set[tuple[int, str]] = set()
+        for file in snap.files:
+            if listing.get((file.root, file.rel)) == file.signature:
+                entry = _FileEntry(file.signature, None, file.first_doc)
+                self._files[self._labels[file.root]][file.rel] = entry
+                adopted.add((file.root, file.rel))
+            else:
+                self._index.remove((_MEMORY, file.root, file.rel))
+        self.stats.files_from_snapshot += len(adopted)
+        return adopted
+
+    def save_snapshot(self, path: Path) -> None:
+        """Write the index and chunks of the files as a snapshot (the builder's job; no chat messages held).
+
+        Raises:
+            ValueError: messages are held, or a file's chunks were not read by this corpus.
+        """
+        frozen = self._index.freeze()
+        files = []
+        for _, number, rel in frozen.keys:
+            entry = self._files[self._labels[number]][rel]
+            if entry.chunks is None:
+                raise ValueError("a file of a loaded snapshot cannot be saved again")
+            files.append((number, rel, entry.signature, entry.chunks))
+        write_snapshot(path, identity(self._roots, self._max_chunk_chars), files, frozen)
+
+    def _chunk(self, label: str, rel: str, position: int) -> Chunk:
+        entry = self._files[label][rel]
+        if entry.chunks is not None:
+            return entry.chunks[position]
+        return self._snapshot[0].chunk(entry.first_doc + position, rel)
 
     def search(
         self, query_text: str, top_k: int = 8, per_file_cap: int = 3, *, memory: bool = True, sessions: bool = True
@@ -258,7 +430,7 @@ class MemoryCorpus:
             elif per_file.get(key, 0) < per_file_cap:
                 per_file[key] = per_file.get(key, 0) + 1
                 label = self._labels[number]
-                chunk = self._files[label][rel].chunks[position]
+                chunk = self._chunk(label, rel, position)
                 text = snippet(chunk.text, token_set)
                 hits.append(MemoryHit(label, chunk.path, chunk.start_line, chunk.end_line, text, score))
             if len(hits) >= top_k:

@@ -10,9 +10,11 @@ from typing import Any, Final, Literal
 from farmhost.ipc.handlers import Effect, Handlers, HandlerSpec, RequestContext
 from farmhost.layout import GLOBAL_MEMORY_FOLDER, DataLayout
 from farmhost.memory.access import target_folder
+from farmhost.memory.builder import BUILD_TIMEOUT_SECONDS
 from farmhost.memory.corpus import CorpusStats, MemoryCorpus, MemoryHit, SessionHit
 from farmhost.memory.get import memory_get
 from farmhost.memory.sessions import SessionUpdate, SessionWindow, WindowStats
+from farmhost.memory.snapshot import SUFFIX
 from farmhost.protocol.envelope import Outcome, utc_stamp
 from farmhost.protocol.params import MemorySearchParams, parse_params
 from farmhost.protocol.requests import AnyRequest, MemoryActionRequest
@@ -40,15 +42,23 @@ class MemoryService:
     instance (`watch.py`) until `close()`.
     """
 
-    def __init__(self, layout: DataLayout, *, session_limit: int = transcripts.RECENT_LIMIT) -> None:
+    def __init__(
+        self,
+        layout: DataLayout,
+        *,
+        session_limit: int = transcripts.RECENT_LIMIT,
+        build_timeout: float = BUILD_TIMEOUT_SECONDS,
+    ) -> None:
         """Nothing is read until a folder's first search.
 
         Args:
-            layout: The data directory.
+            layout: The data directory; each folder's index is persisted in its `memory-index/`.
             session_limit: How many of the latest messages of a folder's chats are searched.
+            build_timeout: Seconds a builder process may take before the daemon builds the index itself.
         """
         self._layout = layout
         self._session_limit = session_limit
+        self._build_timeout = build_timeout
         self._folders: dict[str, _Folder] = {}
 
     async def close(self) -> None:
@@ -97,7 +107,9 @@ class MemoryService:
             if folder != GLOBAL_MEMORY_FOLDER:
                 roots[GLOBAL_MEMORY_FOLDER] = self._layout.workspace(GLOBAL_MEMORY_FOLDER)
             window = SessionWindow(folder, limit=self._session_limit)
-            self._folders[folder] = _Folder(MemoryCorpus(roots, name=folder), window, asyncio.Lock())
+            snapshot = self._layout.create_memory_index() / f"{folder}{SUFFIX}"
+            corpus = MemoryCorpus(roots, name=folder, snapshot=snapshot, build_timeout=self._build_timeout)
+            self._folders[folder] = _Folder(corpus, window, asyncio.Lock())
         return self._folders[folder]
 
     @staticmethod

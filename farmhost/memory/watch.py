@@ -102,12 +102,18 @@ class MemoryWatch:
     """The inotify instance of one corpus and the watch descriptors of its roots."""
 
     def __init__(
-        self, name: str, *, revalidate_after: float = REVALIDATE_SECONDS, clock: Callable[[], float] = time.monotonic
+        self,
+        name: str,
+        *,
+        revalidate_after: float = REVALIDATE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        inotify: bool = True,
     ) -> None:
         """Create the inotify instance; when that fails, every root stays dirty (logged once).
 
         Args:
             name: Who the corpus serves (a group folder), for the log lines.
+            inotify: False for a corpus listed once (the builder process): no instance, every root always dirty.
             revalidate_after: A root is re-listed at least this often (seconds) even when no event came.
             clock: Monotonic seconds; tests pass their own to step over revalidate_after.
         """
@@ -118,6 +124,8 @@ class MemoryWatch:
         self._owners: dict[int, tuple[RootWatch, bool]] = {}  # wd -> (root, whether it is the root directory)
         self._warned: set[str] = set()
         self._inotify: INotify | None = None
+        if not inotify:
+            return
         try:
             self._inotify = INotify(nonblocking=True)
         except OSError as err:
