@@ -15,6 +15,7 @@ postings are read from the arrays in place; replacing or removing one of their f
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -67,6 +68,10 @@ class _Segment:
 
 def _segment(key: SegmentKey, base: int, documents: Sequence[Sequence[str]]) -> _Segment:
     lengths = [len(d) for d in documents]
+    if len(documents) == 1:  # a chat message: the same counts without a model each (a window loads thousands)
+        counts = Counter(documents[0])
+        postings = {t: ([0], [f]) for t, f in counts.items()}
+        return _Segment(key, base, 1, lengths[0], lengths, dict.fromkeys(counts, 1), postings)
     if not any(documents):  # rank_bm25 divides by the corpus size and cannot take an empty one
         return _Segment(key, base, len(lengths), sum(lengths), lengths, {}, {})
     model = PositiveIdfOkapi([list(d) for d in documents], k1=K1, b=B)
@@ -261,18 +266,21 @@ class Bm25Index:
         self._total_len += sign * segment.total_len
         if not segment.frozen:
             self._unfrozen_docs += sign * segment.count
+        change = self._df_change
+        if sign > 0:  # an added segment is never frozen, and no term can reach zero
+            for term, count in self._doc_counts(segment).items():
+                change[term] = change.get(term, 0) + count
+                self._term_segments.setdefault(term, set()).add(segment.key)
+            return
         for term, count in self._doc_counts(segment).items():
-            change = self._df_change.get(term, 0) + sign * count
-            if change:
-                self._df_change[term] = change
+            left = change.get(term, 0) - count
+            if left:
+                change[term] = left
             else:
-                self._df_change.pop(term, None)
+                change.pop(term, None)
             if not segment.frozen:
-                holders = self._term_segments.setdefault(term, set())
-                if sign > 0:
-                    holders.add(segment.key)
-                else:
-                    holders.discard(segment.key)
+                holders = self._term_segments[term]
+                holders.discard(segment.key)
                 if not holders:
                     del self._term_segments[term]
             if not self._df(term):
