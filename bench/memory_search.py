@@ -18,8 +18,10 @@ timed. Measured in the same run, per corpus:
 - ``cold, daemon``: the same with a snapshot path, as the daemon runs it: over 64 files the builder process
   (``python -m farmhost.memory.build``) reads and indexes, writes the snapshot, and the corpus loads it;
 - ``restart``: the first search of a fresh corpus whose snapshot exists (a daemon restart: nothing changed);
-- ``warm``: repeated random queries on the same corpus (nothing changed, so inotify lets it skip the listing;
-  the messages were added once, as the daemon's window does);
+- ``warm``: repeated random queries on the corpus built in this thread (nothing changed, so inotify lets it skip
+  the listing; the messages were added once, as the daemon's window does);
+- ``warm, daemon``: the same queries on a corpus started from its snapshot, which is what the daemon serves for
+  a memory over 64 files (its files' postings read from the frozen arrays, the messages added on top);
 - ``warm, no watch``: the same after ``close()``, as when the watch cannot be trusted (re-stats every file);
 - ``edit``: the first search after one file was rewritten (``stats.files_chunked`` shows what was re-read);
 - ``naive``: a ``rank_bm25.BM25Okapi`` built over all docs on every query (few queries: it is slow);
@@ -368,7 +370,7 @@ def bench_persisted(ws: Workspace, size: Size, sessions: tuple[SessionDoc, ...],
     return [
         _row("farmhost cold, daemon", size, built, f"first search, index built {how}"),
         _row("farmhost restart", size, restart, f"first search, snapshot loaded {loaded}x, {size_mb:.1f} MB"),
-        _row("farmhost warm, restarted", size, warm, "the restarted corpus: frozen postings + messages"),
+        _row("farmhost warm, daemon", size, warm, f"the snapshot-backed corpus (over {PROCESS_FILES} files)"),
     ]
 
 
@@ -572,17 +574,18 @@ def _print_pivot(rows: Sequence[Row]) -> None:
 
 
 def _verdicts(rows: Sequence[Row]) -> None:
-    warm = [r for r in rows if r.name == "farmhost warm"]
+    """The targets, on the corpus the daemon serves ("warm, daemon") and on the one built in a thread ("warm")."""
+    warm = [r for r in rows if r.name in ("farmhost warm, daemon", "farmhost warm")]
     at_target = [r for r in warm if r.size.chunks + r.size.messages == TARGET_DOCS]
     large = [r for r in warm if r.size.chunks + r.size.messages == LARGE_DOCS]
     print()
     for r in at_target:
         ok = r.p50 <= TARGET_WARM_P50_MS and r.p99 <= TARGET_WARM_P99_MS
-        print(f"target warm p50 <= {TARGET_WARM_P50_MS:g} ms and p99 <= {TARGET_WARM_P99_MS:g} ms at {r.size.label}: "
-              f"{r.p50:.2f} / {r.p99:.2f} ms {'PASS' if ok else 'FAIL'}")  # fmt: skip
+        print(f"target warm p50 <= {TARGET_WARM_P50_MS:g} ms and p99 <= {TARGET_WARM_P99_MS:g} ms at {r.size.label} "
+              f"({r.name}): {r.p50:.2f} / {r.p99:.2f} ms {'PASS' if ok else 'FAIL'}")  # fmt: skip
     for r in large:
         ok = r.p50 <= TARGET_LARGE_P50_MS
-        print(f"target warm p50 <= {TARGET_LARGE_P50_MS:g} ms at {r.size.label}: {r.p50:.2f} ms "
+        print(f"target warm p50 <= {TARGET_LARGE_P50_MS:g} ms at {r.size.label} ({r.name}): {r.p50:.2f} ms "
               f"{'PASS' if ok else 'FAIL'}")  # fmt: skip
     for r in rows:
         if r.name == "farmhost restart" and r.size.chunks + r.size.messages == TARGET_DOCS:

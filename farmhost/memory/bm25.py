@@ -376,32 +376,48 @@ class Bm25Index:
         ).astype(np.int64)
         remap[old_ids] = np.arange(old_ids.size)
         doc_len = self._doc_len[old_ids].astype(np.int64)
-        terms = sorted(set(self._term_segments) | self._frozen_terms())
-        term_ids, ids, tfs = [], [], []
-        for number, term in enumerate(terms):
-            posting = self._postings(term)
-            if posting is None:
+        # Every live posting as (term, new id, tf), gathered per segment (one pass, no per-term merge), then sorted.
+        names: dict[str, int] = {}
+        runs: list[tuple[int, int, int]] = []  # (term number, the segment's new base, postings) per segment and term
+        local_ids: list[int] = []
+        freqs: list[int] = []
+        for key in keys:
+            seg = self._segments[key]
+            if seg.postings is None:
                 continue
-            new = remap[posting[0]]
+            new_base = int(remap[seg.base]) if seg.count else 0
+            for term, (local, tf) in seg.postings.items():
+                runs.append((names.setdefault(term, len(names)), new_base, len(local)))
+                local_ids.extend(local)
+                freqs.extend(tf)
+        term_parts, id_parts, tf_parts = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+        if runs:
+            run = np.array(runs, dtype=np.int64)
+            term_parts.append(np.repeat(run[:, 0], run[:, 2]))
+            id_parts.append(np.array(local_ids, dtype=np.int64) + np.repeat(run[:, 1], run[:, 2]))
+            tf_parts.append(np.array(freqs, dtype=np.int64))
+        frozen = self._frozen
+        if frozen is not None:
+            new = remap[frozen.ids]
             alive = new >= 0
-            term_ids.append(np.full(int(alive.sum()), number, dtype=np.int64))
-            ids.append(new[alive])
-            tfs.append(posting[1][alive])
-        all_terms = np.concatenate(term_ids) if term_ids else np.zeros(0, np.int64)
-        all_ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
-        all_tfs = np.concatenate(tfs).astype(np.int32) if tfs else np.zeros(0, np.int32)
+            numbers = np.array([names.setdefault(t, len(names)) for t in frozen.terms], dtype=np.int64)
+            if self._posting_terms is None:
+                self._posting_terms = frozen.posting_terms()
+            term_parts.append(numbers[self._posting_terms[alive]])
+            id_parts.append(new[alive])
+            tf_parts.append(frozen.tfs[alive].astype(np.int64))
+        all_terms, all_ids, all_tfs = (np.concatenate(p) for p in (term_parts, id_parts, tf_parts))
+        terms = sorted(names)  # the vocabulary in order; a name's number is its place of first sight
+        place = np.zeros(len(names), dtype=np.int64)
+        place[[names[t] for t in terms]] = np.arange(len(terms))
+        all_terms = place[all_terms]
         order = np.lexsort((all_ids, all_terms))
         used = np.bincount(all_terms, minlength=len(terms))
         kept = [t for t, n in zip(terms, used.tolist(), strict=True) if n]
         offsets = np.zeros(len(kept) + 1, dtype=np.int64)
         np.cumsum(used[used > 0], out=offsets[1:])
-        return FrozenIndex(keys, counts, doc_len, kept, offsets, all_ids[order].astype(np.int32), all_tfs[order])
-
-    def _frozen_terms(self) -> set[str]:
-        frozen = self._frozen
-        if frozen is None:
-            return set()
-        return {t for t in frozen.terms if self._df(t)}
+        ids = all_ids[order].astype(np.int32)
+        return FrozenIndex(keys, counts, doc_len, kept, offsets, ids, all_tfs[order].astype(np.int32))
 
     def ranked(
         self, tokens: Sequence[str], batch: int = 8, *, kind: str | None = None
