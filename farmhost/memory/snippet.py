@@ -11,6 +11,8 @@ SNIPPET_CHARS: Final = 300
 
 def snippet(text: str, query_tokens: set[str], width: int = SNIPPET_CHARS) -> str:
     """About `width` characters of `text` starting a little before its line sharing most query tokens."""
+    if len(text) <= width:
+        return text.strip()  # all of it: which line matches best does not matter
     lines = text.split("\n")
     best_hits, offset, best_offset = -1, 0, 0
     for line in lines:
@@ -18,8 +20,6 @@ def snippet(text: str, query_tokens: set[str], width: int = SNIPPET_CHARS) -> st
         if hits > best_hits:
             best_hits, best_offset = hits, offset
         offset += len(line) + 1
-    if len(text) <= width:
-        return text.strip()
     start = max(0, min(best_offset - width // 4, len(text) - width))
     piece = text[start : start + width].strip()
     return ("…" if start > 0 else "") + piece + ("…" if start + width < len(text) else "")
