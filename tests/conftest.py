@@ -19,6 +19,16 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"farmhost deadlines: x{timeout_scale():.2f} now ({TIMEOUT_SCALE_ENV} or the load average, read per test)"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Test files holding a `slow` test run first, the rest after them, each file's tests in their own order.
+
+    Workers take whole files (`--dist loadfile`) in this order: the long end-to-end files start at once and the
+    short ones fill the gaps, instead of a long file starting last and running alone while the other worker idles.
+    """
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable
+
+
 _BASE_TIMEOUT = pytest.StashKey[tuple[float, tuple[Any, ...], dict[str, Any]]]()
 
 
