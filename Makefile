@@ -12,7 +12,7 @@ export UV_PROJECT_ENVIRONMENT := .venv
 # without this every agent run compiles openai & co. from source (0.82 s -> 0.58 s per import).
 export UV_COMPILE_BYTECODE := 1
 
-.PHONY: demo run test test-fast install debian ha opencode lint typecheck pytest pytest-fast bench bench-attack bench-sites schema clean
+.PHONY: demo run test test-fast install debian ha opencode docker lint typecheck pytest pytest-fast bench bench-attack bench-sites schema clean
 
 ## demo: install farmhost and the local Home Assistant, then the live demo farm in ./demo-data: HA with the simulated
 ## farm, farmhost with the farm dashboard and a screenshot, a terminal chat with the agent (Ctrl-C stops it all)
@@ -27,10 +27,10 @@ run: install
 	.venv/bin/farmhost run --data-dir $(DATA_DIR)
 
 ## test: install everything the tests need, then lint, type-check and run the whole suite
-test: debian install ha opencode lint typecheck pytest
+test: debian install ha opencode docker lint typecheck pytest
 
 ## test-fast: the same without the tests marked `slow` (the end-to-end cases): for a quick round while developing
-test-fast: debian install ha opencode lint typecheck pytest-fast
+test-fast: debian install ha opencode docker lint typecheck pytest-fast
 
 $(UV):
 	$(PYTHON) -m venv .tools
@@ -42,6 +42,13 @@ install: $(UV)
 ## opencode: OpenCode at the pinned version in .tools/opencode, for agents of kind opencode (docs/agent-runtime.md)
 opencode:
 	scripts/opencode-install
+
+## docker: a private Docker engine for the tests (scripts/docker-engine, ~/.cache/farmhost-docker) and the agent image
+## they run, built from container/ on a Debian base made by debootstrap (scripts/docker-images; first time a few minutes).
+## Without root or docker.io it says so and the Docker live tests skip; pytest stops the engine when it ends.
+docker:
+	@if scripts/docker-engine start; then scripts/docker-images; \
+	else echo "[farmhost] no Docker engine for the tests: the Docker backend's live tests will skip"; fi
 
 ## debian: the Debian packages the demo and the tests use, installed when missing (as root; otherwise it prints the command)
 debian:
@@ -62,11 +69,12 @@ typecheck:
 PYTEST_WORKERS ?= 2
 PYTEST = .venv/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
+# DOCKER_HOST: the private engine of `make docker` when it runs (the Docker live tests use it), stopped afterwards.
 pytest:
-	$(PYTEST)
+	DOCKER_HOST=$$(scripts/docker-engine host) $(PYTEST); status=$$?; scripts/docker-engine stop; exit $$status
 
 pytest-fast:
-	$(PYTEST) -m "not slow"
+	DOCKER_HOST=$$(scripts/docker-engine host) $(PYTEST) -m "not slow"; status=$$?; scripts/docker-engine stop; exit $$status
 
 ## bench: the IPC round-trip benchmark (figures in docs/performance.md)
 bench: install

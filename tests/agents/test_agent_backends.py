@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from farmhost_testing import init_data_dir_in_process
-from runtime_support import PROBE, SECRETS, make_runtime, probe_job, report, settings_for
+from runtime_support import SECRETS, make_runtime, probe_job, report, settings_for
 
 from farmhost.agents.backends import (
     BwrapBackend,
@@ -56,10 +54,12 @@ def expected_docker(engine: str, root: Path, folder: str, *, is_main: bool, extr
         "--user", "1000:1001",
         "--memory", "512m", "--memory-swap", "512m",
         "--pids-limit", "64",
+        "--cpus", "1",
         "--cap-drop", "ALL",
         "--security-opt", "no-new-privileges",
         "--read-only",
-        "--tmpfs", "/tmp",
+        "--tmpfs", "/tmp:rw,nosuid,nodev,size=256m,mode=1777",
+        "--shm-size", "256m",
         "--workdir", "/workspace/group",
         "--label", f"farmhost.group={folder}",
         "--label", "farmhost.run=r-1",
@@ -87,7 +87,7 @@ def expected_docker(engine: str, root: Path, folder: str, *, is_main: bool, extr
     ]
     for item in env:
         argv += ["-e", item]
-    return [*argv, "farmhost-agent:test", "python", "-m", "farmagent.run"]
+    return [*argv, "--entrypoint", "python", "farmhost-agent:test", "-m", "farmagent.run"]
 
 
 def assert_no_secret(plan: LaunchPlan) -> None:
@@ -129,7 +129,7 @@ def test_docker_refuses_a_path_it_cannot_mount(tmp_path: Path) -> None:
 def test_a_command_override_replaces_the_runner(root: Path) -> None:
     backend = DockerBackend(image="i", user=(1000, 1000), data_root=str(root))
     plan = backend.plan(spec(root, "field", is_main=False, argv=("python", "-c", "print(1)")))
-    assert plan.argv[-4:] == ("i", "python", "-c", "print(1)")
+    assert plan.argv[-5:] == ("--entrypoint", "python", "i", "-c", "print(1)")
 
 
 def test_the_engine_cli_gets_only_what_locates_the_engine() -> None:
@@ -300,27 +300,6 @@ async def test_no_orphans_and_no_engine_are_quiet(root: Path, tmp_path: Path, ca
     assert "cannot clean up old agent containers" in caplog.text
 
 
-def docker_engine_runs() -> bool:
-    if shutil.which("docker") is None:
-        return False
-    return subprocess.run(["docker", "info"], capture_output=True, timeout=30, check=False).returncode == 0
-
-
-@pytest.mark.skipif(not docker_engine_runs(), reason="no Docker engine runs on this machine")
-async def test_docker_live_run(root: Path) -> None:
-    """The probe in the agent image: its mounts, no network, the non-root user."""
-    settings = settings_for(root, FARMHOST_AGENT_RUNTIME="docker", **SECRETS)
-    runtime = make_runtime(settings, command=("python", "-c", PROBE))  # the image's interpreter
-    await runtime.start()
-    try:
-        seen = report(await runtime.submit(probe_job("field", write=["/workspace/global/x", "/workspace/group/x"])))
-    finally:
-        await runtime.stop()
-    assert seen["write"] == {"/workspace/global/x": "error:EROFS", "/workspace/group/x": "ok"}
-    assert seen["uid"] == os.stat(root).st_uid
-    assert not any(secret in str(seen["env"]) for secret in SECRETS.values())
-
-
 @pytest.mark.parametrize("kind", ["farmagent", "opencode", "command"])
 def test_docker_command_for_each_agent_kind(root: Path, tmp_path: Path, kind: str) -> None:
     binary = tmp_path / "opencode-linux-x64" / "bin" / "opencode"
@@ -332,7 +311,7 @@ def test_docker_command_for_each_agent_kind(root: Path, tmp_path: Path, kind: st
     layout = DataLayout(root)
     run = sandbox_spec(layout, folder="field", run_id="r-1", is_main=False, limits=LIMITS, timezone="UTC", kind=chosen)
     argv = list(DockerBackend(image="farmagent:1", user=(1000, 1001), data_root=str(root)).plan(run).argv)
-    tail = argv[argv.index("farmagent:1") + 1 :]
+    tail = [argv[argv.index("--entrypoint") + 1], *argv[argv.index("farmagent:1") + 1 :]]
     volumes = [argv[i + 1] for i, arg in enumerate(argv) if arg == "-v"]
     assert not any(str(binary.parent) in volume for volume in volumes), volumes  # nothing of the host's OpenCode
     if kind == "farmagent":

@@ -38,8 +38,10 @@ class DockerBackend:
 
     def plan(self, spec: SandboxSpec) -> LaunchPlan:
         """The `docker run` command line."""
-        argv = [self.engine, *self._run_args(spec), self.image]
-        argv += spec.argv if spec.argv is not None else ("python", "-m", spec.module)
+        command = spec.argv if spec.argv is not None else ("python", "-m", spec.module)
+        # The command replaces the image's ENTRYPOINT, not its arguments: otherwise `python -m farmagent.run`
+        # (the entrypoint) would get the command as arguments and every kind would start the built-in runner.
+        argv = [self.engine, *self._run_args(spec), "--entrypoint", command[0], self.image, *command[1:]]
         container = self.container_name(spec)
         return LaunchPlan(
             argv=tuple(argv),
@@ -62,10 +64,12 @@ class DockerBackend:
             "--memory", f"{limits.memory_mb}m",
             "--memory-swap", f"{limits.memory_mb}m",  # the same value: no swap on top of the memory limit
             "--pids-limit", str(limits.pids),
+            "--cpus", f"{limits.cpu_percent / 100:g}",
             "--cap-drop", "ALL",
             "--security-opt", "no-new-privileges",
             "--read-only",
-            "--tmpfs", "/tmp",
+            "--tmpfs", f"/tmp:rw,nosuid,nodev,size={limits.tmp_mb}m,mode=1777",
+            "--shm-size", f"{limits.tmp_mb}m",
             "--workdir", spec.workdir,
             "--label", f"{GROUP_LABEL}={spec.folder}",
             "--label", f"{RUN_LABEL}={spec.run_id}",
