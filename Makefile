@@ -69,12 +69,14 @@ typecheck:
 PYTEST_WORKERS ?= 2
 PYTEST = .venv/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
-# DOCKER_HOST: the private engine of `make docker` when it runs (the Docker live tests use it), stopped afterwards.
+# FARMHOST_TEST_DOCKER_HOST: the private engine of `make docker` when it runs, for the Docker live tests only (a
+# DOCKER_HOST would make every test daemon default to the docker runtime); the engine is stopped afterwards.
 pytest:
-	DOCKER_HOST=$$(scripts/docker-engine host) $(PYTEST); status=$$?; scripts/docker-engine stop; exit $$status
+	FARMHOST_TEST_DOCKER_HOST=$$(scripts/docker-engine host) $(PYTEST); status=$$?; scripts/docker-engine stop; exit $$status
 
 pytest-fast:
-	DOCKER_HOST=$$(scripts/docker-engine host) $(PYTEST) -m "not slow"; status=$$?; scripts/docker-engine stop; exit $$status
+	FARMHOST_TEST_DOCKER_HOST=$$(scripts/docker-engine host) $(PYTEST) -m "not slow"; status=$$?; \
+	  scripts/docker-engine stop; exit $$status
 
 ## bench: the IPC round-trip benchmark (figures in docs/performance.md)
 bench: install

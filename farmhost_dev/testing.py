@@ -35,6 +35,7 @@ _SCRUB = (
     "FARM_MODE",
     "FARM_PROFILE_PATH",
     "TZ",
+    "DOCKER_HOST",  # a Docker engine makes docker the default agent runtime
 )
 
 

@@ -25,17 +25,22 @@ from farmhost.agents.backends import DockerBackend
 from farmhost.config import Settings
 
 IMAGE = os.environ.get("FARMHOST_TEST_AGENT_IMAGE", "farmhost-agent:test")
+# The engine of `make docker` (the Makefile passes it), else the shell's own; only these tests use it.
+ENGINE_HOST = os.environ.get("FARMHOST_TEST_DOCKER_HOST") or os.environ.get("DOCKER_HOST") or ""
+ENGINE_ENV = {**os.environ, "DOCKER_HOST": ENGINE_HOST} if ENGINE_HOST else dict(os.environ)
 IN_IMAGE = ("python", "-c", PROBE)  # the image's interpreter (its venv's python), not the host's
 
 
 def _engine() -> str | None:
     """Why no engine answers, or None when one does."""
     try:
-        done = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=30, check=False)
+        done = subprocess.run(
+            ["docker", "info"], capture_output=True, text=True, timeout=30, check=False, env=ENGINE_ENV
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"the docker CLI cannot run: {exc}"
     if done.returncode != 0:
-        return f"no Docker engine answers at DOCKER_HOST={os.environ.get('DOCKER_HOST', '(unset)')}"
+        return f"no Docker engine answers at DOCKER_HOST={ENGINE_HOST or '(unset)'}"
     return None
 
 
@@ -47,10 +52,19 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def image() -> str:
-    done = subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True, timeout=60, check=False)
+    done = subprocess.run(
+        ["docker", "image", "inspect", IMAGE], capture_output=True, timeout=60, check=False, env=ENGINE_ENV
+    )
     if done.returncode != 0:
         pytest.fail(f"the agent image {IMAGE} is missing: build it with scripts/docker-images")
     return IMAGE
+
+
+@pytest.fixture(autouse=True)
+def engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon's environment names the engine, as a deployment's would (the backend's CLI reads it there)."""
+    if ENGINE_HOST:
+        monkeypatch.setenv("DOCKER_HOST", ENGINE_HOST)
 
 
 @pytest.fixture
