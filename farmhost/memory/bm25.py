@@ -117,7 +117,7 @@ class _TieOrder:
         keys = sorted(segments)
         for key in keys:
             seg = segments[key]
-            count = len(seg.doc_len)
+            count = seg.count
             self.rank[seg.base : seg.base + count] = np.arange(position, position + count)
             position += count
         self._next_rank = position
@@ -129,7 +129,7 @@ class _TieOrder:
         """Rank a new segment after every other; False when its key is not above them all (rebuild instead)."""
         if self._last_key is not None and seg.key <= self._last_key:
             return False
-        count = len(seg.doc_len)
+        count = seg.count
         if self.rank.size < seg.base + count:
             self.rank = _grown(self.rank, max(seg.base + count, 2 * self.rank.size))
         self.rank[seg.base : seg.base + count] = np.arange(self._next_rank, self._next_rank + count)

@@ -270,6 +270,18 @@ def test_queries_between_edits_appends_and_evictions_rank_like_a_fresh_index(
     assert index.size == sum(len(d) for d in live.values())
 
 
+def test_ties_between_a_frozen_file_and_a_file_added_after_a_restart_break_by_key() -> None:
+    """Found by the property test in CI: a frozen segment's documents had no tie rank, so they beat lower keys."""
+    index = Bm25Index()
+    index.put(("memory", 0, "f0.md"), [])
+    index.put(("memory", 0, "f1.md"), [["pump"]])
+    index = Bm25Index(index.freeze())
+    index.put(("memory", 0, "f0.md"), [["pump"]])
+    ranked = list(index.ranked(["pump"], batch=1))
+    assert [(key[2], i) for key, i, _ in ranked] == [("f0.md", 0), ("f1.md", 0)]
+    assert ranked[0][2] == ranked[1][2] > 0
+
+
 def test_a_chat_window_sliding_for_thousands_of_messages_keeps_scores_exact() -> None:
     """Append one message, evict the oldest, query now and then: renumberings happen on the way, ranks stay right."""
     index = Bm25Index()
