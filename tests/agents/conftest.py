@@ -1,11 +1,13 @@
-"""Fixtures of the agent tests: the real local model server, started once per session."""
+"""Fixtures of the agent tests: the real local model server, started once per session; the sandbox to run in."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
+from docker_engine import AGENT_IMAGE, ENGINE_HOST, image, requires_engine
 from local_llm import LocalLlm
+from runtime_support import PROBE, PROBE_COMMAND, Sandbox
 
 
 @pytest.fixture(scope="session")
@@ -14,3 +16,18 @@ def local_llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalLlm]:
     with LocalLlm.start(tmp_path_factory.mktemp("local-llm")) as server:
         yield server
     assert server.proc.returncode == 0, server.log_tail()
+
+
+@pytest.fixture(params=["bwrap", pytest.param("docker", marks=requires_engine)])
+def sandbox(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Sandbox:
+    """bwrap, then docker: a test taking this fixture holds both backends to the same limits.
+
+    docker runs on the tests' engine (tests/docker_engine.py; skipped without one) with the agent image, the engine
+    named in the daemon's environment as a deployment's would be.
+    """
+    if request.param == "bwrap":
+        return Sandbox("bwrap", {"FARMHOST_AGENT_RUNTIME": "bwrap"}, PROBE_COMMAND)
+    if ENGINE_HOST:
+        monkeypatch.setenv("DOCKER_HOST", ENGINE_HOST)
+    values = {"FARMHOST_AGENT_RUNTIME": "docker", "FARMHOST_AGENT_IMAGE": image(AGENT_IMAGE)}
+    return Sandbox("docker", values, ("python", "-c", PROBE))

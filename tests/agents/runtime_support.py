@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -303,3 +304,23 @@ def make_runtime(
 def settings_for(data_dir: Path, **values: Any) -> Settings:
     """Settings on `data_dir`, read from nothing but `values` (no .env, no farmhost variables of the shell)."""
     return Settings(_env_file=None, FARMHOST_DATA_DIR=data_dir, TZ="Europe/Lisbon", **values)  # type: ignore[call-arg]
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """Where the probe runs: `bwrap` (the host's interpreter) or `docker` (a container of the agent image).
+
+    The fixture `sandbox` (tests/agents/conftest.py) gives each in turn to a test that runs on both.
+    """
+
+    name: str
+    values: dict[str, str]  # the settings that choose it
+    command: tuple[str, ...]  # the probe, by the interpreter of that sandbox
+
+    def settings(self, data_dir: Path, **values: Any) -> Settings:
+        """`settings_for` with this runtime chosen."""
+        return settings_for(data_dir, **self.values, **values)
+
+    def runtime(self, settings: Settings, **options: Any) -> AgentRuntime:
+        """`make_runtime` running the probe in this sandbox."""
+        return make_runtime(settings, command=self.command, **options)

@@ -11,11 +11,12 @@ import asyncio
 import json
 import os
 import stat
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+from docker_engine import AGENT_IMAGE, ENGINE_HOST, requires_engine
+from docker_engine import image as engine_image
 from farmhost_testing import Daemon, init_data_dir_in_process, scaled
 from llm_stub import Reply, ScriptedLLM
 from runtime_support import PROBE, SECRETS, make_runtime, probe_job, report, settings_for
@@ -24,40 +25,14 @@ from farmhost.agents import AgentJob
 from farmhost.agents.backends import DockerBackend
 from farmhost.config import Settings
 
-IMAGE = os.environ.get("FARMHOST_TEST_AGENT_IMAGE", "farmhost-agent:test")
-# The engine of `make docker` (the Makefile passes it), else the shell's own; only these tests use it.
-ENGINE_HOST = os.environ.get("FARMHOST_TEST_DOCKER_HOST") or os.environ.get("DOCKER_HOST") or ""
-ENGINE_ENV = {**os.environ, "DOCKER_HOST": ENGINE_HOST} if ENGINE_HOST else dict(os.environ)
 IN_IMAGE = ("python", "-c", PROBE)  # the image's interpreter (its venv's python), not the host's
 
-
-def _engine() -> str | None:
-    """Why no engine answers, or None when one does."""
-    try:
-        done = subprocess.run(
-            ["docker", "info"], capture_output=True, text=True, timeout=30, check=False, env=ENGINE_ENV
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"the docker CLI cannot run: {exc}"
-    if done.returncode != 0:
-        return f"no Docker engine answers at DOCKER_HOST={ENGINE_HOST or '(unset)'}"
-    return None
-
-
-_NO_ENGINE = _engine()
-pytestmark = pytest.mark.skipif(
-    _NO_ENGINE is not None, reason=f"{_NO_ENGINE}; `make test` starts one (scripts/docker-engine start)"
-)
+pytestmark = requires_engine
 
 
 @pytest.fixture(scope="module")
 def image() -> str:
-    done = subprocess.run(
-        ["docker", "image", "inspect", IMAGE], capture_output=True, timeout=60, check=False, env=ENGINE_ENV
-    )
-    if done.returncode != 0:
-        pytest.fail(f"the agent image {IMAGE} is missing: build it with scripts/docker-images")
-    return IMAGE
+    return engine_image(AGENT_IMAGE)
 
 
 @pytest.fixture(autouse=True)

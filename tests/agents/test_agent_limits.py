@@ -1,4 +1,8 @@
-"""What a run may use, enforced by the kernel in real bwrap runs: never host root, capped tmpfs, processes, quota."""
+"""What a run may use, enforced in real runs: never host root, capped tmpfs, processes, memory, CPU, quota, budget.
+
+Each run-level case runs in bwrap and in a container of the agent image (the `sandbox` fixture; docker skips without
+an engine), so both backends are held to the same limits.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,8 @@ from typing import Any
 
 import pytest
 from farmhost_testing import init_data_dir_in_process
-from runtime_support import make_runtime, probe_job, report, settings_for
+from llm_stub import Reply, ScriptedLLM
+from runtime_support import Sandbox, probe_job, report
 
 from farmhost.agents.backends.base import RunLimits, SandboxError
 from farmhost.agents.cgroups import CgroupSupport, detect_sync, open_run_cgroup_sync, own_paths
@@ -23,9 +28,9 @@ def root(tmp_path: Path) -> Path:
     return init_data_dir_in_process(tmp_path / "data")
 
 
-async def _run(root: Path, folder: str = "field", **values: Any) -> tuple[Any, AgentRuntime]:
+async def _run(root: Path, sandbox: Sandbox, folder: str = "field", **values: Any) -> tuple[Any, AgentRuntime]:
     todo = values.pop("todo")
-    runtime = make_runtime(settings_for(root, FARMHOST_AGENT_RUNTIME="bwrap", **values))
+    runtime = sandbox.runtime(sandbox.settings(root, **values))
     await runtime.start()
     try:
         return await runtime.submit(probe_job(folder, **todo)), runtime
@@ -33,8 +38,8 @@ async def _run(root: Path, folder: str = "field", **values: Any) -> tuple[Any, A
         await runtime.stop()
 
 
-async def test_an_agent_is_never_host_root_and_its_setuid_bits_do_not_survive(root: Path) -> None:
-    outcome, _ = await _run(root, todo={"setid_file": f"{GROUP_DIR}/sh-root"})
+async def test_an_agent_is_never_host_root_and_its_setuid_bits_do_not_survive(root: Path, sandbox: Sandbox) -> None:
+    outcome, _ = await _run(root, sandbox, todo={"setid_file": f"{GROUP_DIR}/sh-root"})
     seen = report(outcome)
     made = root / "groups" / "field" / "sh-root"
     info = made.lstat()
@@ -49,53 +54,72 @@ async def test_an_agent_is_never_host_root_and_its_setuid_bits_do_not_survive(ro
     assert stat.S_IMODE(info.st_mode) & (stat.S_ISUID | stat.S_ISGID) == 0, oct(info.st_mode)
 
 
-async def test_tmp_and_shared_memory_are_capped(root: Path) -> None:
+async def test_tmp_and_shared_memory_are_capped(root: Path, sandbox: Sandbox) -> None:
     fill = {"/tmp/big": 64, "/dev/shm/big": 64}
-    outcome, _ = await _run(root, FARMHOST_AGENT_TMP_MB=8, todo={"fill": fill})
+    outcome, _ = await _run(root, sandbox, FARMHOST_AGENT_TMP_MB=8, todo={"fill": fill})
     seen = report(outcome)["fill"]
     for path in fill:
         error, written = seen[path]
         assert error == "error:ENOSPC" and written <= 8 * 1024 * 1024, (path, seen[path])
 
 
-async def test_a_workspace_over_its_limit_refuses_the_run_and_says_why(root: Path) -> None:
+async def test_a_workspace_over_its_limit_refuses_the_run_and_says_why(root: Path, sandbox: Sandbox) -> None:
     (root / "groups" / "field" / "harvest.bin").write_bytes(os.urandom(3 * 1024 * 1024))
     (root / "agent-limits.json").write_text('{"groups": {"field": {"workspaceMb": 2}}}')
-    outcome, _ = await _run(root, todo={})
+    outcome, _ = await _run(root, sandbox, todo={})
     assert outcome.status == "error", outcome
     assert outcome.error is not None and "workspace holds 3 MiB, over its limit of 2 MiB" in outcome.error
-    main, _ = await _run(root, "main", todo={})  # the limit is the group's
+    main, _ = await _run(root, sandbox, "main", todo={})  # the limit is the group's
     assert main.status == "ok", main
 
 
-async def test_processes_are_capped(root: Path) -> None:
-    outcome, _ = await _run(root, FARMHOST_AGENT_PIDS=32, todo={"forks": 300})
+async def test_processes_are_capped(root: Path, sandbox: Sandbox) -> None:
+    outcome, _ = await _run(root, sandbox, FARMHOST_AGENT_PIDS=32, todo={"forks": 300})
     forked, error = report(outcome)["forks"]
     assert forked < 32 and error == "error:EAGAIN", (forked, error)
 
 
-async def test_memory_is_summed_over_a_runs_processes(root: Path) -> None:
+async def test_memory_is_summed_over_a_runs_processes(root: Path, sandbox: Sandbox) -> None:
     """Each of 3 processes stays under the per-process limit; together they are over it: the kernel kills."""
-    outcome, _ = await _run(root, FARMHOST_AGENT_MEMORY_MB=256, todo={"mem_children": [3, 150]})
+    outcome, _ = await _run(root, sandbox, FARMHOST_AGENT_MEMORY_MB=256, todo={"mem_children": [3, 150]})
     statuses = report(outcome)["mem_children"]
     assert any(os.WIFSIGNALED(s) and os.WTERMSIG(s) == signal.SIGKILL for s in statuses), statuses
 
 
-async def test_shared_memory_counts_against_the_run(root: Path) -> None:
+async def test_shared_memory_counts_against_the_run(root: Path, sandbox: Sandbox) -> None:
     """Pages in /dev/shm outlive the process that wrote them; the run is charged for them and ended at its limit."""
-    outcome, _ = await _run(root, FARMHOST_AGENT_MEMORY_MB=128, FARMHOST_AGENT_TMP_MB=1024, todo={"shm_child": 400})
+    outcome, _ = await _run(
+        root, sandbox, FARMHOST_AGENT_MEMORY_MB=128, FARMHOST_AGENT_TMP_MB=1024, todo={"shm_child": 400}
+    )
     assert outcome.status == "error", outcome
     assert outcome.error is not None and outcome.error.startswith(
         "the run reached its memory limit (128 MB) and the kernel killed a process"
     ), outcome.error
 
 
-async def test_a_run_gets_its_cpu_share(root: Path) -> None:
-    outcome, _ = await _run(root, FARMHOST_AGENT_CPU_PERCENT=50, todo={"cpu_children": [2, 1.5]})
+async def test_a_run_gets_its_cpu_share(root: Path, sandbox: Sandbox) -> None:
+    outcome, _ = await _run(root, sandbox, FARMHOST_AGENT_CPU_PERCENT=50, todo={"cpu_children": [2, 1.5]})
     used, wall = report(outcome)["cpu_children"]
     # Two spinning processes would use 2 s of CPU per second of wall time on two free cores; the run gets half
     # a core. A busy machine gives them less, never more.
     assert used <= 0.5 * wall * 1.25 + 0.2, (used, wall)
+
+
+async def test_a_groups_daily_llm_budget_holds_over_its_runs(root: Path, sandbox: Sandbox) -> None:
+    """The proxy counts the group's requests over its runs: the next run past the budget gets the refusal."""
+    (root / "agent-limits.json").write_text('{"groups": {"field": {"llmRequestsPerDay": 1}}}')
+    with ScriptedLLM(then=Reply("The pumps are fine.")) as llm:
+        llm_settings = {"FARMHOST_LLM_BASE_URL": llm.base_url, "FARMHOST_LLM_MODEL": "farm-model"}
+        first, _ = await _run(root, sandbox, todo={"openai": "how are the pumps?"}, **llm_settings)
+        second, _ = await _run(root, sandbox, todo={"openai": "and now?"}, **llm_settings)
+        other, _ = await _run(root, sandbox, "main", todo={"openai": "and the barn?"}, **llm_settings)
+    assert report(first)["openai"] == {"content": "The pumps are fine.", "model": "farm-model"}
+    refusal = report(second)["openai"]
+    assert refusal.startswith("error:RateLimitError"), refusal
+    assert "group field has used its daily budget of 1 LLM requests; it resets at midnight Europe/Lisbon" in refusal
+    assert report(other)["openai"]["content"] == "The pumps are fine."  # the budget is the group's
+    assert [r.text() for r in llm.requests] == ["how are the pumps?", "and the barn?"]
+    assert "llm: 0 request(s), 1 refused" in second.log_path.read_text()
 
 
 def test_without_cgroups_a_run_starts_only_if_the_operator_allowed_it(tmp_path: Path) -> None:
