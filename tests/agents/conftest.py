@@ -26,8 +26,9 @@ def sandbox(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     named in the daemon's environment as a deployment's would be.
     """
     if request.param == "bwrap":
-        return Sandbox("bwrap", {"FARMHOST_AGENT_RUNTIME": "bwrap"}, PROBE_COMMAND)
-    if ENGINE_HOST:
-        monkeypatch.setenv("DOCKER_HOST", ENGINE_HOST)
+        return Sandbox("bwrap", {"FARMHOST_AGENT_RUNTIME": "bwrap"}, PROBE_COMMAND, {})
+    engine = {"DOCKER_HOST": ENGINE_HOST} if ENGINE_HOST else {}
+    for key, value in engine.items():
+        monkeypatch.setenv(key, value)
     values = {"FARMHOST_AGENT_RUNTIME": "docker", "FARMHOST_AGENT_IMAGE": image(AGENT_IMAGE)}
-    return Sandbox("docker", values, ("python", "-c", PROBE))
+    return Sandbox("docker", values, ("python", "-c", PROBE), engine)

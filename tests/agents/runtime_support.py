@@ -316,6 +316,7 @@ class Sandbox:
     name: str
     values: dict[str, str]  # the settings that choose it
     command: tuple[str, ...]  # the probe, by the interpreter of that sandbox
+    env: dict[str, str]  # what a daemon subprocess needs in its environment besides (clean_env drops DOCKER_HOST)
 
     def settings(self, data_dir: Path, **values: Any) -> Settings:
         """`settings_for` with this runtime chosen."""

@@ -1,16 +1,20 @@
 """The real daemon under a flood of connections to a run's LLM proxy socket, at a lowered descriptor limit.
 
 Issue 13, item 3: connections that send headers and never a body took the daemon to its descriptor limit; pings
-went unanswered, the log filled with accept tracebacks and SIGTERM no longer stopped it.
+went unanswered, the log filled with accept tracebacks and SIGTERM no longer stopped it. With bwrap the flood comes
+from the host side of the socket; with Docker from inside the run's own container (`docker exec`), as an agent
+that turned against the proxy would send it, across the bind mount of the socket.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import resource
 import socket
+import subprocess
 import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -18,10 +22,12 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
+from docker_engine import ENGINE_ENV, docker
 from farmhost_testing import Daemon, clean_env, drop, init_data_dir_in_process, ok, scaled, wait_for, wait_result
 from llm_stub import Recorded, Reply, ScriptedLLM
+from runtime_support import Sandbox
 
-pytestmark = pytest.mark.slow  # a real daemon and a real agent run in bubblewrap
+pytestmark = pytest.mark.slow  # a real daemon and a real agent run in bubblewrap or in a container
 
 ZONE = "Europe/Lisbon"
 HEADERS_ONLY = b"POST /v1/chat/completions HTTP/1.1\r\nHost: farmhost\r\nContent-Length: 100000\r\n\r\n"
@@ -63,6 +69,71 @@ def _flood(path: str, count: int) -> list[socket.socket]:
     return held
 
 
+# The same flood from inside a container: connect until `count` are held (a full backlog is waited out), print
+# how many, and on a line from stdin print what each got back; hold them until stdin closes.
+IN_CONTAINER = r"""
+import errno, json, socket, sys, time
+path, count, headers = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode()
+held, deadline = [], time.monotonic() + 60
+while len(held) < count and time.monotonic() < deadline:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.setblocking(False)
+    while (err := conn.connect_ex(path)) in (errno.EAGAIN, errno.EINPROGRESS) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    try:
+        conn.send(headers)
+    except OSError:
+        pass
+    held.append(conn)
+print(json.dumps({"held": len(held)}), flush=True)
+sys.stdin.readline()
+answers = []
+for conn in held:
+    try:
+        answers.append(conn.recv(65536).decode(errors="replace"))
+    except BlockingIOError:
+        answers.append("")
+    except OSError:
+        answers.append("reset")
+print(json.dumps({"answers": [a for a in answers if a]}), flush=True)
+sys.stdin.read()
+"""
+
+
+class ContainerFlood:
+    """`count` connections from inside the run's container to its /workspace/run/llm.sock (`docker exec`)."""
+
+    def __init__(self, data_dir: Path, count: int) -> None:
+        listed = docker(
+            "ps", "-q", "--filter", f"label=farmhost.data={data_dir}", "--filter", "label=farmhost.group=field"
+        )
+        (container,) = listed.stdout.split()
+        argv = ["docker", "exec", "-i", container, "python", "-c", IN_CONTAINER, "/workspace/run/llm.sock"]
+        self.proc = subprocess.Popen(
+            [*argv, str(count), HEADERS_ONLY.decode()], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env=ENGINE_ENV,
+        )  # fmt: skip
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.held = json.loads(self.proc.stdout.readline() or "{}").get("held", 0)
+        assert self.held == count, f"the flood from the container held {self.held} of {count} connections"
+
+    def answers(self) -> list[bytes]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("answers\n")
+        self.proc.stdin.flush()
+        return [a.encode() for a in json.loads(self.proc.stdout.readline())["answers"]]
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=scaled(15))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 def _answered(conn: socket.socket) -> bytes:
     try:
         return conn.recv(65536)
@@ -77,7 +148,9 @@ def _answered(conn: socket.socket) -> bytes:
     [{}, {"FARMHOST_LLM_RUN_CONNECTIONS": "1024", "FARMHOST_LLM_MAX_CONNECTIONS": "4096"}],
     ids=["default-caps", "caps-above-the-limit"],
 )
-def test_a_daemon_flooded_at_its_descriptor_limit_answers_pings_and_stops(tmp_path: Path, caps: dict[str, str]) -> None:
+def test_a_daemon_flooded_at_its_descriptor_limit_answers_pings_and_stops(
+    tmp_path: Path, caps: dict[str, str], sandbox: Sandbox
+) -> None:
     data_dir = init_data_dir_in_process(tmp_path / "data")
     release = threading.Event()
 
@@ -90,7 +163,8 @@ def test_a_daemon_flooded_at_its_descriptor_limit_answers_pings_and_stops(tmp_pa
     with ScriptedLLM([hold], then=Reply("done")) as llm:
         env = clean_env(
             TZ=ZONE,
-            FARMHOST_AGENT_RUNTIME="bwrap",
+            **sandbox.values,
+            **sandbox.env,
             FARMHOST_LLM_BASE_URL=llm.base_url,
             FARMHOST_LLM_MODEL="farm-model",
             FARMHOST_LLM_API_KEY="sk-flood-secret",
@@ -112,19 +186,32 @@ def test_a_daemon_flooded_at_its_descriptor_limit_answers_pings_and_stops(tmp_pa
             # A small limit makes the flood cheap: what the daemon has open now and a little room.
             limit = _open_fds(pid) + 100
             resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, limit))
-            held = _flood(str(data_dir / "run" / "field" / "llm.sock"), 4 * limit)
+            if sandbox.name == "docker":
+                flood = ContainerFlood(data_dir, 4 * limit)
+            else:
+                held = _flood(str(data_dir / "run" / "field" / "llm.sock"), 4 * limit)
             for folder in ("main", "field"):
                 ping = drop(data_dir, folder, "actions", {"type": "ping"})
                 assert ok(wait_result(data_dir, folder, ping, timeout=15))["pong"] is True
             assert _open_fds(pid) < limit
-            refusals = [answer for conn in held if (answer := _answered(conn))]
+            if sandbox.name == "docker":
+                refusals = flood.answers()
+            else:
+                refusals = [answer for conn in held if (answer := _answered(conn))]
             assert any(b"503" in answer and b"too many connections" in answer for answer in refusals), refusals[:3]
             log = daemon.log()
             assert log.count("Traceback") <= 1, log[-3000:]
             assert len(log) < 200_000
             code = daemon.stop(timeout=10)  # with the flood still connected and the upstream request still open
-            for conn in held:
-                conn.close()
+            if sandbox.name == "docker":
+                flood.close()
+                wait_for(
+                    lambda: docker("ps", "-aq", "--filter", f"label=farmhost.data={data_dir}").stdout == "",
+                    timeout=15, interval=0.2, what="the run's container to be removed",
+                )  # fmt: skip
+            else:
+                for conn in held:
+                    conn.close()
         finally:
             release.set()
             if daemon.proc is not None:
