@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from farmhost_testing import Daemon, init_data_dir_in_process
 from llm_stub import Reply, ScriptedLLM
-from runtime_support import SECRETS, make_runtime, probe_job, report, settings_for
+from runtime_support import SECRETS, Sandbox, make_runtime, probe_job, report, settings_for
 
 from farmhost.agents import AgentJob, AgentRuntime
 from farmhost.agents.backends import BwrapBackend
@@ -108,14 +108,20 @@ async def test_the_agent_cannot_reach_the_host(root: Path, monkeypatch: pytest.M
     }  # fmt: skip
 
 
-async def test_the_agent_uses_its_own_directories(root: Path) -> None:
-    settings = settings_for(root, FARMHOST_AGENT_RUNTIME="bwrap")
-    seen, _ = await run_probe(
-        settings, "main",
+async def test_the_agent_uses_its_own_directories(root: Path, sandbox: Sandbox) -> None:
+    """The same in bwrap and in a container of the agent image: main's workspace, with the dashboards."""
+    job = probe_job(
+        "main",
         read=["/workspace/global/MEMORY.md", "/workspace/farm-state/current.json", "/workspace/group/MEMORY.md"],
         write=["/workspace/group/notes.md", "/workspace/ipc/actions/.draft.tmp", "/workspace/dashboard/farm.yaml"],
         list=["/workspace"],
-    )  # fmt: skip
+    )
+    runtime = sandbox.runtime(sandbox.settings(root))
+    await runtime.start()
+    try:
+        seen = report(await runtime.submit(job))
+    finally:
+        await runtime.stop()
     assert seen["read"] == {
         "/workspace/global/MEMORY.md": "ok:global memory for everyone\n",
         "/workspace/farm-state/current.json": 'ok:{"pump": "on"}',

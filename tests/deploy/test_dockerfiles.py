@@ -62,6 +62,11 @@ class Dockerfile:
             image = image.replace(f"${{{name}}}", default).replace(f"${name}", default)
         return image
 
+    def named(self, name: str) -> list[Instruction]:
+        """The instructions of the stage `FROM ... AS name`, from its FROM on."""
+        froms = [i.args.split() for i in self.all("FROM")]
+        return self.stage(next(n for n, words in enumerate(froms) if words[1:] in (["AS", name], ["as", name])))
+
     def stage(self, index: int) -> list[Instruction]:
         """The instructions of the `index`th stage (-1: the final one, the image), from its FROM on."""
         starts = [n for n, i in enumerate(self.instructions) if i.keyword == "FROM"]
@@ -210,7 +215,7 @@ def test_nothing_is_fetched_but_pinned_images_and_registry_packages(image: str) 
         assert not re.search(r"\|\s*(ba)?sh\b", instruction.args), f"line {instruction.line}: pipes into a shell"
         for command in re.split(r"&&|;|\|\|", instruction.args):
             words = shlex.split(command)
-            if words[:2] in (["pip", "install"], ["pip3", "install"]):
+            if len(words) > 1 and Path(words[0]).name in ("pip", "pip3") and words[1] == "install":
                 packages = [w for w in words[2:] if not w.startswith("-")]
                 for package in packages:
                     pinned = re.fullmatch(r"[A-Za-z0-9_.-]+==[^=]+", package) is not None
@@ -250,8 +255,7 @@ def test_the_farmhost_image_keeps_the_makefile_uv_the_lock_and_the_licence() -> 
     assert f'org.opencontainers.image.licenses="{project["license"]}"' in text
     assert project["license"] == "GPL-3.0-or-later"
     # The runtime stage: the Python Raspberry Pi OS bookworm has, a non-root user, the health check, farmhost.
-    bases = [i.args.split()[0] for i in parsed.all("FROM")]
-    assert set(bases) == {"python:3.11-slim-bookworm"}
+    assert parsed.base(parsed.all("FROM")[-1]) == "python:3.11-slim-bookworm"
     users = [i.args for i in parsed.all("USER")]
     assert users and users[-1].split(":")[0] not in ("0", "root")
     assert parsed.all("HEALTHCHECK")[-1].args.endswith('CMD ["farmhost", "health"]')
@@ -260,6 +264,34 @@ def test_the_farmhost_image_keeps_the_makefile_uv_the_lock_and_the_licence() -> 
     assert "FARMHOST_DATA_DIR=/data" in " ".join(i.args for i in parsed.all("ENV"))
     # BuildKit-only syntax would break the classic builder of docker-compose 1.29 / docker.io 20.10.
     assert "--mount=" not in text and "--chmod=" not in text and "--link" not in text
+
+
+def test_the_farmhost_images_bases_are_build_arguments_defaulting_to_the_official_images() -> None:
+    """BASE_IMAGE, DOCKER_CLI_IMAGE and PYTHON: a Pi builds from the official images, the tests from local ones."""
+    parsed = parse(REPO / "Dockerfile")
+    assert parsed.global_args() == {
+        "BASE_IMAGE": "python:3.11-slim-bookworm",
+        "DOCKER_CLI_IMAGE": "docker:28.2.2-cli",
+        "PYTHON": "/usr/local/bin/python3.11",  # the official image's; Debian's own python3 is /usr/bin/python3.11
+    }
+    assert [i.args for i in parsed.all("FROM")] == [
+        "${DOCKER_CLI_IMAGE} AS docker-cli", "${BASE_IMAGE} AS build", "${BASE_IMAGE}",
+    ]  # fmt: skip
+    # The classic builder takes no variable in COPY --from: the CLI image is a stage, and only its binary is copied.
+    copies = [_args_of(i) for i in parsed.stage(-1) if i.keyword == "COPY"]
+    assert ({"from": "docker-cli"}, ["/usr/local/bin/docker", "/usr/local/bin/docker"]) in copies
+    assert parsed.named("docker-cli") == parsed.all("FROM")[:1], "the CLI stage only names its image"
+    # A global ARG is empty inside a stage unless the stage declares it again: the build stage does, for PYTHON.
+    build = parsed.named("build")
+    declared = {i.args.partition("=")[0] for i in build if i.keyword == "ARG"}
+    assert {"PYTHON", "PIP_CERT", "SSL_CERT_FILE"} <= declared
+    runs = [i.args for i in build if i.keyword == "RUN"]
+    assert all('--python "$PYTHON"' in r for r in runs if "uv sync" in r) and sum("uv sync" in r for r in runs) == 2
+    assert any(r.startswith('"$PYTHON" -m venv /opt/uv') for r in runs), runs
+    # The CA arguments have no default: a build that is not given them uses the image's own trust store.
+    assert {i.args for i in build if i.keyword == "ARG" and i.args in ("PIP_CERT", "SSL_CERT_FILE")} == {
+        "PIP_CERT", "SSL_CERT_FILE",
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize("image", sorted(IMAGES))
@@ -313,7 +345,7 @@ def test_the_build_stage_installs_farmhost_from_exactly_what_it_copies(tmp_path:
     Python, in a directory standing for /app.
     """
     parsed = parse(REPO / "Dockerfile")
-    build = parsed.instructions[: [i.keyword for i in parsed.instructions].index("FROM", 1)]
+    build = parsed.named("build")
     workdir = next(i.args for i in build if i.keyword == "WORKDIR")
     app = tmp_path / "app"
     app.mkdir()
@@ -337,7 +369,7 @@ def test_the_build_stage_installs_farmhost_from_exactly_what_it_copies(tmp_path:
                     into.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(REPO / file, into)
         elif instruction.keyword == "RUN" and "uv sync" in instruction.args:
-            command = instruction.args.replace(workdir, str(app)).replace("/usr/local/bin/python3.11", sys.executable)
+            command = instruction.args.replace(workdir, str(app)).replace('"$PYTHON"', sys.executable)
             command = re.sub(r"(^|&& )uv ", rf"\g<1>{REPO / '.tools' / 'bin' / 'uv'} ", command)
             done = subprocess.run(
                 command, shell=True, cwd=app, env=env, capture_output=True, text=True, timeout=120, check=False
