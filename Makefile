@@ -43,8 +43,9 @@ install: $(UV)
 opencode:
 	scripts/opencode-install
 
-## docker: a private Docker engine for the tests (scripts/docker-engine, ~/.cache/farmhost-docker) and the agent image
-## they run, built from container/ on a Debian base made by debootstrap (scripts/docker-images; first time a few minutes).
+## docker: a private Docker engine for the tests (scripts/docker-engine, ~/.cache/farmhost-docker) and the images they
+## run: the agent image (container/) and the farmhost image (Dockerfile, without Chromium), both on a Debian base made by
+## debootstrap (scripts/docker-images; first time a few minutes, then seconds).
 ## Without root or docker.io it says so and the Docker live tests skip; pytest stops the engine when it ends.
 docker:
 	@if scripts/docker-engine start; then scripts/docker-images; \
