@@ -212,6 +212,34 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
+async def end_container(plan: LaunchPlan) -> bool:
+    """After a container run: whether the engine saw the kernel kill a process of it for memory; then remove it.
+
+    A container the kill path removed already has nothing to say and nothing to remove (the inspection fails).
+    """
+    if plan.oom_argv is None:
+        return False
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *plan.oom_argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL, env=dict(plan.env),
+        )  # fmt: skip
+    except OSError as error:
+        logger.error("cannot inspect the agent's container (%s): %s", " ".join(plan.oom_argv), error)
+        return False
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), KILL_COMMAND_TIMEOUT)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        out = b""
+    if proc.returncode != 0:
+        return False  # gone already (removed after a kill), or the engine did not answer: orphan clean-up removes it
+    if plan.remove_argv is not None:
+        await _run_kill_command(plan.remove_argv)
+    return out.strip() == b"true"
+
+
 async def _run_kill_command(argv: tuple[str, ...]) -> None:
     try:
         proc = await asyncio.create_subprocess_exec(

@@ -32,7 +32,7 @@ from farmhost.agents.fallback import (
 from farmhost.agents.inputs import AgentResult, agent_input, parse_result, trim_memory, with_notes
 from farmhost.agents.jobs import AgentJob, AgentOutcome, Status
 from farmhost.agents.kinds import AgentKind, agent_kind
-from farmhost.agents.launch import Exit, Launch
+from farmhost.agents.launch import Exit, Launch, end_container
 from farmhost.agents.limits import LimitsReader, default_limits, default_llm_budget
 from farmhost.agents.proxy import REQUESTS_PER_TURN, LlmProxy, ProxyUsage
 from farmhost.agents.queue import CHAT, SCHEDULED, QueueClosed, RunQueue
@@ -301,6 +301,8 @@ class AgentRuntime:
             if cgroup is not None:
                 record.out_of_memory = cgroup.hit_memory_limit()
                 await asyncio.to_thread(cgroup.close_sync)
+            if plan.oom_argv is not None:  # a container: the engine held its cgroup
+                record.out_of_memory = await end_container(plan) or record.out_of_memory
             await asyncio.to_thread(after_run_sync, spec)
         return await self._after_run(job, await self._finish(record, run, started), record.usage, started)
 

@@ -48,7 +48,7 @@ def spec(root: Path, folder: str, *, is_main: bool, argv: tuple[str, ...] | None
 
 def expected_docker(engine: str, root: Path, folder: str, *, is_main: bool, extra: list[str]) -> list[str]:
     argv = [
-        engine, "run", "--rm", "-i", "--init",
+        engine, "run", "-i", "--init",
         "--name", f"farmhost-{folder}-r-1",
         "--network", "none",
         "--user", "1000:1001",
@@ -105,7 +105,9 @@ def test_docker_command(root: Path, folder: str, is_main: bool) -> None:
     plan = backend.plan(spec(root, folder, is_main=is_main))
     assert list(plan.argv) == expected_docker("docker", root, folder, is_main=is_main, extra=[])
     assert plan.env == {"PATH": "/usr/bin:/bin", "DOCKER_HOST": "unix:///run/docker.sock", "HOME": "/home/farm"}
-    assert plan.kill_argv == ("docker", "rm", "-f", f"farmhost-{folder}-r-1")
+    assert plan.kill_argv == plan.remove_argv == ("docker", "rm", "-f", f"farmhost-{folder}-r-1")
+    # Kept after it ends (no --rm) until the engine has said whether the kernel killed a process of it for memory.
+    assert plan.oom_argv == ("docker", "inspect", "--format", "{{.State.OOMKilled}}", f"farmhost-{folder}-r-1")
     assert plan.rlimits == ()  # the engine's cgroup limits apply instead
     assert_no_secret(plan)
 
@@ -116,7 +118,8 @@ def test_podman_command(root: Path, rootless: bool) -> None:
     plan = backend.plan(spec(root, "field", is_main=False))
     extra = ["--userns", "keep-id"] if rootless else []
     assert list(plan.argv) == expected_docker("podman", root, "field", is_main=False, extra=extra)
-    assert plan.kill_argv == ("podman", "rm", "-f", "farmhost-field-r-1")
+    assert plan.kill_argv == plan.remove_argv == ("podman", "rm", "-f", "farmhost-field-r-1")
+    assert plan.oom_argv == ("podman", "inspect", "--format", "{{.State.OOMKilled}}", "farmhost-field-r-1")
 
 
 def test_docker_refuses_a_path_it_cannot_mount(tmp_path: Path) -> None:

@@ -86,6 +86,10 @@ class LaunchPlan:
     # the agent down with SIGKILL (--die-with-parent) before it could clean up, so it is left out there.
     signal_leader: bool = True
     kill_argv: tuple[str, ...] | None = None  # run after SIGKILL when the sandbox lives outside the process tree
+    # Container engines, after the process ended: a command printing `true` when the kernel killed a process of the
+    # run for its memory limit (the container is kept until it has answered), and the one removing the container.
+    oom_argv: tuple[str, ...] | None = None
+    remove_argv: tuple[str, ...] | None = None
     fd_args: tuple[FdArg, ...] = ()  # e.g. bwrap's `--seccomp FD`
 
 

@@ -1,4 +1,9 @@
-"""docker: `docker run --rm` of the agent image with the run's mounts, no network, a non-root uid and limits."""
+"""docker: `docker run` of the agent image with the run's mounts, no network, a non-root uid and limits.
+
+Not `--rm`: when the run has ended, the runtime asks the engine whether the kernel killed a process of the container
+for its memory limit (`.State.OOMKilled`; the run's cgroup is the engine's, out of farmhost's sight), then removes
+the container. A container left by a daemon that died in between is removed at the next start (orphan_commands).
+"""
 
 from __future__ import annotations
 
@@ -47,6 +52,8 @@ class DockerBackend:
             argv=tuple(argv),
             env=cli_env(self.environ),
             kill_argv=(self.engine, "rm", "-f", container),
+            oom_argv=(self.engine, "inspect", "--format", "{{.State.OOMKilled}}", container),
+            remove_argv=(self.engine, "rm", "-f", container),
         )
 
     def container_name(self, spec: SandboxSpec) -> str:
@@ -57,7 +64,7 @@ class DockerBackend:
         uid, gid = self.user
         limits = spec.limits
         args = [
-            "run", "--rm", "-i", "--init",
+            "run", "-i", "--init",
             "--name", self.container_name(spec),
             "--network", "none",
             "--user", f"{uid}:{gid}",
