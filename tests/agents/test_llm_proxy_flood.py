@@ -124,14 +124,12 @@ class ContainerFlood:
         return [a.encode() for a in json.loads(self.proc.stdout.readline())["answers"]]
 
     def close(self) -> None:
-        if self.proc.stdin is not None:
-            with contextlib.suppress(BrokenPipeError):
-                self.proc.stdin.close()
+        """Let go of the connections (stdin closed) and wait for the exec to end."""
         try:
-            self.proc.wait(timeout=scaled(15))
+            self.proc.communicate(timeout=scaled(15))
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            self.proc.wait()
+            self.proc.communicate()
 
 
 def _answered(conn: socket.socket) -> bytes:
