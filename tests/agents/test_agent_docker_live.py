@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from docker_engine import AGENT_IMAGE, ENGINE_HOST, requires_engine
+from docker_engine import AGENT_IMAGE, ENGINE_HOST, docker, requires_engine
 from docker_engine import image as engine_image
 from farmhost_testing import Daemon, init_data_dir_in_process, scaled
 from llm_stub import Reply, ScriptedLLM
@@ -164,3 +164,31 @@ async def test_a_container_run_is_never_host_root_and_its_setuid_bits_do_not_sur
     assert seen["uid"] != 0 and made.st_uid == seen["uid"], (seen["uid"], made.st_uid)
     assert seen["setid_mode"] == "0o6755", "inside the run the agent may set the bits"
     assert stat.S_IMODE(made.st_mode) & (stat.S_ISUID | stat.S_ISGID) == 0, oct(made.st_mode)
+
+
+# Long enough for a loaded machine to start the container and the probe to set up its SIGTERM handling.
+DOCKER_TIMEOUT = 8.0
+
+
+@pytest.mark.parametrize(
+    ("todo", "exit_code"), [({"ignore_term": True}, None), ({"note_term": True}, 7)], ids=["ignores", "exits"]
+)
+async def test_a_run_over_its_time_is_stopped_and_its_container_removed(
+    root: Path, image: str, todo: dict[str, Any], exit_code: int | None
+) -> None:
+    """SIGTERM reaches the agent through `docker run` and the container's init; ignored, the container is removed."""
+    (root / "agent-limits.json").write_text(json.dumps({"groups": {"field": {"timeoutSeconds": DOCKER_TIMEOUT}}}))
+    runtime = make_runtime(docker_settings(root, image), command=IN_IMAGE, term_grace=1.0)
+    await runtime.start()
+    try:
+        outcome = await runtime.submit(probe_job("field", sleep=60, **todo))
+    finally:
+        await runtime.stop()
+    assert outcome.status == "timeout"
+    assert outcome.error == f"the run took longer than {DOCKER_TIMEOUT:g} s and was stopped"
+    log = outcome.log_path.read_text()
+    if exit_code is not None:
+        assert outcome.exit_code == exit_code and "probe got SIGTERM" in log, (outcome.exit_code, log[-2000:])
+    assert outcome.duration_seconds < DOCKER_TIMEOUT + scaled(10), outcome.duration_seconds
+    left = docker("ps", "-aq", "--filter", f"label=farmhost.data={root}")
+    assert left.returncode == 0 and left.stdout == "", f"containers left: {left.stdout}{left.stderr}"
