@@ -362,6 +362,9 @@ class _StubHandler(BaseHTTPRequestHandler):
     """Answers one connection's requests from `stub`'s script."""
 
     protocol_version = "HTTP/1.1"  # keep-alive, as the openai client expects
+    # Headers and body go out in two writes: with Nagle's algorithm the body waited for the client's delayed ACK
+    # on a kept-alive connection, 40 ms per answer (real servers, llama.cpp's among them, set TCP_NODELAY too).
+    disable_nagle_algorithm = True
     stub: ScriptedLLM  # set on the subclass each server gets
 
     def log_message(self, format: str, *args: Any) -> None:
