@@ -30,7 +30,9 @@ Steps (each chat-completions request consumes one):
                                          (sent JSON-encoded, as OpenAI does) or a raw string (to send bad JSON)
     ToolCalls([ToolCall, ...], text=None) several calls in one answer
     Fail(status, message, ...)           an HTTP error with OpenAI's body {"error": {message, type, param, code}};
-                                         `retry_after_ms` adds the header the openai client honours
+                                         `retry_after_ms` adds the header the openai client honours,
+                                         `should_retry` the `x-should-retry` header
+    Raw(body, status=200, delay=0.0)     these bytes as the body, after `delay` s (an unusable or late answer)
     Streamed(step, chunk_chars=8, hold_after=None, release=Event(), cut_after=None, usage=True, pace=0.0)
                                          how a step streams (a plain step streams with these defaults):
                                          `chunk_chars` per piece; after `hold_after` events the stub waits for
@@ -50,6 +52,7 @@ per answer (streamed ones only when it sent a usage chunk); `llm.events_sent` co
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import socket
@@ -99,6 +102,16 @@ class Fail:
     type: str = "server_error"
     code: str | None = None
     retry_after_ms: int | None = None
+    should_retry: bool | None = None
+
+
+@dataclass(frozen=True)
+class Raw:
+    """Bytes sent as they are, after `delay` seconds: an answer no OpenAI server would give, or none in time."""
+
+    body: bytes
+    status: int = 200
+    delay: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -156,7 +169,7 @@ class Recorded:
         return "\n".join(_text(m) for m in self.messages)
 
 
-Answer: TypeAlias = Reply | ToolCall | ToolCalls | Fail | Streamed  # what a step is once resolved
+Answer: TypeAlias = Reply | ToolCall | ToolCalls | Fail | Raw | Streamed  # what a step is once resolved
 Step: TypeAlias = Answer | Callable[[Recorded], Any]
 
 
@@ -349,13 +362,18 @@ class _StubHandler(BaseHTTPRequestHandler):
     """Answers one connection's requests from `stub`'s script."""
 
     protocol_version = "HTTP/1.1"  # keep-alive, as the openai client expects
+    # Headers and body go out in two writes: with Nagle's algorithm the body waited for the client's delayed ACK
+    # on a kept-alive connection, 40 ms per answer (real servers, llama.cpp's among them, set TCP_NODELAY too).
+    disable_nagle_algorithm = True
     stub: ScriptedLLM  # set on the subclass each server gets
 
     def log_message(self, format: str, *args: Any) -> None:
         return
 
     def _send(self, status: int, document: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-        data = json.dumps(document).encode()
+        self._send_bytes(status, json.dumps(document).encode(), headers)
+
+    def _send_bytes(self, status: int, data: bytes, headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -396,7 +414,13 @@ class _StubHandler(BaseHTTPRequestHandler):
         step = self.stub.take_step(Recorded(body=body, headers={k.lower(): v for k, v in self.headers.items()}))
         if isinstance(step, Fail):
             headers = {"retry-after-ms": str(step.retry_after_ms)} if step.retry_after_ms is not None else {}
+            if step.should_retry is not None:
+                headers["x-should-retry"] = str(step.should_retry).lower()
             self._send(step.status, _error_body(step.message, step.type, step.code), headers)
+        elif isinstance(step, Raw):
+            time.sleep(step.delay)
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a client that gave up waiting
+                self._send_bytes(step.status, step.body)
         elif body.get("stream"):
             self._stream(body, step if isinstance(step, Streamed) else Streamed(step))
         else:

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from farmhost_dev.llm_stub import Fail, Recorded, Reply, ScriptedLLM, Step, Streamed, ToolCall, ToolCalls
+from farmhost_dev.llm_stub import Fail, Raw, Recorded, Reply, ScriptedLLM, Step, Streamed, ToolCall, ToolCalls
 
-__all__ = ["Fail", "Recorded", "Reply", "ScriptedLLM", "Step", "Streamed", "ToolCall", "ToolCalls", "llm_stub"]
+__all__ = ["Fail", "Raw", "Recorded", "Reply", "ScriptedLLM", "Step", "Streamed", "ToolCall", "ToolCalls", "llm_stub"]
 
 
 @pytest.fixture

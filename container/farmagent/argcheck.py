@@ -39,11 +39,21 @@ def obj(properties: Mapping[str, Any], *required: str) -> dict[str, Any]:
 
 def check(schema: Mapping[str, Any], value: Any) -> None:
     """Raise InvalidRequestError listing every way `value` breaks `schema` (at most five)."""
-    problems: list[str] = []
-    _check(schema, value, "arguments", problems)
+    problems = problems_of(schema, value, "arguments")
     if problems:
-        shown = "; ".join(problems[:5]) + ("; ..." if len(problems) > 5 else "")
-        raise InvalidRequestError(f"invalid arguments: {shown}")
+        raise InvalidRequestError(f"invalid arguments: {summary(problems)}")
+
+
+def problems_of(schema: Mapping[str, Any], value: Any, root: str) -> list[str]:
+    """Every way `value` breaks `schema`, each a sentence naming the place from `root` down."""
+    problems: list[str] = []
+    _check(schema, value, root, problems)
+    return problems
+
+
+def summary(problems: list[str]) -> str:
+    """The first five problems, joined."""
+    return "; ".join(problems[:5]) + ("; ..." if len(problems) > 5 else "")
 
 
 def _is(kind: str, value: Any) -> bool:
@@ -116,7 +126,7 @@ def _check_object(schema: Mapping[str, Any], value: dict[str, Any], where: str, 
             _check(properties[name], item, f"{where}.{name}", problems)
         elif schema.get("additionalProperties", True) is False:
             known = ", ".join(properties) or "none"
-            problems.append(f"{where} has the unknown argument {name!r} (known: {known})")
+            problems.append(f"{where} has the unknown key {name!r} (known: {known})")
         elif isinstance(schema.get("additionalProperties"), dict):
             _check(schema["additionalProperties"], item, f"{where}.{name}", problems)
 

@@ -57,7 +57,7 @@ class AgentSettings:
 
         Variables: FARMAGENT_IPC_DIR, FARMAGENT_GROUP_DIR, FARMAGENT_GLOBAL_DIR, FARMAGENT_FARM_STATE_DIR,
         FARMAGENT_DASHBOARD_DIR (main only), FARMAGENT_LLM_SOCKET, FARMAGENT_LLM_BASE_URL, FARMAGENT_IPC_MODE (inotify|poll), FARMAGENT_LLM_TIMEOUT
-        (seconds), FARMAGENT_LLM_MAX_RETRIES (retries of 429/5xx/connection errors by the openai client).
+        (seconds), FARMAGENT_LLM_MAX_RETRIES (retries of 408/409/429/5xx and connection errors; farmagent.llm).
 
         Raises:
             ConfigError: a value cannot be used (names the variable).

@@ -18,9 +18,7 @@ from farmagent.llm import complete, tool_params
 from farmagent.tools import ToolOutcome, call_tool
 
 if TYPE_CHECKING:
-    import openai
-    from openai.types.chat import ChatCompletionMessage
-
+    from farmagent.llm import AssistantMessage, ChatClient, ToolCall
     from farmagent.tools import ToolContext, ToolSpec
 
 logger = logging.getLogger(__name__)
@@ -40,6 +38,18 @@ class LoopOutcome:
     turns: int = 0
     tool_calls: int = 0
     added: list[dict[str, Any]] = field(default_factory=list)
+    llm_seconds: float = 0.0  # waiting for the model (through the proxy), all turns
+    tool_seconds: float = 0.0  # running the tools (mostly waiting for the host's answers)
+
+    def log_timing(self) -> None:
+        """One log line saying where the run's time went, for the run log."""
+        logger.info(
+            "timing: %d LLM request(s) in %.0f ms, %d tool call(s) in %.0f ms",
+            self.turns,
+            self.llm_seconds * 1000,
+            self.tool_calls,
+            self.tool_seconds * 1000,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,7 +65,7 @@ class LoopParams:
     endpoint: str
 
 
-def run_loop(llm: openai.OpenAI, tools: ToolContext, params: LoopParams) -> LoopOutcome:
+def run_loop(llm: ChatClient, tools: ToolContext, params: LoopParams) -> LoopOutcome:
     """Run the conversation to a final answer, an LLM error, or the turn limit."""
     outcome = LoopOutcome(status="error", added=[{"role": "user", "content": params.prompt}])
     offered = tool_params(params.tools)
@@ -63,6 +73,7 @@ def run_loop(llm: openai.OpenAI, tools: ToolContext, params: LoopParams) -> Loop
     system = [{"role": "system", "content": params.system}]
     while outcome.turns < params.max_turns:
         outcome.turns += 1
+        asked = time.monotonic()
         try:
             message = complete(
                 llm,
@@ -74,7 +85,9 @@ def run_loop(llm: openai.OpenAI, tools: ToolContext, params: LoopParams) -> Loop
         except LlmError as err:
             outcome.error = err.message
             return outcome
-        calls = list(message.tool_calls or [])
+        finally:
+            outcome.llm_seconds += time.monotonic() - asked
+        calls = message.tool_calls
         outcome.added.append(_assistant(message))
         if not calls:
             outcome.status, outcome.answer = "ok", (message.content or "").strip() or None
@@ -82,7 +95,9 @@ def run_loop(llm: openai.OpenAI, tools: ToolContext, params: LoopParams) -> Loop
             return outcome
         for call in calls:
             outcome.tool_calls += 1
+            called = time.monotonic()
             result = _run_call(tools, call, names)
+            outcome.tool_seconds += time.monotonic() - called
             outcome.added.append({"role": "tool", "tool_call_id": call.id, "content": _cut(result.text)})
     outcome.error = (
         f"turn limit reached: {params.max_turns} turns without a final answer "
@@ -91,17 +106,17 @@ def run_loop(llm: openai.OpenAI, tools: ToolContext, params: LoopParams) -> Loop
     return outcome
 
 
-def _assistant(message: ChatCompletionMessage) -> dict[str, Any]:
+def _assistant(message: AssistantMessage) -> dict[str, Any]:
     entry: dict[str, Any] = {"role": "assistant", "content": message.content}
     if message.tool_calls:
-        entry["tool_calls"] = [call.model_dump(mode="json", exclude_none=True) for call in message.tool_calls]
+        entry["tool_calls"] = [call.to_message() for call in message.tool_calls]
     return entry
 
 
-def _run_call(tools: ToolContext, call: Any, names: set[str]) -> ToolOutcome:
+def _run_call(tools: ToolContext, call: ToolCall, names: set[str]) -> ToolOutcome:
     started = time.monotonic()
-    if getattr(call, "type", None) != "function":
-        outcome = _refusal(f"only function tools exist here, not {getattr(call, 'type', None)!r}")
+    if call.type != "function":
+        outcome = _refusal(f"only function tools exist here, not {call.type!r}")
         name = "?"
     else:
         name = call.function.name

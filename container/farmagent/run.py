@@ -16,7 +16,7 @@ from farmagent import conversation
 from farmagent.config import AgentSettings
 from farmagent.contract import MAX_INPUT_BYTES, AgentInput, AgentResult, InputError, parse_input
 from farmagent.errors import ConfigError
-from farmagent.llm import make_client, where
+from farmagent.llm import ChatClient, where
 from farmagent.loop import LoopParams, run_loop
 from farmagent.prompt import system_prompt
 from farmagent.tools import ToolContext, tools_for
@@ -42,8 +42,8 @@ def run(agent_input: AgentInput, settings: AgentSettings) -> AgentResult:
         max_turns=agent_input.maxTurns,
         endpoint=where(settings),
     )
-    with make_client(settings) as llm:
-        outcome = run_loop(llm, ToolContext.from_settings(settings), params)
+    outcome = run_loop(ChatClient(settings), ToolContext.from_settings(settings), params)
+    outcome.log_timing()
     if keep:
         conversation.save(settings.group_dir, history + outcome.added)
     return AgentResult(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from functools import cache
-from importlib import resources
+from pathlib import Path
 from typing import Any, Final
 
 CONTRACT_FILE: Final = "ipc_contract.json"
@@ -22,7 +22,8 @@ _MAX_DEPTH: Final = 32
 @cache
 def contract() -> dict[str, Any]:
     """The exported contract shipped with this package."""
-    document: dict[str, Any] = json.loads(resources.files("farmagent").joinpath(CONTRACT_FILE).read_text("utf-8"))
+    # Beside this module (a wheel installs it there); read without importlib.resources, which costs a run ~10 ms.
+    document: dict[str, Any] = json.loads((Path(__file__).parent / CONTRACT_FILE).read_text("utf-8"))
     return document
 
 

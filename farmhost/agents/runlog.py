@@ -7,6 +7,7 @@ import errno
 import os
 import shlex
 import stat
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
@@ -116,6 +117,13 @@ class RunRecord:
         self.exit: Exit | None = None
         self.result: AgentResult | None = None
         self.out_of_memory = False  # the kernel killed one of its processes at the cgroup memory limit
+        self.phases_ms: dict[str, float] = {}  # the host's phases so far (AgentOutcome.phases_ms)
+
+    def phase(self, name: str, start: float, end: float | None = None) -> float:
+        """Record that phase `name` took from `start` to `end` (time.monotonic(), default now); returns `end`."""
+        end = time.monotonic() if end is None else end
+        self.phases_ms[name] = round((end - start) * 1000, 2)
+        return end
 
     @property
     def kind(self) -> str:
@@ -146,6 +154,8 @@ class RunRecord:
             lines.append(f"error: {outcome.error}")
         if self.result is not None:
             lines.append(f"agent: {self.result.turns} turn(s), {self.result.toolCalls} tool call(s)")
+        if outcome.phases_ms:
+            lines.append("host: " + ", ".join(f"{name} {ms:.0f} ms" for name, ms in outcome.phases_ms.items()))
         if self.usage is not None:
             usage = self.usage
             lines.append(

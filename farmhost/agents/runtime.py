@@ -246,7 +246,9 @@ class AgentRuntime:
             return self._outcome(job, "error", error=NO_LLM, started=started)
         limits = self._limits.limits(job.folder)
         await self._prepare(job.folder)
+        hooked = time.monotonic()
         memory = await self._memory(job)
+        searched = time.monotonic()
         if self._stopping:
             error = "the agent runtime stopped before the run started"
             return self._outcome(job, "cancelled", error=error, started=started)
@@ -269,6 +271,8 @@ class AgentRuntime:
             model=self._settings.llm_model or "",
         )
         record = RunRecord(job=job, group=group, limits=limits, backend=self._backend.name, memory=len(memory))
+        record.phase("hook", started, hooked)
+        since = record.phase("memory", hooked, searched)
         try:
             plan = self._backend.plan(spec)
             ensure_no_secrets(plan, self._secrets())
@@ -280,6 +284,7 @@ class AgentRuntime:
         except (SandboxError, OSError) as err:
             return await self._failed(record, started, f"cannot prepare the sandbox: {err}")
         record.command = plan.argv
+        since = record.phase("sandbox", since)
         logger.info(
             "agent run %s for %s started (%s, %s)",
             job.run_id,
@@ -298,12 +303,14 @@ class AgentRuntime:
         except OSError as err:
             return await self._failed(record, started, f"cannot start the agent: {err}")
         finally:
+            since = record.phase("agent", since)
             if cgroup is not None:
                 record.out_of_memory = cgroup.hit_memory_limit()
                 await asyncio.to_thread(cgroup.close_sync)
             if plan.oom_argv is not None:  # a container: the engine held its cgroup
                 record.out_of_memory = await end_container(plan) or record.out_of_memory
             await asyncio.to_thread(after_run_sync, spec)
+            record.phase("cleanup", since)
         return await self._after_run(job, await self._finish(record, run, started), record.usage, started)
 
     async def _after_run(
@@ -404,7 +411,11 @@ class AgentRuntime:
             error = f"{killed}; {error}" if error else killed
         record.exit = run
         outcome = self._outcome(job, status, answer=answer, error=error, started=started, exit_code=run.exit_code)
+        outcome = replace(outcome, phases_ms=dict(record.phases_ms))
+        logged = time.monotonic()
         await self._write_log(record, outcome)
+        record.phase("log", logged)
+        outcome = replace(outcome, phases_ms=record.phases_ms)
         usage = record.usage
         logger.info(
             "agent run %s for %s ended: %s%s, exit code %s, %.1f s, %d LLM request(s), %d+%d tokens",
@@ -423,6 +434,7 @@ class AgentRuntime:
                 "status": status,
                 "exitCode": run.exit_code,
                 "durationS": round(outcome.duration_seconds, 3),
+                "phasesMs": outcome.phases_ms,
             },
         )
         return outcome

@@ -23,7 +23,7 @@ from farmhost.memory.chunker import DEFAULT_MAX_CHARS
 from farmhost.memory.corpus import MemoryCorpus
 
 PROGRESS_EVERY_SECONDS: Final = 0.25
-NICENESS: Final = 5  # behind the daemon and the agents it serves
+NICENESS: Final = 10  # behind the daemon and the agents it serves
 
 
 def _root(text: str) -> tuple[str, Path]:

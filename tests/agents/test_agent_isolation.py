@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import secrets
 import sys
 from pathlib import Path
@@ -190,3 +191,11 @@ async def test_the_real_runner_answers_from_its_sandbox(root: Path) -> None:
     assert "how long did the pumps run?" in request.text() and request.model == "farm-model"
     log = outcome.log_path.read_text()
     assert "-m farmagent.run" in log and "llm: 1 request(s), 0 refused" in log
+    # Where the time went: the host's phases (in the outcome and the log) and the runner's own timing line.
+    assert list(outcome.phases_ms) == ["hook", "memory", "sandbox", "agent", "cleanup", "log"], outcome.phases_ms
+    assert all(ms >= 0 for ms in outcome.phases_ms.values())
+    assert outcome.phases_ms["agent"] <= outcome.duration_seconds * 1000
+    assert re.search(
+        r"^host: hook \d+ ms, memory \d+ ms, sandbox \d+ ms, agent \d+ ms, cleanup \d+ ms$", log, re.MULTILINE
+    ), log
+    assert re.search(r"timing: 1 LLM request\(s\) in \d+ ms, 0 tool call\(s\) in 0 ms", log), log

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from agent_support import Farm, agent_input, run_agent
-from llm_stub import Fail, Reply, ScriptedLLM, ToolCall
+from llm_stub import Fail, Raw, Reply, ScriptedLLM, ToolCall
 
 
 def test_the_turn_limit_stops_an_endless_tool_loop(farm: Farm, llm_stub: ScriptedLLM) -> None:
@@ -41,6 +41,46 @@ def test_llm_errors_end_the_run_with_a_clear_error(
     assert message in result["error"] and llm_stub.base_url in result["error"], result
     assert len(llm_stub.requests) == requests
     assert message in stderr
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        (Raw(b"<html>bad gateway</html>"), "answered something unusable: not JSON"),
+        (Raw(b'{"id": "x"}'), "answered something unusable: no `choices` list"),
+        (Raw(b'{"choices": []}'), "answered without any choice"),
+        (Raw(b'{"choices": [{"message": {"content": 7}}]}'), "the message's content is not text"),
+        (Raw(b'{"choices": [{"message": {"tool_calls": [{"id": "c1"}]}}]}'), "a tool call without a function"),
+        (
+            Raw(
+                b'{"choices": [{"message": {"tool_calls": [{"id": "c1", "function": {"name": "ping", "arguments": {}}}]}}]}'
+            ),
+            "a tool call's arguments must be JSON text",
+        ),
+        (Raw(b"{}", status=502), "HTTP 502 (also after 1 retries): {}"),
+    ],
+    ids=["html", "no-choices", "empty-choices", "content", "call", "arguments", "502-raw"],
+)
+def test_an_unusable_answer_ends_the_run_with_what_was_wrong(
+    farm: Farm, llm_stub: ScriptedLLM, answer: Raw, message: str
+) -> None:
+    llm_stub.script(then=answer)
+    env = farm.agent_env(FARMAGENT_LLM_BASE_URL=llm_stub.base_url, FARMAGENT_LLM_MAX_RETRIES="1")
+    code, result, _ = run_agent(agent_input(), env)
+    assert code == 1 and result["status"] == "error" and message in result["error"], result
+    assert len(llm_stub.requests) == (2 if answer.status >= 500 else 1)
+
+
+def test_a_late_answer_is_a_timeout_and_should_retry_false_is_not_retried(farm: Farm, llm_stub: ScriptedLLM) -> None:
+    llm_stub.script(Raw(b"{}", delay=5.0), then=Fail(500, "budget spent", should_retry=False))
+    env = farm.agent_env(
+        FARMAGENT_LLM_BASE_URL=llm_stub.base_url, FARMAGENT_LLM_TIMEOUT="1", FARMAGENT_LLM_MAX_RETRIES="0"
+    )
+    code, result, _ = run_agent(agent_input(), env)
+    assert code == 1 and result["error"] == f"the LLM at {llm_stub.base_url} did not answer in time (1.0 s)", result
+    code, result, _ = run_agent(agent_input(), {**env, "FARMAGENT_LLM_MAX_RETRIES": "3", "FARMAGENT_LLM_TIMEOUT": "30"})
+    assert code == 1 and "HTTP 500 (also after 0 retries): budget spent" in result["error"], result
+    assert len(llm_stub.requests) == 2  # the late one, then the refusal once: `x-should-retry: false` is obeyed
 
 
 def test_rate_limits_are_retried_and_an_unreachable_llm_is_an_error(farm: Farm, llm_stub: ScriptedLLM) -> None:

@@ -108,7 +108,7 @@ def test_every_tool_reaches_the_real_host(farm: Farm, name: str, arguments: dict
         ("memory_search", {}, "arguments.query is required"),
         ("memory_search", {"query": "x", "topK": "5"}, "arguments.topK must be integer"),
         ("memory_search", {"query": "x", "topK": 65}, "at most 64"),
-        ("memory_search", {"query": "x", "top_k": 5}, "unknown argument 'top_k'"),
+        ("memory_search", {"query": "x", "top_k": 5}, "unknown key 'top_k'"),
         ("memory_get", {"path": "MEMORY.md", "lines": True}, "arguments.lines must be integer"),
         ("schedule_task", {"prompt": "p", "schedule_type": "weekly", "schedule_value": "x"}, "one of 'cron'"),
         ("ha_set_entity", {"entityId": "switch.a", "value": None}, "arguments.value is required"),

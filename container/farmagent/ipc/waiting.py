@@ -7,6 +7,7 @@ the kernel's RCU grace period, milliseconds each time, which was most of a tool 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import sys
 import threading
@@ -15,6 +16,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
 
+import inotify_simple
 from inotify_simple import INotify
 from inotify_simple import flags as f
 
@@ -38,6 +40,14 @@ def _close_idle() -> None:
             for inotify in kept:
                 inotify.close()
         _idle.clear()
+
+
+def _new_inotify() -> INotify:
+    # inotify_simple finds libc with ctypes.util.find_library('c'), which runs `ldconfig -p` in a subprocess: 35 ms
+    # of every agent run's first tool call. The interpreter has libc loaded already; hand it that one.
+    if inotify_simple._libc is None:
+        inotify_simple._libc = ctypes.CDLL(None, use_errno=True)
+    return INotify()
 
 
 def _reuse(directory: Path, inode: int) -> INotify | None:
@@ -79,7 +89,7 @@ class ResultWatch:
                 self._inode = os.stat(self.directory).st_ino
                 self._inotify = _reuse(self.directory, self._inode)
                 if self._inotify is None:
-                    self._inotify = INotify()
+                    self._inotify = _new_inotify()
                     # Results are renamed into place (SPEC): the rename is the one event worth waking for.
                     self._inotify.add_watch(self.directory, f.MOVED_TO)
             except OSError as err:
