@@ -123,15 +123,18 @@ if "ipc_ping" in todo:
     except Exception as err:
         report["ipc_result"] = why(err)
 
-if "openai" in todo:
+if "openai" in todo:  # one OpenAI-style chat completion through the proxy socket, by farmagent's own client
     try:
-        import httpx2, openai
-        transport = httpx2.HTTPTransport(uds=os.environ["FARMAGENT_LLM_SOCKET"])
-        client = openai.OpenAI(base_url="http://farmhost/v1", api_key="sandbox-has-no-key",
-                               http_client=httpx2.Client(transport=transport), max_retries=0)
-        answer = client.chat.completions.create(model="whatever-the-agent-asks",
-                                                messages=[{"role": "user", "content": todo["openai"]}])
-        report["openai"] = {"content": answer.choices[0].message.content, "model": answer.model}
+        from farmagent.config import AgentSettings
+        from farmagent.llm import ChatClient
+        client = ChatClient(AgentSettings.from_env())
+        status, _, body = client.post("/chat/completions", {"model": "whatever-the-agent-asks",
+                                                            "messages": [{"role": "user", "content": todo["openai"]}]})
+        answer = json.loads(body)
+        if status == 200:
+            report["openai"] = {"content": answer["choices"][0]["message"]["content"], "model": answer["model"]}
+        else:
+            report["openai"] = f"error:HTTP {status}: {answer['error']['message']}"
     except Exception as err:
         report["openai"] = why(err) + ": " + str(err)
 

@@ -115,7 +115,7 @@ async def test_a_groups_daily_llm_budget_holds_over_its_runs(root: Path, sandbox
         other, _ = await _run(root, sandbox, "main", todo={"openai": "and the barn?"}, **llm_settings)
     assert report(first)["openai"] == {"content": "The pumps are fine.", "model": "farm-model"}
     refusal = report(second)["openai"]
-    assert refusal.startswith("error:RateLimitError"), refusal
+    assert refusal.startswith("error:HTTP 429: "), refusal
     assert "group field has used its daily budget of 1 LLM requests; it resets at midnight Europe/Lisbon" in refusal
     assert report(other)["openai"]["content"] == "The pumps are fine."  # the budget is the group's
     assert [r.text() for r in llm.requests] == ["how are the pumps?", "and the barn?"]
