@@ -202,6 +202,11 @@ class ScriptedLLM:
         self._server: socketserver.BaseServer | None = None
         self._thread: threading.Thread | None = None
 
+    @property
+    def on_tcp(self) -> bool:
+        """Served on 127.0.0.1 (not on a Unix socket)."""
+        return self._unix_socket is None
+
     # lifecycle -----------------------------------------------------------------------------------
 
     def start(self) -> Self:
@@ -362,9 +367,6 @@ class _StubHandler(BaseHTTPRequestHandler):
     """Answers one connection's requests from `stub`'s script."""
 
     protocol_version = "HTTP/1.1"  # keep-alive, as the openai client expects
-    # Headers and body go out in two writes: with Nagle's algorithm the body waited for the client's delayed ACK
-    # on a kept-alive connection, 40 ms per answer (real servers, llama.cpp's among them, set TCP_NODELAY too).
-    disable_nagle_algorithm = True
     stub: ScriptedLLM  # set on the subclass each server gets
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -459,4 +461,7 @@ class _StubHandler(BaseHTTPRequestHandler):
 
 
 def _handler(stub: ScriptedLLM) -> type[BaseHTTPRequestHandler]:
-    return type("Handler", (_StubHandler,), {"stub": stub})
+    # On TCP, headers and body go out in two writes: with Nagle's algorithm the body waited for the client's
+    # delayed ACK on a kept-alive connection, 40 ms per answer (real servers, llama.cpp's among them, set
+    # TCP_NODELAY too). A Unix socket has no such option.
+    return type("Handler", (_StubHandler,), {"stub": stub, "disable_nagle_algorithm": stub.on_tcp})
