@@ -192,3 +192,19 @@ async def test_a_run_over_its_time_is_stopped_and_its_container_removed(
     assert outcome.duration_seconds < DOCKER_TIMEOUT + scaled(10), outcome.duration_seconds
     left = docker("ps", "-aq", "--filter", f"label=farmhost.data={root}")
     assert left.returncode == 0 and left.stdout == "", f"containers left: {left.stdout}{left.stderr}"
+
+
+def test_the_image_carries_the_runners_bytecode(image: str) -> None:
+    """A run's root is read-only: every module the runner imports must come compiled, or each run compiles it."""
+    check = (
+        "import importlib.util, os, sys; import farmagent.run; "
+        "mods = [m for m in sys.modules.values() if getattr(m, '__file__', '') and m.__file__.endswith('.py')]; "
+        "print(len(mods)); print([m.__name__ for m in mods if not os.path.exists(importlib.util.cache_from_source(m.__file__))])"
+    )
+    done = docker(
+        "run", "--rm", "--read-only", "--network", "none", "--user", "1000:1000", "--entrypoint", "python",
+        image, "-c", check,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    count, missing = done.stdout.splitlines()
+    assert int(count) > 50 and missing == "[]", done.stdout
