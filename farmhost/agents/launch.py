@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from farmhost.agents.backends.base import LaunchPlan
+from farmhost.agents.backends.engine_cli import engine_command
 from farmhost.agents.capture import OutputCapture
 from farmhost.agents.cgroups import joiner
 
@@ -22,8 +23,6 @@ logger = logging.getLogger(__name__)
 
 # After the agent exits, a process it left behind may still hold the pipes open; this long, then it is killed.
 PIPE_GRACE: Final = 2.0
-# `docker rm -f` of a stuck container answers in seconds; a wedged engine must not hold the run forever.
-KILL_COMMAND_TIMEOUT: Final = 30.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -219,41 +218,15 @@ async def end_container(plan: LaunchPlan) -> bool:
     """
     if plan.oom_argv is None:
         return False
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *plan.oom_argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL, env=dict(plan.env),
-        )  # fmt: skip
-    except OSError as error:
-        logger.error("cannot inspect the agent's container (%s): %s", " ".join(plan.oom_argv), error)
+    out = await engine_command(
+        plan.oom_argv, doing="inspect the agent's container", env=plan.env, refusal_logged=False
+    )  # a refusal: gone already (removed after a kill); a silent engine: orphan clean-up removes it later
+    if out is None:
         return False
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), KILL_COMMAND_TIMEOUT)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        out = b""
-    if proc.returncode != 0:
-        return False  # gone already (removed after a kill), or the engine did not answer: orphan clean-up removes it
     if plan.remove_argv is not None:
         await _run_kill_command(plan.remove_argv)
-    return out.strip() == b"true"
+    return out.strip() == "true"
 
 
 async def _run_kill_command(argv: tuple[str, ...]) -> None:
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
-        )
-    except OSError as error:
-        logger.error("cannot remove the agent's sandbox (%s): %s", " ".join(argv), error)
-        return
-    try:
-        _, err = await asyncio.wait_for(proc.communicate(), KILL_COMMAND_TIMEOUT)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        logger.error("cannot remove the agent's sandbox (%s): no answer in %g s", " ".join(argv), KILL_COMMAND_TIMEOUT)
-        return
-    if proc.returncode != 0:
-        logger.error("cannot remove the agent's sandbox (%s): %s", " ".join(argv), err.decode(errors="replace"))
+    await engine_command(argv, doing="remove the agent's sandbox")

@@ -8,7 +8,6 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Final
 
 from farmhost.agents.backends.base import (
     LaunchPlan,
@@ -21,6 +20,7 @@ from farmhost.agents.backends.base import (
 )
 from farmhost.agents.backends.bwrap import BwrapBackend
 from farmhost.agents.backends.docker import DockerBackend, cli_env
+from farmhost.agents.backends.engine_cli import engine_command
 from farmhost.agents.backends.host import find_python_install_sync, system_entries
 from farmhost.agents.backends.podman import PodmanBackend
 from farmhost.agents.backends.process import ProcessBackend
@@ -46,9 +46,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-# Listing and removing containers is quick when the engine is up; a wedged engine must not block the start.
-ENGINE_TIMEOUT: Final = 30.0
 
 
 def container_user(settings: Settings) -> tuple[int, int]:
@@ -131,21 +128,4 @@ async def cleanup_orphans(backend: SandboxBackend) -> int:
 
 async def _engine(argv: tuple[str, ...]) -> str | None:
     """Run an engine command; None (logged) when the engine is absent or refuses."""
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
-    except OSError as error:
-        logger.warning("%s: cannot clean up old agent containers: %s", argv[0], error)
-        return None
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), ENGINE_TIMEOUT)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        logger.warning("%s: cannot clean up old agent containers: no answer within %g s", argv[0], ENGINE_TIMEOUT)
-        return None
-    if proc.returncode != 0:
-        logger.warning("%s: cannot clean up old agent containers: %s", argv[0], err.decode(errors="replace").strip())
-        return None
-    return out.decode()
+    return await engine_command(argv, doing="clean up old agent containers", level=logging.WARNING)
