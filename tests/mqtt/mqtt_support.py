@@ -46,10 +46,27 @@ class Watcher:
             ca, cert, key = tls
             self.client.tls_set(ca_certs=str(ca), certfile=str(cert), keyfile=str(key))
         self.client.on_message = self._on_message
+        self.client.on_subscribe = self._on_subscribe
+        self._acked: set[int] = set()
         self.client.connect("127.0.0.1", port, keepalive=30)
         self.client.loop_start()
-        for topic in topics:
-            self.client.subscribe(topic, qos=1)
+        asked = {self.client.subscribe(topic, qos=1)[1] for topic in topics}
+        # subscribe() only queues the request: a message published before the broker's SUBACK is not delivered, so
+        # a test that acts at once would miss it on a busy machine. Wait for every acknowledgement.
+        wait_for(
+            lambda: asked <= self._acked_mids(),
+            timeout=10,
+            what=f"the broker to acknowledge the subscriptions to {', '.join(topics)}",
+            seen=lambda: sorted(self._acked_mids()),
+        )
+
+    def _on_subscribe(self, client: Any, userdata: Any, mid: int, reason_codes: Any, properties: Any) -> None:
+        with self._lock:
+            self._acked.add(mid)
+
+    def _acked_mids(self) -> set[int]:
+        with self._lock:
+            return set(self._acked)
 
     def _on_message(self, client: Any, userdata: Any, message: mqtt.MQTTMessage) -> None:
         with self._lock:
