@@ -109,14 +109,14 @@ class ChatClient:
             return http.client.HTTPSConnection(self._netloc, timeout=self.timeout)
         return http.client.HTTPConnection(self._netloc, timeout=self.timeout)
 
-    def post(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
-        """One POST of JSON; returns (status, lower-case headers, body). Raises OSError and http.client errors."""
+    def post(self, path: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        """One POST of a JSON body; returns (status, lower-case headers, body). Raises OSError and http.client errors."""
         connection = self._connection()
         try:
             connection.request(
                 "POST",
                 self._path + path,
-                body=json.dumps(body).encode(),
+                body=body,
                 headers={
                     "Content-Type": "application/json",
                     "Accept": "application/json",
@@ -158,9 +158,10 @@ def complete(
     Raises:
         LlmError: unreachable, timed out, an HTTP error after the client's retries, or an answer without a choice.
     """
-    body: dict[str, Any] = {"model": model, "messages": messages}
+    document: dict[str, Any] = {"model": model, "messages": messages}
     if tools:
-        body["tools"] = tools
+        document["tools"] = tools
+    body = json.dumps(document).encode()  # once, however often it is sent
     attempt = 0
     while True:
         try:

@@ -128,8 +128,8 @@ if "openai" in todo:  # one OpenAI-style chat completion through the proxy socke
         from farmagent.config import AgentSettings
         from farmagent.llm import ChatClient
         client = ChatClient(AgentSettings.from_env())
-        status, _, body = client.post("/chat/completions", {"model": "whatever-the-agent-asks",
-                                                            "messages": [{"role": "user", "content": todo["openai"]}]})
+        status, _, body = client.post("/chat/completions", json.dumps({"model": "whatever-the-agent-asks",
+                                      "messages": [{"role": "user", "content": todo["openai"]}]}).encode())
         answer = json.loads(body)
         if status == 200:
             report["openai"] = {"content": answer["choices"][0]["message"]["content"], "model": answer["model"]}

@@ -58,8 +58,9 @@ def test_llm_errors_end_the_run_with_a_clear_error(
             "a tool call's arguments must be JSON text",
         ),
         (Raw(b"{}", status=502), "HTTP 502 (also after 1 retries): {}"),
+        (Raw(b" " * (16 * 1024 * 1024 + 1)), "answered something unusable: more than 16777216 bytes"),
     ],
-    ids=["html", "no-choices", "empty-choices", "content", "call", "arguments", "502-raw"],
+    ids=["html", "no-choices", "empty-choices", "content", "call", "arguments", "502-raw", "oversize"],
 )
 def test_an_unusable_answer_ends_the_run_with_what_was_wrong(
     farm: Farm, llm_stub: ScriptedLLM, answer: Raw, message: str
