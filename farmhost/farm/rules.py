@@ -58,18 +58,23 @@ class ActuatorRule(BaseModel):
     maxCallsPerHour: Annotated[int, Field(ge=1, le=10_000)] | None = None
     minSecondsBetween: Annotated[int | float, Field(gt=0, le=24 * 3600)] | None = None
     valueRange: Annotated[list[int | float], Field(min_length=2, max_length=2)] | None = None
+    # The state the entity is safe in, when not its domain's own (off, closed, the low end of valueRange):
+    # farm/safe_state.py. A state string ("on", "open", an option) or a number.
+    safeState: Annotated[str, StringConstraints(min_length=1, max_length=255)] | int | float | None = None
 
     @model_validator(mode="after")
     def _coherent(self) -> Self:
         if self.entities is None and self.services is None and self.actions is None:
             raise ValueError("a rule needs entities, services or actions to say what it covers")
-        limits = (self.maxOnSeconds, self.maxCallsPerHour, self.minSecondsBetween, self.valueRange)
+        limits = (self.maxOnSeconds, self.maxCallsPerHour, self.minSecondsBetween, self.valueRange, self.safeState)
         if not self.requireApproval and all(limit is None for limit in limits):
             raise ValueError(
-                "a rule needs requireApproval, maxOnSeconds, maxCallsPerHour, minSecondsBetween or valueRange"
+                "a rule needs requireApproval, maxOnSeconds, maxCallsPerHour, minSecondsBetween, valueRange or safeState"
             )
         if self.maxOnSeconds is not None and self.entities is None:
             raise ValueError("maxOnSeconds needs entities: farmhost turns those entities off, whatever turned them on")
+        if self.safeState is not None and self.entities is None:
+            raise ValueError("safeState needs entities: it is the state those entities are put in")
         if self.valueRange is not None and self.valueRange[0] > self.valueRange[1]:
             raise ValueError("valueRange is [low, high] with low <= high")
         per_entity = (self.maxCallsPerHour, self.minSecondsBetween, self.valueRange)
