@@ -384,7 +384,9 @@ def profile_report(loaded: LoadedProfile, *, farm_mode: str) -> tuple[str, str, 
     status = loaded.profile.validation_status
     if farm_mode == "production" and status != "pass":
         return "broken", f"{loaded.path}: validation.status is {status!r}; control actions are refused", _GATE_FIX
-    return "ok", f"{loaded.path} (validation.status {status!r}, FARM_MODE={farm_mode})", ""
+    opened = loaded.profile.allow_services
+    services = f"; opened beyond the closed service surface: {_list(opened)}" if opened else ""
+    return "ok", f"{loaded.path} (validation.status {status!r}, FARM_MODE={farm_mode}){services}", ""
 
 
 _GATE_FIX: Final = 'validate the farm, then set "validation": {"status": "pass"} in the profile'

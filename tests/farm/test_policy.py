@@ -251,6 +251,12 @@ REPORTS: list[tuple[LoadedProfile, str, str, str]] = [
     (loaded(validation="pending"), "demo", "ok", "'pending'"),
     (loaded(validation="pending"), "production", "broken", "validation.status is 'pending'"),
     (loaded(validation="pass"), "production", "ok", "FARM_MODE=production"),
+    (
+        OPENED,
+        "demo",
+        "ok",
+        "opened beyond the closed service surface: conversation.process, homeassistant.*, scene.apply",
+    ),
 ]
 
 
