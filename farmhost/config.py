@@ -61,6 +61,8 @@ class Settings(BaseSettings):
     ha_token: str | None = Field(default=None, validation_alias="HA_TOKEN", repr=False)
     farm_mode: Literal["demo", "production"] = Field(default="demo", validation_alias="FARM_MODE")
     farm_profile_path: Path | None = Field(default=None, validation_alias="FARM_PROFILE_PATH")
+    # 3: enough for an agent's plan (pump, valve, duration) while no approver has to read a wall of requests.
+    max_pending_approvals: int = Field(default=3, ge=1, le=100, validation_alias="FARMHOST_MAX_PENDING_APPROVALS")
     telegram_bot_token: str | None = Field(default=None, validation_alias="TELEGRAM_BOT_TOKEN", repr=False)
     telegram_api_base_url: str | None = Field(default=None, validation_alias="TELEGRAM_API_BASE_URL")
     agent_runtime: Literal["docker", "podman", "bwrap", "process"] | None = Field(
