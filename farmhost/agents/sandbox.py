@@ -76,6 +76,7 @@ def sandbox_spec(
         limits=limits,
         module=kind.module,
         address_limit=kind.address_limit,
+        socket_families=kind.socket_families,
     )
 
 

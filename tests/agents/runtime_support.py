@@ -138,6 +138,19 @@ if "openai" in todo:  # one OpenAI-style chat completion through the proxy socke
     except Exception as err:
         report["openai"] = why(err) + ": " + str(err)
 
+if "sockets" in todo:  # {"socket(AF_X)" or "socketpair(AF_X)": type name}: what each creation gets
+    made = {}
+    for call, kind in todo["sockets"].items():
+        make, _, family = call.rstrip(")").partition("(")
+        try:
+            args = (getattr(socket, family), getattr(socket, kind))
+            for s in (socket.socket(*args),) if make == "socket" else socket.socketpair(*args):
+                s.close()
+            made[call] = "ok"
+        except Exception as err:
+            made[call] = why(err)
+    report["sockets"] = made
+
 limits = {}
 for name in ("RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_CORE", "RLIMIT_NOFILE"):
     limits[name] = resource.getrlimit(getattr(resource, name))[0]

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import resource
+import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Protocol
 
 from farmhost.errors import FarmhostError
+
+
+# The socket families a run may create (socket(), socketpair()); the seccomp filter refuses every other one with
+# EAFNOSUPPORT. Unix sockets reach the LLM proxy; nothing else is needed, and a family the network namespace does not
+# cover (AF_VSOCK reaches the hypervisor) would be a way out.
+UNIX_ONLY: Final = (socket.AF_UNIX,)
+# OpenCode reaches its model through an http:// URL: farmagent.opencode_run bridges 127.0.0.1 of the run's own
+# network namespace (nothing but loopback) to the proxy's Unix socket.
+UNIX_AND_LOOPBACK_INET: Final = (socket.AF_UNIX, socket.AF_INET)
+SOCKET_FAMILY_SETS: Final = (UNIX_ONLY, UNIX_AND_LOOPBACK_INET)
 
 
 class SandboxError(FarmhostError):
@@ -51,6 +62,7 @@ class SandboxSpec:
     labels: Mapping[str, str] = field(default_factory=dict)
     module: str = "farmagent.run"  # what `python -m` runs when argv is None: the agent kind's entry point
     address_limit: bool = True  # RLIMIT_AS per process (off for OpenCode, see rlimits_for)
+    socket_families: tuple[int, ...] = UNIX_ONLY  # one of SOCKET_FAMILY_SETS
 
     def host_path(self, sandbox_path: str) -> str | None:
         """The host path behind a sandbox path, through the most specific mount (None when unmounted)."""
