@@ -119,8 +119,8 @@ class DataLayout:
         return self.run / folder
 
     def run_logs(self, folder: str) -> Path:
-        """Where a group's agent run logs go (`run-<runId>.log`, inside its workspace)."""
-        return self.workspace(folder) / "logs"
+        """Where a group's agent run logs go (`run-<runId>.log`): the host's, outside every sandbox mount."""
+        return self.logs / "runs" / folder
 
     def create_group_run(self, folder: str) -> Path:
         """Create `run/` (host-private, 0700) and the group's directory in it (0755: any sandbox uid may enter)."""
