@@ -260,6 +260,7 @@ class AgentRuntime:
             limits=limits,
             timezone=self._settings.zone.key,
             kind=kind,
+            cgroup_memory=self._cgroups is not None and self._cgroups.available,
         )
         document = agent_input(
             with_notes(job, self._host_notes(job.folder) if self._host_notes is not None else []),

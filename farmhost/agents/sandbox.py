@@ -62,8 +62,12 @@ def sandbox_spec(
     timezone: str,
     kind: AgentKind | None = None,
     argv: Sequence[str] | None = None,
+    cgroup_memory: bool = False,
 ) -> SandboxSpec:
-    """The SandboxSpec of one run of `kind` (the built-in runner by default; `argv` runs a command instead)."""
+    """The SandboxSpec of one run of `kind` (the built-in runner by default; `argv` runs a command instead).
+
+    `cgroup_memory`: the run's cgroup holds its memory limit, so no process gets RLIMIT_AS (base.rlimits_for).
+    """
     if kind is None:
         kind = AgentKind(name="farmagent") if argv is None else AgentKind(name="command", argv=tuple(argv))
     return SandboxSpec(
@@ -75,7 +79,7 @@ def sandbox_spec(
         workdir=GROUP_DIR,
         limits=limits,
         module=kind.module,
-        address_limit=kind.address_limit,
+        address_limit=kind.address_limit and not cgroup_memory,
         socket_families=kind.socket_families,
     )
 

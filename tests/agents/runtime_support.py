@@ -151,6 +151,22 @@ if "sockets" in todo:  # {"socket(AF_X)" or "socketpair(AF_X)": type name}: what
             made[call] = why(err)
     report["sockets"] = made
 
+if "threads" in todo:  # how many threads start (each waits until all are counted), and why the next one did not
+    import threading
+    release, started, failed = threading.Event(), [], None
+    for _ in range(todo["threads"]):
+        thread = threading.Thread(target=release.wait)
+        try:
+            thread.start()
+        except Exception as err:
+            failed = why(err) + ": " + str(err)
+            break
+        started.append(thread)
+    release.set()
+    for thread in started:
+        thread.join()
+    report["threads"] = [len(started), failed]
+
 limits = {}
 for name in ("RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_CORE", "RLIMIT_NOFILE"):
     limits[name] = resource.getrlimit(getattr(resource, name))[0]

@@ -145,3 +145,19 @@ def test_detection_names_what_a_cgroup_v2_host_lacks(tmp_path: Path) -> None:
         assert "is not delegated to the daemon (systemd: Delegate=yes" in support.reason
     else:
         assert support.version == 2 and (mine / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
+
+
+async def test_a_python_agent_starts_the_threads_it_needs(root: Path, sandbox: Sandbox) -> None:
+    """The memory limit is the cgroup's: 256 MB of memory still leaves room for 100 threads (each reserves far more
+    address space than it uses: an 8 MiB stack, a malloc arena)."""
+    outcome, _ = await _run(root, sandbox, FARMHOST_AGENT_MEMORY_MB=256, todo={"threads": 100})
+    seen = report(outcome)
+    assert seen["threads"] == [100, None], seen["threads"]  # with RLIMIT_AS at 256 MB: 6
+    assert seen["rlimits"]["RLIMIT_AS"] == -1  # unlimited: the cgroup holds the memory
+
+
+async def test_one_process_over_the_memory_limit_ends_the_run(root: Path, sandbox: Sandbox) -> None:
+    """Without RLIMIT_AS, one process past the run's memory is the cgroup's to stop: the kernel kills it."""
+    outcome, _ = await _run(root, sandbox, FARMHOST_AGENT_MEMORY_MB=128, todo={"mem_children": [1, 200]})
+    [status] = report(outcome)["mem_children"]
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status

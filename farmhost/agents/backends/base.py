@@ -61,7 +61,7 @@ class SandboxSpec:
     limits: RunLimits
     labels: Mapping[str, str] = field(default_factory=dict)
     module: str = "farmagent.run"  # what `python -m` runs when argv is None: the agent kind's entry point
-    address_limit: bool = True  # RLIMIT_AS per process (off for OpenCode, see rlimits_for)
+    address_limit: bool = True  # RLIMIT_AS per process (off under a memory cgroup and for OpenCode: rlimits_for)
     socket_families: tuple[int, ...] = UNIX_ONLY  # one of SOCKET_FAMILY_SETS
 
     def host_path(self, sandbox_path: str) -> str | None:
@@ -129,12 +129,14 @@ AGENT_NOFILE = 1024
 def rlimits_for(spec: SandboxSpec) -> tuple[tuple[int, int], ...]:
     """The rlimits of a run started directly on the host (bwrap, process).
 
-    RLIMIT_AS caps the address space of each process, a close stand-in for memory. RLIMIT_NPROC counts every
-    process of the *real uid* (never uid 0 now: a root daemon's runs drop to an unprivileged one). The exact
-    per-run limits come from the run's cgroup (farmhost/agents/cgroups.py; docker/podman: the engine's).
-    RLIMIT_NOFILE goes back to the usual 1024: the daemon raised its own for the LLM proxy's connections.
-    A kind whose runtime reserves address space far beyond what it uses (OpenCode's JavaScriptCore) gets no
-    RLIMIT_AS; its memory is its cgroup's.
+    The memory limit is the run's cgroup's (farmhost/agents/cgroups.py; docker/podman: the engine's), which counts
+    what the run's processes really use. RLIMIT_AS, which caps each process's address space, is only the fallback
+    where no cgroup holds (FARMHOST_AGENT_UNENFORCED_LIMITS=allow, the `process` runtime): address space is not
+    memory, and each thread reserves an 8 MiB stack and a 64 MiB malloc arena, so at 256 MB a Python agent starts
+    about 6 threads under it (docs/security.md). A kind whose runtime reserves address space far beyond what it
+    uses (OpenCode's JavaScriptCore) never gets it. RLIMIT_NPROC counts every process of the *real uid* (never
+    uid 0: a root daemon's runs drop to an unprivileged one). RLIMIT_NOFILE goes back to the usual 1024: the
+    daemon raised its own for the LLM proxy's connections.
     """
     limits = spec.limits
     address = ((resource.RLIMIT_AS, limits.memory_mb * 1024 * 1024),) if spec.address_limit else ()
