@@ -204,7 +204,9 @@ def socket_rules(families: tuple[int, ...]) -> tuple[Rule, ...]:
         tests = [("lt", low), ("gt", high)]
         tests += [("eq", value) for value in range(low + 1, high) if value not in allowed]
     return tuple(
-        Rule(name, errno.EAFNOSUPPORT, arg=(0, test, value, 0)) for name in ("socket", "socketpair") for test, value in tests
+        Rule(name, errno.EAFNOSUPPORT, arg=(0, test, value, 0))
+        for name in ("socket", "socketpair")
+        for test, value in tests
     )
 
 

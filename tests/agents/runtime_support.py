@@ -197,6 +197,35 @@ if "setid_file" in todo:
     except OSError as err:
         report["setid_mode"] = why(err)
 
+if "exec_when" in todo:  # says it is ready, waits for the host to put a program at that path, runs it
+    path = todo["exec_when"]
+    open(path + ".ready", "w").close()
+    deadline = time.time() + 30
+    while not os.path.exists(path) and time.time() < deadline:
+        time.sleep(0.02)
+    try:
+        import subprocess
+        report["exec"] = subprocess.run([path], capture_output=True, text=True, timeout=10).stdout.strip()
+    except Exception as err:
+        report["exec"] = why(err)
+
+deep = {}
+for top, depth in todo.get("deep_setid", {}).items():  # a setuid file below `depth` bytes of directory names
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    made, name = 0, "d" * 200
+    while made < depth:
+        os.mkdir(name, dir_fd=fd)
+        below = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd, made = below, made + len(name) + 1
+    f = os.open("sh-root", os.O_WRONLY | os.O_CREAT, 0o755, dir_fd=fd)
+    os.write(f, b"#!/bin/sh\nid\n")
+    os.fchmod(f, 0o6755)
+    deep[top] = [made, oct(os.fstat(f).st_mode & 0o7777)]
+    os.close(f)
+    os.close(fd)
+report["deep_setid"] = deep
+
 fills = {}
 for path, mb in todo.get("fill", {}).items():
     written = 0

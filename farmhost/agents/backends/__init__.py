@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 from farmhost.agents.backends.base import (
+    SOCKET_FAMILY_SETS,
+    UNIX_ONLY,
     LaunchPlan,
     Mount,
     RunLimits,
@@ -19,7 +21,6 @@ from farmhost.agents.backends.base import (
     SandboxSpec,
     ensure_no_secrets,
 )
-from farmhost.agents.backends.base import SOCKET_FAMILY_SETS, UNIX_ONLY
 from farmhost.agents.backends.bwrap import BwrapBackend
 from farmhost.agents.backends.docker import DockerBackend, cli_env
 from farmhost.agents.backends.engine_cli import engine_command

@@ -11,7 +11,6 @@ from typing import Final, Protocol
 
 from farmhost.errors import FarmhostError
 
-
 # The socket families a run may create (socket(), socketpair()); the seccomp filter refuses every other one with
 # EAFNOSUPPORT. Unix sockets reach the LLM proxy; nothing else is needed, and a family the network namespace does not
 # cover (AF_VSOCK reaches the hypervisor) would be a way out.

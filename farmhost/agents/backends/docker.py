@@ -99,12 +99,19 @@ class DockerBackend:
             source = str(mount.source)
             if ":" in source or "," in source:
                 raise SandboxError(f"{source} cannot be mounted by {self.engine}: its path contains ':' or ','")
-            args += ["-v", f"{source}:{mount.target}" + (":ro" if mount.read_only else "")]
+            options = ["ro"] if mount.read_only else []
+            options += self._mount_options()
+            args += ["-v", f"{source}:{mount.target}" + (f":{','.join(options)}" if options else "")]
         for key, value in sorted(spec.env.items()):
             args += ["-e", f"{key}={value}"]
         return args
 
     def _engine_args(self) -> list[str]:
+        return []
+
+    def _mount_options(self) -> list[str]:
+        # docker's -v and --mount take no nosuid: a setuid file in a workspace gains nothing in the container
+        # through --security-opt no-new-privileges, and the data dir keeps it from other local users (layout.py).
         return []
 
     def orphan_commands(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
