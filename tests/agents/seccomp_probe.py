@@ -139,7 +139,7 @@ for fd in os.listdir("/proc/self/fd"):
     except OSError:
         pass  # the descriptor listdir itself used
 with open("/proc/self/mountinfo") as f:
-    mounts = [line.split()[3:5] for line in f]
+    mounts = [line.split()[3:6] for line in f]  # root, mount point, per-mount options
 report = {"machine": MACHINE, "attempts": attempts, "unshare -r": unshare_r, "work": work, "status": status,
           "fds": fds, "mountinfo": mounts}
 print(json.dumps({"status": "ok", "answer": json.dumps(report), "error": None, "turns": 1, "toolCalls": 0}))

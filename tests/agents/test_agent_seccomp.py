@@ -102,7 +102,8 @@ async def test_without_the_filter_the_same_calls_go_through(root: Path) -> None:
 async def test_mountinfo_shows_only_the_paths_of_the_runs_own_mounts(root: Path) -> None:
     seen = await probe(root, [])
     layout = DataLayout(root)
-    shown = {target: source for source, target in seen["mountinfo"]}
+    shown = {target: source for source, target, _ in seen["mountinfo"]}
+    options = {target: set(flags.split(",")) for _, target, flags in seen["mountinfo"]}
     for target, host in [
         ("/workspace/group", layout.workspace("field")),
         ("/workspace/ipc", layout.group_ipc("field")),
@@ -111,7 +112,8 @@ async def test_mountinfo_shows_only_the_paths_of_the_runs_own_mounts(root: Path)
         ("/workspace/run", layout.group_run("field")),
     ]:
         assert str(host).endswith(shown[target])  # the source's path from the root of the file system it is on
-    hosts = {s for s, t in seen["mountinfo"] if s != t and t.startswith("/workspace")}
+        assert {"nosuid", "nodev"} <= options[target], (target, options[target])  # bwrap's binds are both
+    hosts = {s for s, t, _ in seen["mountinfo"] if s != t and t.startswith("/workspace")}
     assert all(Path(s).is_relative_to(root) for s in hosts), hosts  # nothing of another group or of the host
     assert not any("main" in Path(s).parts for s in hosts)
 
