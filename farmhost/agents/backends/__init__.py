@@ -131,7 +131,7 @@ def write_engine_profiles_sync(layout: DataLayout) -> dict[tuple[int, ...], str]
     The engine's CLI reads the file and hands its text to the engine, so it must be a file the daemon can read.
     """
     layout.run.mkdir(mode=0o700, exist_ok=True)
-    paths = {}
+    paths: dict[tuple[int, ...], str] = {}
     for families in SOCKET_FAMILY_SETS:
         path = layout.run / f"seccomp-{'-'.join(str(family) for family in families)}.json"
         temporary = path.with_suffix(".tmp")

@@ -14,10 +14,10 @@ from farmhost.errors import FarmhostError
 # The socket families a run may create (socket(), socketpair()); the seccomp filter refuses every other one with
 # EAFNOSUPPORT. Unix sockets reach the LLM proxy; nothing else is needed, and a family the network namespace does not
 # cover (AF_VSOCK reaches the hypervisor) would be a way out.
-UNIX_ONLY: Final = (socket.AF_UNIX,)
+UNIX_ONLY: Final[tuple[int, ...]] = (int(socket.AF_UNIX),)
 # OpenCode reaches its model through an http:// URL: farmagent.opencode_run bridges 127.0.0.1 of the run's own
 # network namespace (nothing but loopback) to the proxy's Unix socket.
-UNIX_AND_LOOPBACK_INET: Final = (socket.AF_UNIX, socket.AF_INET)
+UNIX_AND_LOOPBACK_INET: Final[tuple[int, ...]] = (int(socket.AF_UNIX), int(socket.AF_INET))
 SOCKET_FAMILY_SETS: Final = (UNIX_ONLY, UNIX_AND_LOOPBACK_INET)
 
 
