@@ -209,6 +209,9 @@ if "exec_when" in todo:  # says it is ready, waits for the host to put a program
     except Exception as err:
         report["exec"] = why(err)
 
+for link, target in todo.get("symlink", {}).items():
+    os.symlink(target, link)
+
 deep = {}
 for top, depth in todo.get("deep_setid", {}).items():  # a setuid file below `depth` bytes of directory names
     fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)

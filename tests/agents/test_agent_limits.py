@@ -124,6 +124,22 @@ async def test_setuid_bits_deeper_than_path_max_are_cleared_and_lock_nobody_out(
     assert second.status == "ok", second.error
 
 
+async def test_the_host_walk_follows_no_link_the_agent_planted(root: Path, tmp_path: Path, sandbox: Sandbox) -> None:
+    """Links to a setuid file and a directory of the host: neither is chowned, cleared nor walked into."""
+    victim = tmp_path / "victim"
+    victim.write_text("#!/bin/sh\n")
+    os.chmod(victim, 0o4755)
+    (tmp_path / "host-dir").mkdir()
+    (tmp_path / "host-dir" / "inner").write_text("x")
+    os.chmod(tmp_path / "host-dir" / "inner", 0o2755)
+    before = [(p.stat().st_uid, p.stat().st_mode) for p in (victim, tmp_path / "host-dir" / "inner")]
+    links = {f"{GROUP_DIR}/victim": str(victim), f"{IPC_DIR}/host-dir": str(tmp_path / "host-dir")}
+    first, _ = await _run(root, sandbox, todo={"symlink": links})
+    second, _ = await _run(root, sandbox, todo={})  # its set-up walks the links again
+    assert first.status == second.status == "ok", (first.error, second.error)
+    assert [(p.stat().st_uid, p.stat().st_mode) for p in (victim, tmp_path / "host-dir" / "inner")] == before
+
+
 async def test_tmp_and_shared_memory_are_capped(root: Path, sandbox: Sandbox) -> None:
     fill = {"/tmp/big": 64, "/dev/shm/big": 64}
     outcome, _ = await _run(root, sandbox, FARMHOST_AGENT_TMP_MB=8, todo={"fill": fill})
