@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Final
 
@@ -10,6 +11,8 @@ from farmhost.agents.identity import AgentIdentity, clear_setid_sync, hand_over_
 from farmhost.agents.kinds import AgentKind
 from farmhost.agents.proxy import SOCKET_NAME
 from farmhost.layout import GLOBAL_MEMORY_FOLDER, DataLayout
+
+logger = logging.getLogger(__name__)
 
 GROUP_DIR: Final = "/workspace/group"
 IPC_DIR: Final = "/workspace/ipc"
@@ -107,5 +110,13 @@ def prepare_mounts_sync(spec: SandboxSpec, identity: AgentIdentity | None) -> No
 
 
 def after_run_sync(spec: SandboxSpec) -> int:
-    """Clear setuid/setgid bits the run set in its writable directories; returns how many."""
-    return clear_setid_sync([m.source for m in spec.mounts if not m.read_only])
+    """Clear setuid/setgid bits the run set in its writable directories; returns how many.
+
+    Never raises: what it could not walk is logged, and the next run's set-up walks (and clears) it again.
+    """
+    try:
+        return clear_setid_sync([m.source for m in spec.mounts if not m.read_only])
+    except OSError as err:
+        logger.error("run %s of %s: the clean-up after it could not walk its directories: %s", spec.run_id,
+                     spec.folder, err)  # fmt: skip
+        return 0
