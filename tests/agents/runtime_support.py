@@ -316,6 +316,18 @@ sys.exit(todo.get("exit", 0))
 
 PROBE_COMMAND = (sys.executable, "-c", PROBE)
 
+# What a run tries to create: each family with a socket type it offers (AF_PACKET: SOCK_DGRAM needs no header).
+SOCKETS = {
+    "socket(AF_UNIX)": "SOCK_STREAM",
+    "socketpair(AF_UNIX)": "SOCK_DGRAM",
+    "socket(AF_INET)": "SOCK_STREAM",
+    "socket(AF_INET6)": "SOCK_DGRAM",
+    "socket(AF_VSOCK)": "SOCK_STREAM",  # not network-namespaced: on a virtual machine it reaches the hypervisor
+    "socket(AF_NETLINK)": "SOCK_RAW",
+    "socket(AF_PACKET)": "SOCK_DGRAM",
+    "socketpair(AF_INET)": "SOCK_STREAM",
+}
+
 
 def report(outcome: AgentOutcome) -> dict[str, Any]:
     """The probe's report (the run must have ended `ok`)."""

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from farmhost_testing import init_data_dir_in_process
-from runtime_support import Sandbox, make_runtime, probe_job, report, settings_for
+from runtime_support import SOCKETS, Sandbox, make_runtime, probe_job, report, settings_for
 from seccomp_probe import PROBE_COMMAND
 
 from farmhost.agents import AgentJob
@@ -116,19 +116,6 @@ async def test_mountinfo_shows_only_the_paths_of_the_runs_own_mounts(root: Path)
     hosts = {s for s, t, _ in seen["mountinfo"] if s != t and t.startswith("/workspace")}
     assert all(Path(s).is_relative_to(root) for s in hosts), hosts  # nothing of another group or of the host
     assert not any("main" in Path(s).parts for s in hosts)
-
-
-# What a run tries to create: each family with a socket type it offers (AF_PACKET: SOCK_DGRAM needs no header).
-SOCKETS = {
-    "socket(AF_UNIX)": "SOCK_STREAM",
-    "socketpair(AF_UNIX)": "SOCK_DGRAM",
-    "socket(AF_INET)": "SOCK_STREAM",
-    "socket(AF_INET6)": "SOCK_DGRAM",
-    "socket(AF_VSOCK)": "SOCK_STREAM",  # not network-namespaced: on a virtual machine it reaches the hypervisor
-    "socket(AF_NETLINK)": "SOCK_RAW",
-    "socket(AF_PACKET)": "SOCK_DGRAM",
-    "socketpair(AF_INET)": "SOCK_STREAM",
-}
 
 
 async def test_a_run_creates_unix_sockets_and_no_other_family(root: Path, sandbox: Sandbox) -> None:
