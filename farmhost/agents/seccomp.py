@@ -100,6 +100,8 @@ DENIED: Final = (
     "vm86",
     "vm86old",
 )
+# The calls that create sockets; their first argument is the family (socket_rules).
+SOCKET_CALLS: Final = ("socket", "socketpair")
 # Namespace flags of clone/unshare. CLONE_NEWTIME (0x80) shares its bit with clone's exit signal, so it is only
 # checked for unshare (clone cannot ask for it).
 CLONE_NEWNS: Final = 0x00020000
@@ -153,7 +155,8 @@ class SeccompFilter:
 
     def describe(self) -> str:
         """One line for logs and the doctor: what is refused, on which ABIs."""
-        line = f"{len(self.denied)} system calls refused (EPERM, clone3 ENOSYS) on {'+'.join(self.arches)}"
+        refused = [name for name in self.denied if name not in SOCKET_CALLS]
+        line = f"{len(refused)} system calls refused (EPERM, clone3 ENOSYS) on {'+'.join(self.arches)}"
         families = "/".join(_family_name(family) for family in self.socket_families)
         line += f"; sockets of families other than {families} EAFNOSUPPORT"
         if self.unknown:
