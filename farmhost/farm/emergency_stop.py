@@ -83,7 +83,7 @@ class StopReport:
     failed: list[EntityOutcome] = field(default_factory=list)
     no_safe_state: list[str] = field(default_factory=list)  # guarded, but a select/button without safeState
     denied: list[ApprovalRow] = field(default_factory=list)
-    problem: str | None = None  # why no entity could be switched at all (HA off or unreadable, profile broken)
+    problem: str | None = None  # why nothing could be switched at all (HA off or unreadable, profile broken)
     safe_seconds: float = 0.0  # from the command to the moment HA reported the last entity safe
 
 
@@ -204,17 +204,17 @@ class EmergencyStop:
     async def _make_safe(self) -> tuple[list[EntityOutcome], list[str], str | None]:
         loaded = policy.load_profile(self._profile_path)
         if loaded.problem is not None:
-            return [], [], f"{loaded.problem}: farmhost cannot tell which devices are guarded, nothing was switched"
+            return [], [], f"{loaded.problem}, so farmhost cannot tell which devices are guarded"
         rules = loaded.rules
         if self._ha is None:
-            return [], [], "Home Assistant is not configured (HA_URL / HA_TOKEN): nothing was switched"
+            return [], [], "Home Assistant is not configured (HA_URL / HA_TOKEN)"
         if not rules:
             return [], [], None
         try:
             async with asyncio.timeout(READ_TIMEOUT):
                 states = await self._ha.get_states()
         except (HaError, TimeoutError) as err:
-            return [], [], f"Home Assistant could not be read ({_why(err)}): nothing was switched, check the devices"
+            return [], [], f"Home Assistant could not be read ({_why(err)}); check the devices by hand"
         by_id = {s["entity_id"]: s for s in states if isinstance(s.get("entity_id"), str)}
         targets: list[SafeTarget] = []
         no_safe: list[str] = []
@@ -256,6 +256,9 @@ class EmergencyStop:
         except (HaError, TimeoutError) as err:
             logger.error("emergency stop: %s.%s on %s failed: %s", domain, service, ", ".join(entity_ids), _why(err))
             return f"{domain}.{service} failed: {_why(err)}"
+        except Exception:  # a bug in one call must not keep the others from being sent, nor the answer from coming
+            logger.exception("emergency stop: %s.%s on %s failed", domain, service, ", ".join(entity_ids))
+            return f"{domain}.{service} failed inside farmhost (see the host log)"
         return None
 
     async def _verify(self, targets: list[SafeTarget], rules: tuple[ActuatorRule, ...]) -> dict[str, dict[str, Any]]:
@@ -326,7 +329,7 @@ def _outcome(
     error: str | None = None
     if not _safe(target.entity_id, after, rules):
         reported = f"Home Assistant still reports {now!r}" if now is not None else "its state could not be read"
-        error = f"{errors[target.entity_id]}; {reported}" if target.entity_id in errors else reported
+        error = f"{reported} ({errors[target.entity_id]})" if target.entity_id in errors else reported
     return EntityOutcome(
         entity_id=target.entity_id,
         name=name if isinstance(name, str) and name else target.entity_id,

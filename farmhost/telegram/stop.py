@@ -42,7 +42,7 @@ def stop_text(report: StopReport) -> str:
         lines.append(f"Turned off / closed ({len(report.made_safe)}): {_names(report.made_safe)}.")
     if report.failed:
         lines.append(f"FAILED ({len(report.failed)}), check these by hand now:")
-        lines.extend(f"• {one_line(o.name, 60)} ({o.entity_id}): {one_line(o.error or '', 200)}" for o in report.failed)
+        lines.extend(f"• {one_line(o.name, 60)} ({o.entity_id}): {one_line(o.error or '', 400)}" for o in report.failed)
     if report.already_safe:
         lines.append(f"Already safe ({len(report.already_safe)}): {_names(report.already_safe)}.")
     if report.no_safe_state:

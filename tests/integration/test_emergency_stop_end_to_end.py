@@ -275,3 +275,37 @@ def test_the_stop_survives_a_restart_and_resume_lifts_only_the_pause(
     assert states == {PUMP: "off", VALVE_1: "off", DURATION: "0.0"}  # /resume turns nothing back on
     (line,) = [line for line in audit(data_dir) if line["action"] == "emergency_resume"]
     assert (line["group"], line["by"], line["params"]) == ("farmhost", "@ana", {"wasPaused": paused})
+
+
+def test_a_safe_call_home_assistant_refuses_is_reported_by_name_and_the_others_are_still_made_safe(
+    data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str]
+) -> None:
+    rules = [
+        {"entities": [PUMP], "requireApproval": True},
+        {"entities": [DURATION], "safeState": -5},  # below the number's min 0: HA refuses set_value
+        {"entities": [PROGRAM], "requireApproval": True, "safeState": "none"},
+    ]
+    (data_dir / "farm-profile.json").write_text(json.dumps({"policy": {"rules": rules}}))
+    _all_on(ha_reset)
+    ha_reset.set_state(PROGRAM, "bloom")
+    wait_state(ha_reset, PROGRAM, "bloom")
+    with farm_daemon(data_dir, ha_env, fake_telegram):
+        fake_telegram.user_message(MAIN_CHAT, "/stop")
+        [reply] = _wait_told(fake_telegram, MAIN_CHAT, "EMERGENCY STOP")
+        states = {e: _state(ha_reset, e) for e in (PUMP, DURATION, PROGRAM)}
+        paused = _paused(data_dir)
+
+    assert states == {PUMP: "off", DURATION: "90.0", PROGRAM: "none"}
+    lines = (reply.text or "").splitlines()
+    made = next(line for line in lines if line.startswith("Turned off / closed (2): "))
+    assert f"Irrigation pump ({PUMP})" in made and f"Fertigation program ({PROGRAM})" in made
+    assert "FAILED (1), check these by hand now:" in lines
+    failed = next(line for line in lines if line.startswith(f"• Irrigation duration ({DURATION}): "))
+    assert failed.endswith(
+        ": Home Assistant still reports '90.0' (number.set_value failed: Home Assistant refused call_service: Validation error: Value "
+        "-5.0 for number.irrigation_duration is outside valid range 0.0 - 240.0 (service_validation_error))"
+    ), failed
+    assert paused is not None  # the pause does not depend on Home Assistant
+    (line,) = _stops(data_dir)
+    assert (line["status"], line["errorCode"]) == ("error", "upstream_error")
+    assert list(line["params"]["failed"]) == [DURATION]
