@@ -258,6 +258,9 @@ def test_the_stop_survives_a_restart_and_resume_lifts_only_the_pause(
 
     with farm_daemon(data_dir, ha_env, fake_telegram):
         run = _schedule_now(data_dir, "t-after-restart")
+        asked = fake_telegram.user_message(MAIN_CHAT, "turn the irrigation pump on for an hour")
+        [told_paused] = _wait_told(fake_telegram, MAIN_CHAT, "Agents are paused")
+        asked_row = _update_row(data_dir, asked)
         fake_telegram.user_message(MAIN_CHAT, "/status")
         [status] = _wait_told(fake_telegram, MAIN_CHAT, "Farm status")
         fake_telegram.user_message(MAIN_CHAT, "/resume")
@@ -267,6 +270,11 @@ def test_the_stop_survives_a_restart_and_resume_lifts_only_the_pause(
 
     assert f"agent runs are paused ({paused}); nothing was run" in (run["detail"] or "")
     assert f"Agents are PAUSED: {paused}" in (status.text or "")
+    # Answered, and finished: it is not kept to run after /resume or at the next start.
+    assert told_paused.text == (
+        f"Agents are paused ({paused}): nothing more is done for this message. Send it again after /resume."
+    )
+    assert asked_row["status"] == "failed" and json.loads(asked_row["detail"])["note"] == "paused"
     assert resumed.text == (
         f"Agents resumed by @ana (they were {paused}). Nothing was turned back on: "
         "devices stay as they are until someone switches them."
