@@ -317,3 +317,20 @@ def test_a_safe_call_home_assistant_refuses_is_reported_by_name_and_the_others_a
     (line,) = _stops(data_dir)
     assert (line["status"], line["errorCode"]) == ("error", "upstream_error")
     assert list(line["params"]["failed"]) == [DURATION]
+
+
+def test_stop_without_home_assistant_still_pauses_agents_and_says_nothing_was_switched(
+    data_dir: Path, fake_telegram: FakeTelegram
+) -> None:
+    _profile(data_dir)
+    with farm_daemon(data_dir, {}, fake_telegram):
+        fake_telegram.user_message(MAIN_CHAT, "/stop")
+        [reply] = _wait_told(fake_telegram, MAIN_CHAT, "EMERGENCY STOP")
+        paused = _paused(data_dir)
+
+    assert "Nothing was switched: Home Assistant is not configured (HA_URL / HA_TOKEN)." in (reply.text or "")
+    assert paused is not None and paused.startswith("stopped by /stop (@ana, ")
+    (line,) = _stops(data_dir)
+    assert (line["errorCode"], line["params"]["problem"]) == (
+        "upstream_error", "Home Assistant is not configured (HA_URL / HA_TOKEN)"
+    )  # fmt: skip
