@@ -73,7 +73,7 @@ class EntityOutcome:
 
 @dataclass(frozen=True, kw_only=True)
 class StopReport:
-    """The outcome of one emergency stop, for the chat, the audit and the benchmark."""
+    """The outcome of one emergency stop, for the chat and the audit."""
 
     by: str
     at: datetime
@@ -84,7 +84,6 @@ class StopReport:
     no_safe_state: list[str] = field(default_factory=list)  # guarded, but a select/button without safeState
     denied: list[ApprovalRow] = field(default_factory=list)
     problem: str | None = None  # why nothing could be switched at all (HA off or unreadable, profile broken)
-    safe_seconds: float = 0.0  # from the command to the moment HA reported the last entity safe
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,11 +121,6 @@ class EmergencyStop:
         self._wake = wake_outbox
         self._clock = clock
 
-    @property
-    def paused(self) -> str | None:
-        """Why agent runs are paused (None: they run)."""
-        return self._runtime.paused
-
     async def stop(self, *, by: str, via: str) -> StopReport:
         """Pause agents, deny pending approvals, put every guarded entity in its safe state; never raises for HA.
 
@@ -140,7 +134,6 @@ class EmergencyStop:
         set_paused(self._db, self._runtime, True, by=by, at=at, reason=reason)
         denied = self._deny_pending(by, at)
         outcomes, no_safe, problem = await self._make_safe()
-        safe_seconds = time.monotonic() - started
         report = StopReport(
             by=by,
             at=at,
@@ -151,7 +144,6 @@ class EmergencyStop:
             no_safe_state=no_safe,
             denied=denied,
             problem=problem,
-            safe_seconds=safe_seconds,
         )
         self._record(report, via, started)
         if denied:
