@@ -48,7 +48,6 @@ from farmhost.errors import ConfigError
 from farmhost.farm import rules
 from farmhost.farm.policy import load_profile, profile_report
 from farmhost.layout import DataLayout
-from farmhost.mqtt.device import PAUSED_KEY
 from farmhost.store import groups, host_state, outbox
 from farmhost.store.db import Database, SchemaTooNew, now_utc
 
@@ -235,7 +234,7 @@ def _database(settings: Settings) -> list[Check]:
         box = outbox.count_by_status(db.conn)
         stale = outbox.count_pending_since(db.conn, now_utc() - OUTBOX_STALE_AFTER)
         version = db.schema_version()
-        paused = host_state.get(db.conn, PAUSED_KEY)
+        paused = host_state.get(db.conn, host_state.AGENTS_PAUSED)
     finally:
         db.close()
     checks = [Check("database", "ok", f"schema v{version}, WAL, outbox {box or 'empty'}")]

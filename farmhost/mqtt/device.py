@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 STATE_SECONDS: Final = 10.0
-PAUSED_KEY: Final = "agents_paused"
+PAUSED_KEY: Final = host_state.AGENTS_PAUSED
 RUNS_KEY: Final = "agent_runs:"  # + the farm's date
 
 

@@ -334,3 +334,32 @@ def test_stop_without_home_assistant_still_pauses_agents_and_says_nothing_was_sw
     assert (line["errorCode"], line["params"]["problem"]) == (
         "upstream_error", "Home Assistant is not configured (HA_URL / HA_TOKEN)"
     )  # fmt: skip
+
+
+def test_while_stopped_a_control_request_is_refused_and_only_the_safe_direction_runs(
+    data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str]
+) -> None:
+    # A hostile agent may ignore SIGTERM for STOP_GRACE, or have written its request just before: after /stop the
+    # host itself refuses what would switch a device on, and every group may still turn things to their safe state.
+    _profile(data_dir)
+    with farm_daemon(data_dir, ha_env, fake_telegram):
+        fake_telegram.user_message(MAIN_CHAT, "/stop")
+        _wait_told(fake_telegram, MAIN_CHAT, "EMERGENCY STOP")
+        paused = _paused(data_dir)
+
+        def act(rid: str, params: dict[str, Any], folder: str = "main") -> dict[str, Any]:
+            request = {"type": "farm_action", "action": "ha_set_entity", "requestId": rid, "params": params}
+            drop(data_dir, folder, "actions", request)
+            return wait_result(data_dir, folder, rid, timeout=20)
+
+        valve_on = act("r-valve-on", {"entityId": VALVE_1, "value": "on"})
+        duration = act("r-duration", {"entityId": DURATION, "value": 60}, folder="field")
+        valve_off = act("r-valve-off", {"entityId": VALVE_1, "value": "off"}, folder="field")
+        states = {e: _state(ha_reset, e) for e in (VALVE_1, DURATION)}
+
+    sentence = f"agents are paused ({paused}): until /resume only turning devices to their safe state is allowed"
+    refused(valve_on, "not_allowed", sentence)
+    refused(duration, "not_allowed", sentence)
+    assert valve_off["status"] == "success", valve_off
+    assert states == {VALVE_1: "off", DURATION: "0.0"}
+    assert [line["errorCode"] for line in audit(data_dir, "r-valve-on")] == ["not_allowed"]
