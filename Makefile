@@ -12,7 +12,7 @@ export UV_PROJECT_ENVIRONMENT := .venv
 # the interpreter and the sources read-only and never write them, so without it every agent run compiles from source.
 export UV_COMPILE_BYTECODE := 1
 
-.PHONY: demo run test test-fast install debian ha opencode docker lint typecheck pytest pytest-fast bench bench-attack bench-sites schema clean
+.PHONY: demo run test test-fast install debian ha opencode docker lint typecheck pytest pytest-fast bench bench-attack bench-sites bench-stop schema clean
 
 ## demo: install farmhost and the local Home Assistant, then the live demo farm in ./demo-data: HA with the simulated
 ## farm, farmhost with the farm dashboard and a screenshot, a terminal chat with the agent (Ctrl-C stops it all)
@@ -93,6 +93,10 @@ bench-attack: install
 ## bench-sites: a farm action carried to another site over MQTT and back, beside the local one (docs/performance.md)
 bench-sites: install
 	.venv/bin/python bench/sites_roundtrip.py
+
+## bench-stop: the emergency stop against the local Home Assistant, to the last guarded entity safe (docs/performance.md)
+bench-stop: install
+	.venv/bin/python bench/emergency_stop.py
 
 # The IPC contract's JSON Schema, from the host's models: the docs' copy and the agent package's (its tools).
 schema: install

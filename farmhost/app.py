@@ -21,6 +21,7 @@ from farmhost.farm.actions import approved_runner, farm_handlers
 from farmhost.farm.audit import AuditLog
 from farmhost.farm.auto_off import AutoOff
 from farmhost.farm.deps import FarmDeps
+from farmhost.farm.emergency_stop import EmergencyStop
 from farmhost.farm.homeassistant import HAClient
 from farmhost.farm.state import StateCollector, collector_options
 from farmhost.groups.requests import HANDLERS as GROUP_HANDLERS
@@ -107,6 +108,7 @@ class App:
         self.runtime: AgentRuntime | None = None
         self.telegram: TelegramService | None = None  # set in start() when TELEGRAM_BOT_TOKEN is set
         self.desk: ApprovalDesk | None = None
+        self.emergency_stop: EmergencyStop | None = None  # /stop and /resume in the main chat
         self.auto_off: AutoOff | None = None
         self.sites: SiteCaller | None = None
         self.mqtt: MqttService | None = None
@@ -168,6 +170,14 @@ class App:
         )
         await self.runtime.start()
         device.restore_pause(self.db, self.runtime)
+        self.emergency_stop = EmergencyStop(
+            db=self.db,
+            runtime=self.runtime,
+            ha=self.ha,
+            profile_path=self.settings.profile_path,
+            audit=audit,
+            wake_outbox=self._wake_outbox,
+        )
         if (broker := self.settings.mqtt_broker) is not None:
             self.mqtt = MqttService(
                 broker,
@@ -194,6 +204,7 @@ class App:
                 status=self._status,
                 on_groups_changed=self.ipc.reload_groups,
                 desk=self.desk,
+                stop=self.emergency_stop,
             )
             self.ipc.add_change_listener(self.telegram.ipc_changed)
             await self.telegram.start()
@@ -223,6 +234,7 @@ class App:
         if self.telegram is not None:
             await self.telegram.stop()
             self.telegram = None
+        self.emergency_stop = None
         if self.runtime is not None:
             await self.runtime.stop()
             self.runtime = None

@@ -48,7 +48,7 @@ from farmhost.errors import ConfigError
 from farmhost.farm import rules
 from farmhost.farm.policy import load_profile, profile_report
 from farmhost.layout import DataLayout
-from farmhost.store import groups, outbox
+from farmhost.store import groups, host_state, outbox
 from farmhost.store.db import Database, SchemaTooNew, now_utc
 
 __all__ = ["Check", "State", "doctor"]
@@ -236,6 +236,7 @@ def _database(settings: Settings) -> list[Check]:
         box = outbox.count_by_status(db.conn)
         stale = outbox.count_pending_since(db.conn, now_utc() - OUTBOX_STALE_AFTER)
         version = db.schema_version()
+        paused = host_state.get(db.conn, host_state.AGENTS_PAUSED)
     finally:
         db.close()
     checks = [Check("database", "ok", f"schema v{version}, WAL, outbox {box or 'empty'}")]
@@ -262,6 +263,9 @@ def _database(settings: Settings) -> list[Check]:
         )
     else:
         checks.append(Check("groups", "ok", f"{len(registered)} group(s), main is {main.folder!r}"))
+    if paused is not None:
+        fix = "send /resume in the main chat (or switch `Agents paused` off in Home Assistant) when it is safe"
+        checks.append(Check("agents", "warn", f"agent runs are paused: {paused}", fix))
     return checks
 
 

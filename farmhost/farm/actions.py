@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from farmhost.errors import FarmhostError, NotFound
-from farmhost.farm import gate, policy
+from farmhost.farm import gate, policy, stopped
 from farmhost.farm.assist import ha_assist
 from farmhost.farm.audit import AuditLog, approval_keys
 from farmhost.farm.core_actions import check_calls, ha_call_service, ha_get_status, ha_restart, ha_set_entity
@@ -181,7 +181,9 @@ async def _guarded(deps: FarmDeps, ctx: RequestContext, name: str, spec: FarmAct
     check_calls(checked, loaded)  # what could never run is refused before the rules ask anyone for approval
     call = gate.describe(name, checked)
     if call is not None:
-        await gate.admit(deps, ctx, call, checked.model_dump(mode="json", exclude_none=True), loaded)
+        asked = checked.model_dump(mode="json", exclude_none=True)
+        stopped.refuse_while_paused(ctx.db, call, asked, loaded.rules)  # before anyone is asked for approval
+        await gate.admit(deps, ctx, call, asked, loaded)
     try:
         async with asyncio.timeout(spec.timeout):
             return await spec.run(deps, ctx, checked)

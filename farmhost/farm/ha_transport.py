@@ -73,9 +73,26 @@ def new_rest_client(url: str, token: str) -> RestClient:
     return RestClient(f"{url}/api/", token, session=niquests.AsyncSession(retries=0, disable_http3=True))
 
 
+class _Socket(AsyncWebsocketClient):
+    """The library's WebSocket client, reading HA's refusals itself.
+
+    The library validates a refusal against a model whose translation placeholders must all be strings; HA sends
+    numbers there (`number.set_value` out of range: `"value": -5.0`), and the refusal became a pydantic
+    ValidationError that no caller expects instead of HA's own sentence.
+    """
+
+    def parse_response(self, data: dict[str, Any]) -> None:
+        """A refusal raises ResponseError `[code] message`, as the library words it; anything else is the library's."""
+        if data.get("type") == "result" and not data.get("success"):
+            error = data.get("error")
+            error = error if isinstance(error, dict) else {}
+            raise ResponseError(f"[{error.get('code', 'unknown_error')}] {error.get('message', 'no details')}")
+        super().parse_response(data)
+
+
 async def new_socket(ws_url: str, token: str) -> AsyncWebsocketClient:
     """An open, authenticated WebSocket (raises what the library raises; a half-open socket is closed)."""
-    ws = AsyncWebsocketClient(ws_url, token, session=niquests.AsyncSession(retries=0))
+    ws = _Socket(ws_url, token, session=niquests.AsyncSession(retries=0))
     try:
         await ws.__aenter__()
     except BaseException:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 STATE_SECONDS: Final = 10.0
-PAUSED_KEY: Final = "agents_paused"
+PAUSED_KEY: Final = host_state.AGENTS_PAUSED
 RUNS_KEY: Final = "agent_runs:"  # + the farm's date
 
 
@@ -51,17 +51,24 @@ def restore_pause(db: Database, runtime: AgentRuntime) -> None:
         runtime.pause(reason)
 
 
-def set_paused(db: Database, runtime: AgentRuntime, paused: bool, *, by: str, at: datetime) -> bool:
-    """Pause or resume, stored; False when it already was so (nothing changes twice)."""
-    if paused == (runtime.paused is not None):
+def set_paused(
+    db: Database, runtime: AgentRuntime, paused: bool, *, by: str, at: datetime, reason: str | None = None
+) -> bool:
+    """Pause or resume, stored; False when it already was so (nothing changes twice).
+
+    A `reason` given with `paused` (the emergency stop's "stopped by /stop (who, when)") replaces the reason of a
+    pause already in force, so /status and doctor name the stop rather than an earlier pause.
+    """
+    if paused == (runtime.paused is not None) and (not paused or reason is None or reason == runtime.paused):
         return False
     with db.tx() as conn:
         if paused:
-            reason = f"paused by {by} at {at:%Y-%m-%d %H:%M} UTC"
+            reason = reason or f"paused by {by} at {at:%Y-%m-%d %H:%M} UTC"
             host_state.put(conn, PAUSED_KEY, reason)
         else:
             host_state.delete(conn, PAUSED_KEY)
     if paused:
+        assert reason is not None
         runtime.pause(reason)
     else:
         runtime.resume()

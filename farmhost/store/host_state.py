@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import sqlite3
+from typing import Final
+
+# Why agent runs are paused (the MQTT switch, /stop): "stopped by /stop (@ana, ...)"; absent while they run.
+AGENTS_PAUSED: Final = "agents_paused"
 
 
 def get(conn: sqlite3.Connection, key: str) -> str | None:

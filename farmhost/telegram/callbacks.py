@@ -1,7 +1,7 @@
 """Button presses (callback queries): dispatched by the prefix of their data, one handler per kind of button.
 
-Two kinds: the chat-connection approvals (`approve:telegram:<id>` / `reject:telegram:<id>`, approvals.py) and
-the farm-action approvals (`fa:<approval id>:y|n`, farmhost/approvals/).
+Three kinds: the chat-connection approvals (`approve:telegram:<id>` / `reject:telegram:<id>`, approvals.py), the
+farm-action approvals (`fa:<approval id>:y|n`, farmhost/approvals/) and the emergency stop (`stop:all`, stop.py).
 Another kind is one more entry in HANDLERS: a prefix and an async function taking (ports, update_id, query) that
 records the update (InboundPorts.finish or its own transaction with the offset) and answers the press. Data no
 handler knows is recorded as ignored and answered "This button is not used any more."
@@ -10,6 +10,7 @@ handler knows is recorded as ignored and answered "This button is not used any m
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
 
@@ -20,8 +21,9 @@ from farmhost.approvals import asking
 from farmhost.approvals.desk import Presser
 from farmhost.errors import FarmhostError
 from farmhost.store import groups, telegram_state
-from farmhost.telegram import approvals
+from farmhost.telegram import approvals, stop
 from farmhost.telegram.bot import jid_of
+from farmhost.telegram.notices import enqueue_notice
 from farmhost.telegram.ports import INBOUND_LOGGER, InboundPorts
 from farmhost.telegram.text import one_line, user_name
 
@@ -131,6 +133,35 @@ async def on_farm_action(ports: InboundPorts, update_id: int, query: CallbackQue
             logger.warning("telegram: cannot update the approval message: %s", err)
 
 
+async def on_stop(ports: InboundPorts, update_id: int, query: CallbackQuery) -> None:
+    """Stop everything: in the main chat only, by its allowed senders, exactly as /stop; the report goes to the chat."""
+    if not stop.is_stop_callback(query.data) or ports.stop is None:
+        await unknown_button(ports, update_id, query)
+        return
+    chat_jid = _chat_jid(query)
+    main = groups.main_group(ports.db.conn)
+    who = user_name(query.from_user)
+    if main is None or chat_jid != main.jid:
+        ports.finish(update_id, chat_jid, "refused", f"Stop everything pressed outside the main chat by {who}")
+        await ports.answer(query, "Only the farm's main chat can stop everything.")
+        return
+    if ports.main_senders and query.from_user.id not in ports.main_senders:
+        ports.finish(update_id, chat_jid, "refused", f"Stop everything by {who}: not in the main senders")
+        await ports.answer(query, "You are not allowed to stop everything.")
+        return
+    await ports.answer(query, "Stopping everything now; the report follows in the chat.")
+    report = await ports.stop.stop(by=who, via="button")
+    text = stop.stop_text(report)
+
+    def tell(conn: sqlite3.Connection) -> None:
+        enqueue_notice(
+            conn, key=f"stop:{update_id}", jid=main.jid, text=text, at=ports.clock(), reply_markup=stop.stop_keyboard()
+        )
+
+    ports.finish(update_id, chat_jid, "callback", f"Stop everything by {who}", tell)
+    ports.wake_outbox()
+
+
 def _chat_jid(query: CallbackQuery) -> str | None:
     message = query.message
     return jid_of(message.chat.id) if message is not None else None
@@ -141,4 +172,5 @@ HANDLERS: Final[Mapping[str, CallbackHandler]] = {
     "approve": on_chat_connection,
     "reject": on_chat_connection,
     asking.CALLBACK_PREFIX: on_farm_action,
+    stop.CALLBACK_PREFIX: on_stop,
 }

@@ -109,6 +109,14 @@ class ChatRuns:
         finally:
             typing.cancel()
             await asyncio.gather(typing, return_exceptions=True)
+        if outcome.status == "cancelled" and (paused := self._runtime.paused) is not None:
+            # Paused (the MQTT switch, /stop): answered and finished, never kept to run after /resume or a restart.
+            with self._db.tx() as conn:
+                if telegram_state.finish_run(conn, run.update_id, status="failed", note="paused"):
+                    enqueue_notice(conn, key=f"reply:{outcome.run_id}", jid=run.chat_jid, text=paused_text(paused),
+                                   at=self._clock())  # fmt: skip
+            self._wake_outbox()
+            return
         if outcome.status == "cancelled":
             logger.info("telegram: the run for update %d was cancelled (%s); it runs again at the next start",
                         run.update_id, outcome.error)  # fmt: skip
@@ -191,6 +199,11 @@ def reply_text(outcome: AgentOutcome) -> tuple[str, Literal["done", "failed"]]:
     first = (outcome.error or "").strip().splitlines()
     error = one_line(first[0] if first else f"the run ended with {outcome.status}", ERROR_CHARS)
     return f"I couldn't finish that: {error}", "failed"
+
+
+def paused_text(reason: str) -> str:
+    """What a chat is told about its message while agent runs are paused."""
+    return f"Agents are paused ({reason}): nothing more is done for this message. Send it again after /resume."
 
 
 def _is_command(text: str, bot_username: str) -> bool:

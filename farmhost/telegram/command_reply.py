@@ -1,7 +1,8 @@
 """CommandReplies: the reply to a bot command in a registered chat, from the store, the runtime and the app.
 
-`/help` and `/start` work in every chat; `/status` and `/tasks` only in the main chat (elsewhere a refusal).
-The texts themselves are built in commands.py; this gathers what they are built from.
+`/help` and `/start` work in every chat; `/status`, `/tasks`, `/stop` and `/resume` only in the main chat
+(elsewhere a refusal, and nothing is done). The texts themselves are built in commands.py and stop.py; this
+gathers what they are built from, and for /stop and /resume does what they say (farm/emergency_stop.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from farmhost.agents import AgentRuntime
 from farmhost.store import groups, tasks
 from farmhost.store.groups import Group
 from farmhost.store.task_runs import last_statuses
-from farmhost.telegram import commands
+from farmhost.telegram import commands, stop
 from farmhost.telegram.ports import INBOUND_LOGGER, InboundPorts
 from farmhost.telegram.routing import Route
 
@@ -31,8 +32,8 @@ class CommandReplies:
         self._runtime = runtime
         self._status = status
 
-    async def reply(self, decision: Route, group: Group) -> str:
-        """The text answering `decision.command` in `group`."""
+    async def reply(self, decision: Route, group: Group, who: str) -> str:
+        """The text answering `decision.command` in `group`; `who` sent it (for /stop and /resume)."""
         ports = self._ports
         command = decision.command
         if command in ("help", "start"):
@@ -40,6 +41,12 @@ class CommandReplies:
         assert command is not None
         if not group.is_main:
             return commands.refusal(command)
+        if command in ("stop", "resume"):
+            if ports.stop is None:
+                return "The emergency stop is not available in this daemon."
+            if command == "stop":
+                return stop.stop_text(await ports.stop.stop(by=who, via="/stop"))
+            return stop.resume_text(ports.stop.resume(by=who))
         if command == "status":
             return commands.status_text(await self._status_document(), now=ports.clock(), zone=ports.settings.zone)
         rows = tasks.list_tasks(ports.db.conn)
@@ -55,4 +62,6 @@ class CommandReplies:
                 extra = {"note": f"part of the status is unavailable ({type(err).__name__})"}
         conn = self._ports.db.conn
         queued = sum(self._runtime.queued(group.folder) for group in groups.list_groups(conn))
-        return commands.collect_status(conn, running=len(self._runtime.running), queued=queued, extra=extra)
+        return commands.collect_status(
+            conn, running=len(self._runtime.running), queued=queued, extra=extra, paused=self._runtime.paused
+        )

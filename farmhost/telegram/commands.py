@@ -1,4 +1,4 @@
-"""Operator commands: `/help` in every registered chat, `/status` and `/tasks` in the main chat only.
+"""Operator commands: `/help` in every registered chat, `/status`, `/tasks`, `/stop`, `/resume` in the main chat only.
 
 The texts are built here from data (the registry row, the status document, the tasks table); the inbound loop
 puts them into the outbox as plain text.
@@ -6,7 +6,8 @@ puts them into the outbox as plain text.
 The status document (`status()` in the app, merged over what the database and the runtime say) has these keys,
 all optional: `version` (str), `started_at` (datetime or ISO text), `home_assistant` ("up", "down", "off", a
 bool, or a sentence), `agents_running`, `agents_queued`, `outbox_pending`, `outbox_failed`, `tasks_active`
-(ints); any other key is shown as `key: value`.
+(ints), `agents_paused` (why agent runs are paused, e.g. "stopped by /stop (@ana, ...)"; None while they run);
+any other key is shown as `key: value`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ MAIN_MENU: Final = {
     **MENU,
     "status": "Home Assistant, agents, outbox and tasks",
     "tasks": "The scheduled tasks",
+    "stop": "EMERGENCY STOP: every guarded device safe, agents paused",
+    "resume": "Let agents run again after /stop (turns nothing on)",
 }
 TASKS_SHOWN: Final = 30
 _KNOWN_STATUS_KEYS: Final = (
@@ -40,6 +43,7 @@ _KNOWN_STATUS_KEYS: Final = (
     "outbox_pending",
     "outbox_failed",
     "tasks_active",
+    "agents_paused",
 )
 
 
@@ -61,6 +65,8 @@ def help_text(group: Group, bot_username: str) -> str:
     if group.is_main:
         lines.append("/status - Home Assistant, agents, outbox and tasks")
         lines.append("/tasks - the scheduled tasks")
+        lines.append("/stop - emergency stop: every guarded device to its safe state (off, closed), agents paused")
+        lines.append("/resume - let agents run again after /stop (turns nothing back on)")
     return "\n".join(lines)
 
 
@@ -71,9 +77,14 @@ def refusal(command: str) -> str:
 
 
 def collect_status(
-    conn: sqlite3.Connection, *, running: int, queued: int, extra: Mapping[str, Any] | None
+    conn: sqlite3.Connection,
+    *,
+    running: int,
+    queued: int,
+    extra: Mapping[str, Any] | None,
+    paused: str | None = None,
 ) -> dict[str, Any]:
-    """The status document: counts from the database and the runtime, overridden by the app's `extra`."""
+    """The status document: counts from the database and the runtime (`paused`: its reason), then the app's `extra`."""
     counts = outbox.count_by_status(conn)
     active = sum(1 for task in tasks.list_tasks(conn) if task.status == "active")
     document: dict[str, Any] = {
@@ -82,6 +93,7 @@ def collect_status(
         "outbox_pending": counts.get("pending", 0),
         "outbox_failed": counts.get("failed", 0),
         "tasks_active": active,
+        "agents_paused": paused,
     }
     document.update(extra or {})
     return document
@@ -97,6 +109,8 @@ def status_text(status: Mapping[str, Any], *, now: datetime, zone: ZoneInfo) -> 
         head += f" ({', '.join(d for d in details if d)})"
     lines = [head, f"Home Assistant: {_home_assistant(status.get('home_assistant'))}"]
     lines.append(f"Agents: {_count(status, 'agents_running')} running, {_count(status, 'agents_queued')} queued")
+    if paused := status.get("agents_paused"):
+        lines.append(f"Agents are PAUSED: {one_line(str(paused), 200)}; /resume lets them run again")
     failed = status.get("outbox_failed")
     outbox_line = f"Outbox: {_count(status, 'outbox_pending')} waiting, {_count(status, 'outbox_failed')} failed"
     if isinstance(failed, int) and failed > 0:

@@ -28,6 +28,7 @@ from farmhost.agents import AgentRuntime
 from farmhost.approvals.desk import ApprovalDesk
 from farmhost.config import Settings
 from farmhost.errors import ConfigError
+from farmhost.farm.emergency_stop import EmergencyStop
 from farmhost.layout import DataLayout
 from farmhost.store import telegram_state
 from farmhost.store.db import Database, now_utc
@@ -60,6 +61,7 @@ class TelegramInbound:
         status: StatusSource | None,
         on_groups_changed: Callable[[], None] | None = None,
         desk: ApprovalDesk | None = None,
+        stop: EmergencyStop | None = None,
         clock: Callable[[], datetime] = now_utc,
         typing_interval: float = TYPING_INTERVAL,
         retry_delays: tuple[float, float] = RETRY_DELAYS,
@@ -77,6 +79,7 @@ class TelegramInbound:
             on_groups_changed: Called after an approval registered a group (IpcService.reload_groups: the IPC
                 service does not see commits made on its own connection).
             desk: Decides the farm-action approval buttons (None: they answer "not used any more").
+            stop: The emergency stop behind /stop, /resume and the Stop everything button (None: unavailable).
             clock: The current time (aware).
             typing_interval: Seconds between two typing indicators while a run goes on.
             retry_delays: The first and the longest wait after a failed poll.
@@ -98,6 +101,7 @@ class TelegramInbound:
             wake_outbox=wake_outbox,
             on_groups_changed=on_groups_changed,
             desk=desk,
+            stop=stop,
         )
         self._runs = ChatRuns(
             db=db,

@@ -19,6 +19,7 @@ from telegram.error import TelegramError
 
 from farmhost.approvals.desk import ApprovalDesk
 from farmhost.config import Settings
+from farmhost.farm.emergency_stop import EmergencyStop
 from farmhost.layout import DataLayout
 from farmhost.store import chats, telegram_state
 from farmhost.store.db import Database
@@ -47,6 +48,7 @@ class InboundPorts:
     wake_outbox: Callable[[], None]
     on_groups_changed: Callable[[], None] | None
     desk: ApprovalDesk | None = None  # decides the farm-action approval buttons
+    stop: EmergencyStop | None = None  # /stop, /resume and the Stop everything button
 
     def finish(
         self,

@@ -9,8 +9,8 @@ Pure: it gets the registered group (or None) and what the message says, and deci
 - Any other registered chat needs its trigger unless `requiresTrigger` is off: the group's trigger (e.g. `@Farm`)
   as a whole word anywhere in the text or caption, any case; `@<botusername>` anywhere, or a reply to one of the
   bot's messages, always count. Messages without one are stored and given to the next run as context.
-- `/help` (also `/start`) works in every registered chat, `/status` and `/tasks` are main-only (commands.py
-  answers the refusal); `/cmd@<botusername>` is the same command, `/cmd@otherbot` is plain text.
+- `/help` (also `/start`) works in every registered chat, `/status`, `/tasks`, `/stop` and `/resume` are
+  main-only (commands.py answers the refusal); `/cmd@<botusername>` is the same command, `/cmd@otherbot` is plain text.
 - An unregistered chat is offered to the main chat when it addresses the bot (a private chat, a mention, a reply
   to the bot, a command for the bot); anything else there is ignored.
 """
@@ -26,8 +26,8 @@ from farmhost.store.groups import Group
 
 RouteAction = Literal["run", "store", "ignore", "offer", "command"]
 
-COMMANDS: Final = frozenset({"help", "start", "status", "tasks"})
-MAIN_ONLY_COMMANDS: Final = frozenset({"status", "tasks"})
+COMMANDS: Final = frozenset({"help", "start", "status", "tasks", "stop", "resume"})
+MAIN_ONLY_COMMANDS: Final = frozenset({"status", "tasks", "stop", "resume"})
 # `/name` or `/name@botname` at the very start; Telegram allows letters, digits and '_' (at most 32).
 _COMMAND_RE: Final = re.compile(r"^/([A-Za-z0-9_]{1,32})(?:@([A-Za-z0-9_]{1,64}))?(?=\s|$)(.*)$", re.DOTALL)
 

@@ -11,6 +11,7 @@ from telegram.error import TelegramError
 from farmhost.agents import AgentRuntime
 from farmhost.approvals.desk import ApprovalDesk
 from farmhost.config import Settings
+from farmhost.farm.emergency_stop import EmergencyStop
 from farmhost.ipc.handlers import Change
 from farmhost.layout import DataLayout
 from farmhost.store.db import Database
@@ -34,6 +35,7 @@ class TelegramService:
         status: StatusSource,
         on_groups_changed: Callable[[], None],
         desk: ApprovalDesk | None = None,
+        stop: EmergencyStop | None = None,
     ) -> None:
         """Build the bot and both sides; nothing talks to Telegram before `start()`.
 
@@ -45,6 +47,7 @@ class TelegramService:
             status: The app's part of `/status` (version, start time, Home Assistant).
             on_groups_changed: Called when an approved chat was registered (the IPC service reloads).
             desk: Decides the Approve / Deny buttons of farm actions under approval.
+            stop: The emergency stop behind /stop, /resume and the Stop everything button.
         """
         self.bot: telegram.Bot = make_bot(settings)
         self.delivery = OutboxDelivery(db=db, settings=settings, layout=layout, bot=self.bot)
@@ -58,6 +61,7 @@ class TelegramService:
             status=status,
             on_groups_changed=on_groups_changed,
             desk=desk,
+            stop=stop,
         )
 
     async def start(self) -> None:

@@ -23,6 +23,7 @@ from farmhost.telegram.media import MediaRef, MediaRetry, placeholder, save_medi
 from farmhost.telegram.notices import enqueue_notice
 from farmhost.telegram.ports import INBOUND_LOGGER, InboundPorts
 from farmhost.telegram.routing import Route
+from farmhost.telegram.stop import stop_keyboard
 from farmhost.telegram.text import chat_name, one_line, sender_name
 
 logger = logging.getLogger(INBOUND_LOGGER)
@@ -67,8 +68,10 @@ class MessageStore:
         if edited:
             body = f"(edited) {body}"
             key += f":edit:{int(at.timestamp())}"
-        reply = await self._replies.reply(decision, group) if decision.action == "command" else None
         sender = sender_name(message)
+        reply = await self._replies.reply(decision, group, sender) if decision.action == "command" else None
+        # The answers to /stop and /resume carry the Stop everything button (stop again, e.g. after a failure).
+        markup = stop_keyboard() if group.is_main and decision.command in ("stop", "resume") else None
         queued: list[QueuedRun] = []
 
         def store(conn: sqlite3.Connection) -> None:
@@ -87,7 +90,9 @@ class MessageStore:
                 return
             if reply is not None:
                 status = "command"
-                enqueue_notice(conn, key=f"command:{update_id}", jid=jid, text=reply, at=ports.clock())
+                enqueue_notice(
+                    conn, key=f"command:{update_id}", jid=jid, text=reply, at=ports.clock(), reply_markup=markup
+                )
             telegram_state.record_update(
                 conn, update_id=update_id, chat_jid=jid, status=status, detail=decision.reason, at=ports.clock()
             )

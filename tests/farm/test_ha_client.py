@@ -86,6 +86,13 @@ ERRORS: list[tuple[str, Callable[[HAClient], Awaitable[Any]], type[HaError], Err
         ErrorCode.UPSTREAM_ERROR,
         "range 0.0 - 100.0",
     ),
+    (  # HA's refusal carries numbers in its translation placeholders, which the library's model cannot read
+        "number below its min",
+        lambda c: c.call_service("number", "set_value", {"entity_id": "number.irrigation_duration", "value": -5}),
+        HaRejected,
+        ErrorCode.UPSTREAM_ERROR,
+        "-5.0 for number.irrigation_duration is outside valid range 0.0 - 240.0",
+    ),
     ("extra field", lambda c: c.call_service("switch", "turn_on", {"colour": "red"}), HaRejected, ErrorCode.UPSTREAM_ERROR, "colour"),
     ("unknown command", lambda c: c.ws_command("no_such/command"), HaRejected, ErrorCode.UPSTREAM_ERROR, "Unknown command"),
     ("no dashboard config", lambda c: c.ws_command("lovelace/config", url_path="no-such-board"), HaNotFound, ErrorCode.NOT_FOUND, "lovelace/config"),

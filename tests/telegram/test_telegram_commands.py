@@ -94,7 +94,7 @@ async def test_help_everywhere_operator_commands_refused_outside_main(root: Path
     [run] = prompts(root, "field")
     assert "/help" not in run["prompt"] and "/status" not in run["prompt"]
     assert [m["command"] for m in menus[0]["commands"]] == ["help"] and "scope" not in menus[0]
-    assert [m["command"] for m in menus[1]["commands"]] == ["help", "status", "tasks"]
+    assert [m["command"] for m in menus[1]["commands"]] == ["help", "status", "tasks", "stop", "resume"]
     assert menus[1]["scope"] == {"type": "chat", "chat_id": MAIN_CHAT}
 
 
