@@ -93,6 +93,7 @@ class IpcService:
         self._ipc_fd = self._errors_fd = self._spool_fd = -1
         self._watcher: InotifyWatcher | None = None
         self._processor: RequestProcessor | None = None
+        self._quarantine: Quarantine | None = None  # one per daemon: it counts what each group's quarantine holds
         self._change_listeners: list[Callable[[set[Change]], None]] = []
         self._snapshots = SnapshotWriter(
             db=db,
@@ -108,12 +109,17 @@ class IpcService:
         self._layout.create()
         self._ipc_fd = os.open(self._layout.ipc, DIR_FLAGS)
         self._errors_fd = os.open("errors", DIR_FLAGS, dir_fd=self._ipc_fd)
+        self._quarantine = Quarantine(
+            self._errors_fd,
+            max_entries=self._settings.quarantine_max_files,
+            max_bytes=self._settings.quarantine_max_mb * 2**20,
+        )
         self._spool_fd = os.open(".spool", DIR_FLAGS, dir_fd=self._ipc_fd)
         started = self._identity.started_at.timestamp()
         self._processor = RequestProcessor(
             router=self.router,
             db=self._db,
-            quarantine=Quarantine(self._errors_fd),
+            quarantine=self._quarantine,
             request_log=self._request_log,
             max_request_bytes=self._settings.ipc_max_request_bytes,
             stale_before=started - self._settings.stale_request_seconds,
@@ -263,9 +269,8 @@ class IpcService:
 
     def _evict(self, dir_fd: int, name: str, seen: os.stat_result, reason: str) -> bool:
         folder = next((f for f, a in self._groups.items() if a.gdir.fd == dir_fd), "unknown")
-        return Quarantine(self._errors_fd).evict(
-            dir_fd, name, seen, folder=folder, queue=name, reason=reason, at=self._clock()
-        )
+        assert self._quarantine is not None
+        return self._quarantine.evict(dir_fd, name, seen, folder=folder, queue=name, reason=reason, at=self._clock())
 
     # events and timers -------------------------------------------------------------------------
 
@@ -355,6 +360,8 @@ class IpcService:
         quarantine = sweep_quarantine(
             self._errors_fd, older_than=wall - self._settings.quarantine_retention_days * 86400
         )
+        if self._quarantine is not None:
+            self._quarantine.recount()  # the sweep (or the operator) may have made room
         with self._db.tx(durable=False) as conn:
             pruned = ledger.prune(conn, older_than=now - timedelta(days=self._settings.ledger_retention_days))
         if results or temps or quarantine or pruned:
