@@ -149,6 +149,7 @@ def check_sync(roots: dict[str, Path], limit: DiskLimit, *, where: str) -> DiskU
     use = measure_sync(roots, limit)
     names = " and ".join(f"{label}/" for label in roots)
     at_least = "" if use.complete else "at least "
+    most = "the most are in " if use.complete else "the most (counted up to the limit) are in "
     if use.too_deep is not None:
         raise OverLimit(
             f"the group's {names} hold a tree nested deeper than {MAX_DEPTH} directories in {use.too_deep}; "
@@ -157,13 +158,13 @@ def check_sync(roots: dict[str, Path], limit: DiskLimit, *, where: str) -> DiskU
     if use.files > limit.files:
         raise OverLimit(
             f"the group's {names} hold {at_least}{use.files} files, over its limit of {limit.files} "
-            f"({FILES_PER_MB} per MiB of {where}); delete files before the next run, the most are in "
+            f"({FILES_PER_MB} per MiB of {where}); delete files before the next run, {most}"
             + ", ".join(f"{top} ({files} files)" for top, _, files in use.most_files)
         )
     if use.bytes > limit.bytes:
         raise OverLimit(
             f"the group's {names} hold {at_least}{use.bytes / 2**20:.0f} MiB, over its limit of "
-            f"{limit.bytes // 2**20} MiB ({where}); delete files before the next run, the most are in "
+            f"{limit.bytes // 2**20} MiB ({where}); delete files before the next run, {most}"
             + ", ".join(f"{top} ({size / 2**20:.0f} MiB)" for top, size, _ in use.heaviest)
         )
     return use

@@ -42,8 +42,10 @@ async def test_bytes_left_in_the_ipc_directory_count_against_the_groups_limit(ro
     workspace, ipc = root / "groups" / "field", root / "ipc" / "field"
     assert f"the group's {workspace}/ and {ipc}/ hold at least 3 MiB, over its limit of 2 MiB" in error
     assert (
-        f"(agent-limits.json workspaceMb); delete files before the next run, the most are in {hoard} (3 MiB)" in error
+        "(agent-limits.json workspaceMb); delete files before the next run, the most (counted up to the limit) "
+        in error
     )
+    assert f"are in {hoard} (3 MiB)" in error
     assert await _run(root, sandbox, "main") == ("ok", None), "the limit is the group's"
     hoard.unlink()
     assert await _run(root, sandbox) == ("ok", None), "deleted, the group runs again"
@@ -58,7 +60,7 @@ async def test_empty_files_count_against_the_groups_limit_in_files(root: Path, s
     status, error = await _run(root, sandbox)
     assert status == "error" and error is not None, (status, error)
     assert f"hold at least {FILES_PER_MB + 1} files, over its limit of {FILES_PER_MB} ({FILES_PER_MB} per MiB" in error
-    assert f"the most are in {many} (" in error
+    assert f"the most (counted up to the limit) are in {many} (" in error
     shutil.rmtree(many)
     assert await _run(root, sandbox) == ("ok", None)
 

@@ -47,8 +47,8 @@ def _tools_of(values: int) -> bytes:
         ),
         (
             _tools_of(MAX_VALUES),
-            f"the request body holds more than {MAX_VALUES} JSON values; "
-            "send a shorter conversation or smaller tool schemas",
+            f"the request body holds more than {MAX_VALUES} JSON values; send a shorter conversation or smaller "
+            + "tool schemas",
         ),
         (b'{"messages": [', "the request body is not JSON (Expecting value at line 1, column 15)"),
         (b'{"messages": "\\u12"}', "the request body is not JSON (Invalid \\uXXXX escape at line 1, column 16)"),
