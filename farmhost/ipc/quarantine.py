@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
@@ -40,6 +41,9 @@ MAX_ENTRIES: Final = 1000
 # (under 1 KiB each) at most ~33 MiB.
 MAX_BYTES: Final = 32 * 1024 * 1024
 NOTE_SUFFIX: Final = ".reason.json"
+# Where a refused directory too big to keep goes, in `ipc/errors/`, to be emptied off the event loop (the service's
+# trash drain): an agent can fill a directory in its queue with a million files, and the host moves it in one rename.
+TRASH: Final = ".trash"
 
 
 @dataclass(kw_only=True)
@@ -54,10 +58,19 @@ class _Held:
 class Quarantine:
     """Moves bad entries into `ipc/errors/<folder>/`; the agent's own directories never hold them."""
 
-    def __init__(self, errors_fd: int, *, max_entries: int = MAX_ENTRIES, max_bytes: int = MAX_BYTES) -> None:
+    def __init__(
+        self,
+        errors_fd: int,
+        *,
+        max_entries: int = MAX_ENTRIES,
+        max_bytes: int = MAX_BYTES,
+        on_trash: Callable[[], None] = lambda: None,
+    ) -> None:
+        """Quarantine into `errors_fd`; `on_trash` is called when a directory was put in TRASH to be emptied."""
         self._errors_fd = errors_fd
         self._max_entries = max_entries
         self._max_bytes = max_bytes
+        self._on_trash = on_trash
         self._held: dict[str, _Held] = {}
 
     def recount(self) -> None:
@@ -129,15 +142,26 @@ class Quarantine:
         """Fit the entry just moved to `target` into the group's caps; what was kept, for its note (None: nothing).
 
         A regular file over KEEP_BYTES is replaced by a copy of its first KEEP_BYTES (a new file: the agent may
-        hold a link to the one it sent). A directory is kept whole (it was one of the group's own IPC
-        directories, replaced by the agent) but counts as one entry of its own size.
+        hold a link to the one it sent). A directory is kept whole if its entries fit in what the caps leave (they
+        are counted up to that, no further), else it goes to TRASH and only its reason is kept.
         """
         if held.entries >= self._max_entries:
             self._drop(dir_fd, target)
             self._full(folder, held)
             return None
-        held.entries += 1
         info = os.stat(target, dir_fd=dir_fd, follow_symlinks=False)
+        if stat.S_ISDIR(info.st_mode):
+            room = self._max_entries - held.entries - 1
+            inside = count_entries(dir_fd, target, up_to=room)
+            if inside > room:
+                self._to_trash(dir_fd, target)
+                held.entries += 1
+                return (
+                    f"the reason only: a directory of more than {room} entries, more than {folder}'s quarantine holds"
+                )
+            held.entries += 1 + inside
+            return "whole"
+        held.entries += 1
         size = info.st_size if stat.S_ISREG(info.st_mode) else 0
         kept_size = min(size, KEEP_BYTES)
         if held.bytes + kept_size > self._max_bytes:
@@ -150,6 +174,16 @@ class Quarantine:
         self._cut(dir_fd, target)
         return f"the first {KEEP_BYTES} of {size} bytes"
 
+    def _to_trash(self, dir_fd: int, target: str) -> None:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(TRASH, 0o700, dir_fd=self._errors_fd)
+        trash_fd = os.open(TRASH, DIR_FLAGS, dir_fd=self._errors_fd)
+        try:
+            os.rename(target, self._free_name(trash_fd, target), src_dir_fd=dir_fd, dst_dir_fd=trash_fd)
+        finally:
+            os.close(trash_fd)
+        self._on_trash()
+
     def _count(self, dir_fd: int, folder: str) -> _Held:
         held = self._held.get(folder)
         if held is None:
@@ -161,6 +195,8 @@ class Quarantine:
                 with contextlib.suppress(FileNotFoundError):
                     info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
                     size += info.st_size if stat.S_ISREG(info.st_mode) else 0
+                    if stat.S_ISDIR(info.st_mode):
+                        entries += count_entries(dir_fd, name, up_to=self._max_entries)
             held = self._held[folder] = _Held(entries=entries, bytes=size)
         return held
 
@@ -313,6 +349,33 @@ class Quarantine:
             counter += 1
             candidate = f"{wanted}-{counter}"
         return candidate
+
+
+def count_entries(parent_fd: int, name: str, *, up_to: int) -> int:
+    """The entries in the tree of directory `name` (by descriptor, no link followed), counted up to `up_to` + 1."""
+    count = 0
+    try:
+        stack = [os.open(name, DIR_FLAGS, dir_fd=parent_fd)]
+    except OSError:
+        return 0
+    try:
+        while stack and count <= up_to:
+            fd = stack.pop()
+            try:
+                with os.scandir(fd) as entries:
+                    for entry in entries:
+                        count += 1
+                        if count > up_to:
+                            break
+                        if entry.is_dir(follow_symlinks=False):
+                            with contextlib.suppress(OSError):
+                                stack.append(os.open(entry.name, DIR_FLAGS, dir_fd=fd))
+            finally:
+                os.close(fd)
+    finally:
+        for fd in stack:
+            os.close(fd)
+    return count
 
 
 def _fit(name: str) -> str:

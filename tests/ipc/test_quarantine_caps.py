@@ -66,3 +66,31 @@ def test_oversized_requests_are_kept_cut_and_capped_per_group(data_dir: Path, ca
     wait_result(data_dir, "main", rid)
     (note,) = (data_dir / "ipc" / "errors" / "main").glob(f"*{NOTE_SUFFIX}")
     assert json.loads(note.read_bytes())["kept"].startswith("the first ")
+
+
+def test_a_refused_directory_is_kept_only_if_it_fits_and_a_big_one_is_emptied(data_dir: Path, capped: Daemon) -> None:
+    queue = data_dir / "ipc" / "field" / "actions"
+    errors = data_dir / "ipc" / "errors" / "field"
+    small, big = uid("small"), uid("big")
+    kept = {}
+    for rid, files in ((small, 3), (big, 5000)):
+        # Made beside the queue and moved in whole, as an agent would: the host claims an entry by its name.
+        made = queue.parent / f"{rid}.json"
+        (made / "inner").mkdir(parents=True)
+        for index in range(files):
+            (made / "inner" / f"f{index}").touch()
+        made.rename(queue / f"{rid}.json")
+        wait_for(lambda rid=rid: any(errors.glob(f"*{rid}.json{NOTE_SUFFIX}")), what=f"{rid} to be quarantined")
+        (note,) = errors.glob(f"*{rid}.json{NOTE_SUFFIX}")
+        kept[rid] = json.loads(note.read_bytes())["kept"]
+    # The small one took 5 entries (itself, inner/ and 3 files); the big one's own takes 1.
+    assert kept[small] == "whole"
+    assert (
+        kept[big]
+        == f"the reason only: a directory of more than {MAX_FILES - 6} entries, more than field's quarantine holds"
+    )
+    (entry,) = (p for p in errors.iterdir() if small in p.name and not p.name.endswith(NOTE_SUFFIX))
+    assert sorted(p.name for p in (entry / "inner").iterdir()) == ["f0", "f1", "f2"]
+    assert not any(big in p.name and not p.name.endswith(NOTE_SUFFIX) for p in errors.iterdir())
+    trash = data_dir / "ipc" / "errors" / ".trash"
+    wait_for(lambda: not trash.exists() or not any(trash.iterdir()), what="the trash to be emptied")
