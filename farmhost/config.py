@@ -172,6 +172,11 @@ class Settings(BaseSettings):
     result_retention_hours: float = Field(default=24, gt=0, validation_alias="FARMHOST_RESULT_RETENTION_HOURS")
     ledger_retention_days: float = Field(default=30, gt=0, validation_alias="FARMHOST_LEDGER_RETENTION_DAYS")
     quarantine_retention_days: float = Field(default=30, gt=0, validation_alias="FARMHOST_QUARANTINE_RETENTION_DAYS")
+    # What one group's quarantine may hold (farmhost/ipc/quarantine.py says why these defaults).
+    quarantine_max_files: int = Field(
+        default=1000, ge=1, le=1_000_000, validation_alias="FARMHOST_QUARANTINE_MAX_FILES"
+    )
+    quarantine_max_mb: int = Field(default=32, ge=1, le=1_000_000, validation_alias="FARMHOST_QUARANTINE_MAX_MB")
     heartbeat_seconds: float = Field(default=5.0, gt=0, le=300, validation_alias="FARMHOST_HEARTBEAT_SECONDS")
     request_log_max_bytes: int = Field(default=10 * 1024 * 1024, ge=4096, validation_alias="FARMHOST_REQUEST_LOG_BYTES")
     dashboard_backups: int = Field(default=10, ge=1, le=1000, validation_alias="FARMHOST_DASHBOARD_BACKUPS")

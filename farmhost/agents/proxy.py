@@ -4,21 +4,21 @@ One socket per running group, `<data>/run/<folder>/llm.sock` (`/workspace/run/ll
 run's duration. Served: `POST /v1/chat/completions` (forwarded to `FARMHOST_LLM_BASE_URL` + `/chat/completions`)
 and `GET /v1/models` (answered here: the configured model is the only one an agent can use). `stream: true` is relayed
 as server-sent events as they arrive, with its usage counted (proxy_stream.py); any other answer is buffered, capped
-and redacted. Connections are accepted within caps and deadlines (proxy_socket.py), bodies rewritten to known fields
-(proxy_body.py), and every request reserved against the run's and the group's daily budgets (proxy_budget.py).
+and redacted. Connections are accepted within caps and deadlines (proxy_socket.py), bodies checked by a bounded scan
+and parsed off the event loop (proxy_parse.py) and rewritten to known fields (proxy_body.py), and every request
+reserved against the run's and the group's daily budgets (proxy_budget.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, Final
+from typing import Final
 
 import aiohttp
 from aiohttp import web
@@ -27,6 +27,7 @@ from farmhost.agents.limits import LimitsReader, default_limits, default_llm_bud
 from farmhost.agents.proxy_budget import LlmBudgets, ProxyUsage
 from farmhost.agents.proxy_chain import EndpointChain, Upstream, failure_reason
 from farmhost.agents.proxy_handler import RunHandler
+from farmhost.agents.proxy_parse import BodyParser, PreparedBody
 from farmhost.agents.proxy_socket import HTTP_ERRORS, ConnectionCaps, ProxyListener
 from farmhost.agents.proxy_stream import StreamRelay, StreamTally
 from farmhost.config import LlmEndpoint, Settings
@@ -107,9 +108,11 @@ class LlmProxy:
         self._db: Database | None = None
         self._budgets: LlmBudgets | None = None
         self._chain = EndpointChain(settings.llm_endpoints, cooldown=settings.llm_cooldown_seconds)
+        self._parser = BodyParser()
 
     async def start(self) -> None:
-        """Open the budgets' database connection and the upstream HTTP session (when an LLM is configured)."""
+        """Open the budgets' database connection, the body parser and the upstream HTTP session (if configured)."""
+        self._parser.start()
         if self._db is None:
             self._db = Database.open(self._settings.data_dir)
             self._budgets = LlmBudgets(self._db, zone=self._settings.zone, budget=self._limits.llm_budget)
@@ -118,7 +121,8 @@ class LlmProxy:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._timeout))
 
     async def stop(self) -> None:
-        """Close the upstream session and the database connection."""
+        """Close the upstream session, the body parser and the database connection."""
+        self._parser.stop()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -177,7 +181,7 @@ class LlmProxy:
                 os.unlink(SOCKET_NAME, dir_fd=directory)
             os.close(directory)
 
-    async def forward(self, body: dict[str, Any]) -> tuple[int, bytes, str, LlmEndpoint]:
+    async def forward(self, body: PreparedBody) -> tuple[int, bytes, str, LlmEndpoint]:
         """POST `body` to the chat completions of the first endpoint that answers; status, body, type, endpoint.
 
         Raises:
@@ -187,9 +191,7 @@ class LlmProxy:
         async with upstream.response as response:
             return response.status, await self.read(response), response.content_type, upstream.endpoint
 
-    async def open(
-        self, body: dict[str, Any], *, stream: bool = False, headers_within: float | None = None
-    ) -> Upstream:
+    async def open(self, body: PreparedBody, *, stream: bool = False, headers_within: float | None = None) -> Upstream:
         """POST `body` to each endpoint in the chain's order until one answers below 500; its response (headers in).
 
         An endpoint that cannot be reached, sends no headers within `headers_within` seconds or answers 5xx is
@@ -219,7 +221,7 @@ class LlmProxy:
             response.release()
         raise AssertionError("open() needs a configured LLM (see `configured`)")
 
-    async def _post(self, endpoint: LlmEndpoint, body: dict[str, Any], *, stream: bool) -> aiohttp.ClientResponse:
+    async def _post(self, endpoint: LlmEndpoint, body: PreparedBody, *, stream: bool) -> aiohttp.ClientResponse:
         assert self._session is not None
         accept = "text/event-stream" if stream else "application/json"
         headers = {"Content-Type": "application/json", "Accept": accept}
@@ -228,8 +230,7 @@ class LlmProxy:
         url = f"{endpoint.base_url}/chat/completions"
         total = None if stream else self._timeout
         timeout = aiohttp.ClientTimeout(total=total, sock_connect=CONNECT_TIMEOUT)
-        data = json.dumps({**body, "model": endpoint.model}).encode()
-        return await self._session.post(url, data=data, headers=headers, timeout=timeout)
+        return await self._session.post(url, data=body.for_model(endpoint.model), headers=headers, timeout=timeout)
 
     async def read(self, response: aiohttp.ClientResponse) -> bytes:
         """A buffered answer's body, redacted.
@@ -243,6 +244,14 @@ class LlmProxy:
             if len(data) > MAX_RESPONSE_BYTES:
                 raise aiohttp.ClientPayloadError(f"the answer is over {MAX_RESPONSE_BYTES} bytes")
         return self.redact(bytes(data))
+
+    async def prepare(self, raw: bytes) -> PreparedBody:
+        """An agent's body checked, parsed and rewritten off the event loop (proxy_parse.py).
+
+        Raises:
+            BodyRefused: what is wrong with it, for the agent.
+        """
+        return await self._parser.prepare(raw, max_tokens=self.max_tokens)
 
     def relay(self, tally: StreamTally, name: str, extra: dict[str, str]) -> StreamRelay:
         """A relay for one stream with the proxy's deadlines and caps."""

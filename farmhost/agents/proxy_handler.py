@@ -11,14 +11,15 @@ import json
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import aiohttp
 from aiohttp import web
 
-from farmhost.agents.proxy_body import BodyRefused, rewrite, wants_usage
+from farmhost.agents.proxy_body import BodyRefused
 from farmhost.agents.proxy_budget import BudgetExceeded, LlmBudgets, ProxyUsage, Reservation
-from farmhost.agents.proxy_stream import StreamTally, estimate_prompt_tokens
+from farmhost.agents.proxy_parse import PreparedBody
+from farmhost.agents.proxy_stream import StreamTally
 from farmhost.config import LlmEndpoint
 
 if TYPE_CHECKING:
@@ -95,19 +96,13 @@ class RunHandler:
             # The client went away mid-body or sent a broken one; nobody may read this answer, but the log line says so.
             return _error(400, f"the request body could not be read ({err})", "invalid_request", close=True)
         try:
-            body = json.loads(raw)
-        except ValueError:
-            return _error(400, "the request body is not JSON", "invalid_request")
-        if not isinstance(body, dict):
-            return _error(400, "the request body must be a JSON object", "invalid_request")
-        relay_usage = wants_usage(body)
-        try:
-            body = rewrite(body, model=self._proxy.model, max_tokens=self._proxy.max_tokens)
+            body = await self._proxy.prepare(raw)
         except BodyRefused as err:
-            return _error(400, str(err), "invalid_request")
+            return self._refused(str(err))
+        del raw  # only the prepared bytes are held while the upstream answers
         self._budgets.commit(reservation)
-        if body.get("stream"):
-            return await self._stream(request, body, reservation, StreamTally(relay_usage=relay_usage))
+        if body.stream:
+            return await self._stream(request, body, reservation, StreamTally(relay_usage=body.relay_usage))
         try:
             status, data, content_type, endpoint = await self._proxy.forward(body)
         except (TimeoutError, aiohttp.ClientError) as err:
@@ -115,7 +110,7 @@ class RunHandler:
         return self._answer(reservation, status, data, content_type, endpoint)
 
     async def _stream(
-        self, request: web.Request, body: dict[str, Any], reservation: Reservation, tally: StreamTally
+        self, request: web.Request, body: PreparedBody, reservation: Reservation, tally: StreamTally
     ) -> web.StreamResponse:
         """Relay a streamed answer; its tokens are counted however it ends."""
         loop = asyncio.get_running_loop()
@@ -149,7 +144,7 @@ class RunHandler:
                         self._run_id,
                         extra=extra,
                     )
-                self._budgets.add_tokens(reservation, *tally.tokens(estimate_prompt_tokens(body)))
+                self._budgets.add_tokens(reservation, *tally.tokens(body.prompt_estimate))
 
     def _answer(
         self, reservation: Reservation, status: int, data: bytes, content_type: str | None, endpoint: LlmEndpoint
@@ -161,6 +156,12 @@ class RunHandler:
         elif status >= 500:
             self._usage.upstream_failures += 1
         return web.Response(status=status, body=data, content_type=content_type or "application/json")
+
+    def _refused(self, message: str) -> web.Response:
+        """The 400 for a body that cannot be forwarded, logged with its reason (the agent's own answer says it too)."""
+        extra = {"group": self._folder, "runId": self._run_id}
+        logger.warning("llm %s run %s: request refused: %s", self._folder, self._run_id, message, extra=extra)
+        return _error(400, message, "invalid_request")
 
     def _unreachable(self, err: BaseException, timeout: float) -> web.Response:
         """The 502 for an upstream that did not answer in time or could not be reached, logged."""

@@ -29,6 +29,7 @@ from farmhost.agents.fallback import (
     AssistFallback,
     AssistUnavailable,
 )
+from farmhost.agents.group_disk import check_group_sync
 from farmhost.agents.inputs import AgentResult, agent_input, parse_result, trim_memory, with_notes
 from farmhost.agents.jobs import AgentJob, AgentOutcome, Status
 from farmhost.agents.kinds import AgentKind, agent_kind
@@ -277,6 +278,8 @@ class AgentRuntime:
         try:
             plan = self._backend.plan(spec)
             ensure_no_secrets(plan, self._secrets())
+            # Before the hand-over, which walks the whole workspace: a group over its limit costs only the limit.
+            await asyncio.to_thread(check_group_sync, self._layout, job.folder, limits.workspace_mb)
             await asyncio.to_thread(prepare_mounts_sync, spec, run_identity(self._backend))
             allow = self._settings.agent_unenforced_limits == "allow"
             cgroup = await asyncio.to_thread(

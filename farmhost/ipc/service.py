@@ -19,11 +19,11 @@ from farmhost.ipc.churn import ChurnGate
 from farmhost.ipc.groupdir import DIR_FLAGS, GroupDir
 from farmhost.ipc.handlers import Change, Handlers
 from farmhost.ipc.processor import RequestProcessor
-from farmhost.ipc.quarantine import Quarantine
+from farmhost.ipc.quarantine import TRASH, Quarantine
 from farmhost.ipc.requestlog import RequestLog
 from farmhost.ipc.router import Router
 from farmhost.ipc.snapshot_writer import SnapshotWriter, write_all_sync
-from farmhost.ipc.sweeper import sweep_host_temp, sweep_quarantine, sweep_results
+from farmhost.ipc.sweeper import empty_trash, sweep_host_temp, sweep_quarantine, sweep_results
 from farmhost.ipc.watcher import InotifyWatcher
 from farmhost.ipc.worker import QueueWorker
 from farmhost.layout import DataLayout
@@ -93,6 +93,8 @@ class IpcService:
         self._ipc_fd = self._errors_fd = self._spool_fd = -1
         self._watcher: InotifyWatcher | None = None
         self._processor: RequestProcessor | None = None
+        self._quarantine: Quarantine | None = None  # one per daemon: it counts what each group's quarantine holds
+        self._draining = False  # a task empties the quarantine's trash
         self._change_listeners: list[Callable[[set[Change]], None]] = []
         self._snapshots = SnapshotWriter(
             db=db,
@@ -108,12 +110,18 @@ class IpcService:
         self._layout.create()
         self._ipc_fd = os.open(self._layout.ipc, DIR_FLAGS)
         self._errors_fd = os.open("errors", DIR_FLAGS, dir_fd=self._ipc_fd)
+        self._quarantine = Quarantine(
+            self._errors_fd,
+            max_entries=self._settings.quarantine_max_files,
+            max_bytes=self._settings.quarantine_max_mb * 2**20,
+            on_trash=self._drain_trash,
+        )
         self._spool_fd = os.open(".spool", DIR_FLAGS, dir_fd=self._ipc_fd)
         started = self._identity.started_at.timestamp()
         self._processor = RequestProcessor(
             router=self.router,
             db=self._db,
-            quarantine=Quarantine(self._errors_fd),
+            quarantine=self._quarantine,
             request_log=self._request_log,
             max_request_bytes=self._settings.ipc_max_request_bytes,
             stale_before=started - self._settings.stale_request_seconds,
@@ -263,9 +271,8 @@ class IpcService:
 
     def _evict(self, dir_fd: int, name: str, seen: os.stat_result, reason: str) -> bool:
         folder = next((f for f, a in self._groups.items() if a.gdir.fd == dir_fd), "unknown")
-        return Quarantine(self._errors_fd).evict(
-            dir_fd, name, seen, folder=folder, queue=name, reason=reason, at=self._clock()
-        )
+        assert self._quarantine is not None
+        return self._quarantine.evict(dir_fd, name, seen, folder=folder, queue=name, reason=reason, at=self._clock())
 
     # events and timers -------------------------------------------------------------------------
 
@@ -355,6 +362,8 @@ class IpcService:
         quarantine = sweep_quarantine(
             self._errors_fd, older_than=wall - self._settings.quarantine_retention_days * 86400
         )
+        if self._quarantine is not None:
+            self._quarantine.recount()  # the sweep (or the operator) may have made room
         with self._db.tx(durable=False) as conn:
             pruned = ledger.prune(conn, older_than=now - timedelta(days=self._settings.ledger_retention_days))
         if results or temps or quarantine or pruned:
@@ -400,6 +409,24 @@ class IpcService:
             self._failing_snapshots.add(key)
             logger.error("group %s: cannot write %s; agents will not see it until this is fixed", *key)
         return False
+
+    def _drain_trash(self) -> None:
+        """Empty the quarantine's trash in a thread, a budget at a time, until it is empty (one drain at once)."""
+        if not self._draining:
+            self._draining = True
+            self._spawn("ipc:trash", self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            while True:
+                # Its own descriptor: the thread may outlive a stop() that closes the daemon's.
+                trash_fd = os.open(TRASH, DIR_FLAGS, dir_fd=self._errors_fd)
+                if not await asyncio.to_thread(empty_trash, trash_fd):
+                    return
+        except OSError as err:
+            logger.warning("cannot empty ipc/errors/%s/: %s; the next refused directory tries again", TRASH, err)
+        finally:
+            self._draining = False
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro, name=name)

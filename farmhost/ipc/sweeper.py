@@ -59,6 +59,8 @@ def sweep_quarantine(errors_fd: int, *, older_than: float, budget: int = MAX_SWE
     removed = 0
     left = [budget]
     for folder in os.listdir(errors_fd):
+        if folder.startswith("."):
+            continue  # the trash (quarantine.TRASH) is emptied by its own drain
         try:
             fd = os.open(folder, DIR_FLAGS, dir_fd=errors_fd)
         except OSError:
@@ -125,3 +127,25 @@ def _remove_tree(parent_fd: int, name: str, left: list[int]) -> int:
     finally:
         for fd, _ in opened:
             os.close(fd)
+
+
+def empty_trash(trash_fd: int, *, budget: int = MAX_SWEEP_REMOVALS) -> int:
+    """Remove up to `budget` entries from the quarantine's trash (blocking: in a thread); closes `trash_fd`.
+
+    Returns how many entries are left to remove (0: the trash is empty).
+    """
+    left = [budget]
+    try:
+        for name in os.listdir(trash_fd):
+            if left[0] <= 0:
+                return 1
+            info = os.stat(name, dir_fd=trash_fd, follow_symlinks=False)
+            if stat.S_ISDIR(info.st_mode):
+                if not _remove_tree(trash_fd, name, left):
+                    return 1
+            else:
+                os.unlink(name, dir_fd=trash_fd)
+                left[0] -= 1
+        return 0
+    finally:
+        os.close(trash_fd)

@@ -154,7 +154,8 @@ async def test_a_workspace_over_its_limit_refuses_the_run_and_says_why(root: Pat
     (root / "agent-limits.json").write_text('{"groups": {"field": {"workspaceMb": 2}}}')
     outcome, _ = await _run(root, sandbox, todo={})
     assert outcome.status == "error", outcome
-    assert outcome.error is not None and "workspace holds 3 MiB, over its limit of 2 MiB" in outcome.error
+    assert outcome.error is not None and "hold at least 3 MiB, over its limit of 2 MiB" in outcome.error
+    assert f"are in {root / 'groups' / 'field' / 'harvest.bin'} (3 MiB)" in outcome.error
     main, _ = await _run(root, sandbox, "main", todo={})  # the limit is the group's
     assert main.status == "ok", main
 

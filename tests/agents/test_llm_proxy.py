@@ -185,7 +185,10 @@ async def test_models_lists_the_forced_model_and_other_paths_are_404(root: Path,
     assert [m.id for m in models.data] == [MODEL]
     assert missing.status_code == 404 and "use POST /v1/chat/completions" in missing.json()["error"]["message"]
     assert wrong_method.status_code == 404
-    assert not_json.status_code == 400 and not_json.json()["error"]["message"] == "the request body is not JSON"
+    assert not_json.status_code == 400
+    assert not_json.json()["error"]["message"] == (
+        "the request body is not JSON (Expecting property name enclosed in double quotes at line 1, column 2)"
+    )
     assert not_object.json()["error"]["message"] == "the request body must be a JSON object"
     assert llm.requests == []
 

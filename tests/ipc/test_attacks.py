@@ -24,6 +24,8 @@ from ipc_support import (
     write_raw,
 )
 
+from farmhost.ipc.quarantine import KEEP_BYTES
+
 LIMIT = 1024 * 1024  # FARMHOST_IPC_MAX_REQUEST_BYTES default
 
 
@@ -245,7 +247,9 @@ def test_huge_file_is_quarantined_unread_and_quickly(env: Env) -> None:
     assert read_so_far() - before < 4 * LIMIT, f"the daemon read {read_so_far() - before} bytes"
     assert time.monotonic() - started < scaled(10)
     assert note["reason"] == f"request file is {size} bytes, over the {LIMIT}-byte limit"
-    assert quarantined_entry(env.data_dir, "field", "actions", f"{rid}.json").stat().st_size == size
+    # Kept as its first 64 KiB, not whole: what a group sends cannot fill the host's disk through its quarantine.
+    assert quarantined_entry(env.data_dir, "field", "actions", f"{rid}.json").stat().st_size == KEEP_BYTES
+    assert note["kept"] == f"the first {KEEP_BYTES} of {size} bytes"
     _assert_error_result(env, "field", rid, note["reason"])
     ping_ok(env.data_dir, "field")
 
@@ -336,7 +340,8 @@ def test_malformed_request_is_quarantined_with_a_specific_reason(
     note = wait_note(env.data_dir, "field", name, queue=queue)
     assert reason in note["reason"], note
     assert note["errorCode"] == "invalid_request" and note["queue"] == queue
-    assert quarantined_entry(env.data_dir, "field", queue, name).read_bytes() == raw
+    assert quarantined_entry(env.data_dir, "field", queue, name).read_bytes() == raw[:KEEP_BYTES]
+    assert note["kept"] == ("whole" if len(raw) <= KEEP_BYTES else f"the first {KEEP_BYTES} of {len(raw)} bytes")
     _assert_error_result(env, "field", rid, note["reason"])
     if rid != stem:
         assert read_result(env.data_dir, "field", stem) is None
