@@ -27,7 +27,7 @@ from typing import Final, cast
 from farmhost.agents.backends.base import SandboxError
 from farmhost.agents.backends.host import PYTHON_PROBE_TIMEOUT, find_python_install_sync
 from farmhost.agents.cgroups import detect_sync
-from farmhost.agents.identity import agent_identity
+from farmhost.agents.identity import describe_ids
 from farmhost.agents.launch import sealed_memfd
 from farmhost.agents.limits import LimitsFile, default_limits, explain
 from farmhost.agents.seccomp import SeccompMode, SeccompUnavailable, build_filter_sync
@@ -44,7 +44,6 @@ from farmhost.cli.hostchecks import (
     timezone_check,
 )
 from farmhost.config import LlmEndpoint, Settings
-from farmhost.errors import ConfigError
 from farmhost.farm import rules
 from farmhost.farm.policy import load_profile, profile_report
 from farmhost.layout import DataLayout
@@ -440,14 +439,12 @@ def _agent_limits(settings: Settings) -> Check:
 
 def _enforcement(settings: Settings, check: Check) -> Check:
     """Say which of the limits the kernel holds on this host and which it does not (docs/agent-runtime.md)."""
+    if settings.runtime in ("docker", "podman"):
+        return Check(check.part, check.state, f"{check.detail}; {describe_ids(settings, runtime=settings.runtime)}")
     if settings.runtime != "bwrap":
         return check
-    try:
-        identity = agent_identity(settings)
-    except ConfigError as err:
-        return Check("agent limits", "broken", err.message, "set FARMHOST_AGENT_UID to an unprivileged uid")
     held = (
-        f"runs as {identity.describe()}; held: wall time, memory per process, /tmp and /dev/shm sizes, "
+        f"{describe_ids(settings, runtime=settings.runtime)}; held: wall time, memory per process, /tmp and /dev/shm sizes, "
         "workspace size (before each run)"
     )
     support = detect_sync()

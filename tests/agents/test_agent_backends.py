@@ -22,6 +22,8 @@ from farmhost.agents.backends import (
     cleanup_orphans,
     create_backend,
     ensure_no_secrets,
+    for_identity,
+    group_ids,
 )
 from farmhost.agents.backends.docker import cli_env
 from farmhost.agents.backends.host import find_python_install_sync, minimal_paths
@@ -148,8 +150,9 @@ async def test_no_backend_carries_a_secret(root: Path, monkeypatch: pytest.Monke
     settings = settings_for(root, **SECRETS)
     for runtime in ("bwrap", "process"):
         backend = await create_backend(settings.model_copy(update={"agent_runtime": runtime}))
+        ids = group_ids(settings, backend)
         for folder, is_main in (("main", True), ("field", False)):
-            plan = backend.plan(spec(root, folder, is_main=is_main))
+            plan = for_identity(backend, await ids.identity(folder)).plan(spec(root, folder, is_main=is_main))
             ensure_no_secrets(plan, SECRETS.values())
             assert_no_secret(plan)
 

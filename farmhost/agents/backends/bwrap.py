@@ -21,15 +21,23 @@ class BwrapBackend:
     bwrap: str
     python: PythonInstall
     system: tuple[SystemEntry, ...]
-    identity: AgentIdentity
+    identity: AgentIdentity | None  # who the agent is; None under a root daemon until its group's is given
     setpriv: str | None  # util-linux's setpriv, inside the sandbox at the same path (under /usr)
     seccomp: bytes | None  # the BPF program loaded before the agent starts (None: FARMHOST_SANDBOX_SECCOMP=off)
     name: str = "bwrap"
     isolated: bool = True
 
     def plan(self, spec: SandboxSpec) -> LaunchPlan:
-        """The bwrap command line (the order matters: later mounts go on top of earlier ones)."""
-        argv: list[str] = [self.bwrap, *self._namespaces(), "--die-with-parent", "--new-session", "--clearenv"]
+        """The bwrap command line (the order matters: later mounts go on top of earlier ones).
+
+        Raises:
+            SandboxError: no identity was given for the run (a root daemon's runs are their group's), or setpriv
+                is missing.
+        """
+        if self.identity is None:
+            raise SandboxError(f"run {spec.run_id} of {spec.folder} has no uid of its group's: refusing to start it")
+        identity = self.identity
+        argv: list[str] = [self.bwrap, *self._namespaces(identity), "--die-with-parent", "--new-session", "--clearenv"]
         argv += ["--hostname", HOSTNAME]
         fd_args: tuple[FdArg, ...] = ()
         if self.seccomp is not None:
@@ -63,7 +71,7 @@ class BwrapBackend:
         for mount in spec.mounts:
             argv += ["--ro-bind" if mount.read_only else "--bind", str(mount.source), mount.target]
         argv += ["--remount-ro", "/", "--chdir", spec.workdir, "--"]
-        argv += self._drop()
+        argv += self._drop(identity)
         argv += spec.argv if spec.argv is not None else (str(self.python.executable), "-m", spec.module)
         return LaunchPlan(
             argv=tuple(argv),
@@ -73,10 +81,10 @@ class BwrapBackend:
             fd_args=fd_args,
         )
 
-    def _namespaces(self) -> list[str]:
+    def _namespaces(self, identity: AgentIdentity) -> list[str]:
         # ipc, pid, net, uts and cgroup namespaces always: no network at all.
         unshare = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
-        if not self.identity.switch:
+        if not identity.switch:
             # Not root: a user namespace in which the agent holds no capability on the host.
             return [*unshare, "--unshare-user", "--cap-drop", "ALL"]
         # Root: uid 0 in a user namespace root made is host root for files. bwrap sets the sandbox up as root
@@ -84,10 +92,10 @@ class BwrapBackend:
         keep = ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
         return [*unshare, "--cap-drop", "ALL", *keep]
 
-    def _drop(self) -> list[str]:
-        if not self.identity.switch:
+    def _drop(self, identity: AgentIdentity) -> list[str]:
+        if not identity.switch:
             return []
         if self.setpriv is None:
             raise SandboxError("setpriv (util-linux) is needed to run agents as an unprivileged user under root")
-        ids = [f"--reuid={self.identity.uid}", f"--regid={self.identity.gid}", "--clear-groups"]
+        ids = [f"--reuid={identity.uid}", f"--regid={identity.gid}", "--clear-groups"]
         return [self.setpriv, *ids, "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
