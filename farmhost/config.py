@@ -105,7 +105,6 @@ class Settings(BaseSettings):
     )
     agent_command: str | None = Field(default=None, validation_alias="FARMHOST_AGENT_COMMAND")
     opencode_bin: Path | None = Field(default=None, validation_alias="FARMHOST_OPENCODE_BIN")
-    agent_uid: int | None = Field(default=None, ge=0, validation_alias="FARMHOST_AGENT_UID")  # replaced: refused
     # A root daemon gives each group's runs their own uid (= gid) from [base, base+count) (docs/security.md): above
     # shadow's subordinate ids (100000-600100000) and systemd-nspawn's (524288-1879048191), in the span systemd
     # leaves unused, below 2^31.
@@ -263,11 +262,6 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _agent_id_range(self) -> Settings:
-        if self.agent_uid is not None:
-            raise ValueError(
-                "FARMHOST_AGENT_UID is gone: each group's agents now get their own uid from FARMHOST_AGENT_UID_BASE "
-                "(docs/security.md#one-identity-per-group); remove FARMHOST_AGENT_UID"
-            )
         if self.agent_uid_base + self.agent_uid_count > 2**31 - 1:
             raise ValueError(
                 f"FARMHOST_AGENT_UID_BASE + FARMHOST_AGENT_UID_COUNT ({self.agent_uid_base + self.agent_uid_count}) "
