@@ -12,7 +12,10 @@ import json
 import os
 import random
 import shlex
+import shutil
 import sqlite3
+import sys
+import tempfile
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
@@ -22,6 +25,7 @@ import pytest
 from farmhost_testing import Daemon, clean_env, drop, init_data_dir_in_process, ok, wait_for, wait_result
 from runtime_support import Sandbox
 
+from farmhost.agents.backends.share import inotify_share
 from farmhost.config import AGENT_UID_BASE
 
 pytestmark = [
@@ -31,6 +35,7 @@ pytestmark = [
 
 ZONE: Final = "Europe/Lisbon"
 PIDS: Final = 16  # the runs' process limit: small, so the hog reaches it at once
+SYSTEM_PYTHON: Final = "/usr/bin/python3"
 INOTIFY: Final = 160  # more inotify instances than the kernel's 128 per uid, so the hog takes every one its uid has
 
 # The agent (kind `command`): forks up to `forks` children and opens up to `inotify` inotify instances, says how
@@ -150,3 +155,66 @@ def test_groups_get_their_own_uids_so_one_cannot_starve_another(tmp_path: Path, 
         (data_dir / "groups" / "main" / "release").touch()
         if daemon.proc is not None and daemon.proc.poll() is None:
             daemon.kill()
+
+
+def _as_user(tmp: Path, uid: int) -> Path:
+    """An interpreter that runs farmhost as `uid` (a daemon that is not root), as the deploy unit's `User=` does."""
+    wrapper = tmp / "python-as-user"
+    setpriv = shutil.which("setpriv")
+    assert setpriv is not None
+    wrapper.write_text(f'#!/bin/sh\nexec {setpriv} --reuid={uid} --regid={uid} --clear-groups {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def test_a_daemon_that_is_not_root_keeps_each_run_to_its_own_share(sandbox: Sandbox) -> None:
+    """All runs share the daemon's uid; each run's limits are set inside its own user namespace (share.py)."""
+    if sandbox.name != "bwrap":
+        pytest.skip("a daemon that is not root runs docker agents as the data directory's owner (engine's own ids)")
+    if not os.path.exists(SYSTEM_PYTHON):
+        pytest.skip(f"{SYSTEM_PYTHON} (a Python any user can run) is missing")
+    # Not under pytest's tmp dir (0700, root's): the daemon's user must reach its data dir. A uid no user or other
+    # test has, so nothing else counts against it.
+    tmp = Path(tempfile.mkdtemp(prefix="farmhost-user-"))
+    try:
+        tmp.chmod(0o755)
+        uid = AGENT_UID_BASE - 65536 * random.randrange(1, 4096)
+        data_dir = init_data_dir_in_process(tmp / "data")
+        for path in (data_dir, *data_dir.rglob("*")):
+            os.chown(path, uid, uid, follow_symlinks=False)
+        command = (SYSTEM_PYTHON, "-c", PROBE)  # the user cannot reach the tests' own interpreter under /root
+        env = clean_env(
+            TZ=ZONE,
+            **sandbox.values,
+            FARMHOST_AGENT_PYTHON=SYSTEM_PYTHON,
+            FARMHOST_AGENT_KIND="command",
+            FARMHOST_AGENT_COMMAND=shlex.join(command),
+            FARMHOST_AGENT_PIDS=str(PIDS),
+            FARMHOST_MAX_AGENTS="2",
+            FARMHOST_AGENT_UNENFORCED_LIMITS="allow",  # cgroups are root's here: the per-uid limits are what holds
+        )
+        daemon = Daemon(data_dir, env=env, python=_as_user(tmp, uid)).start()
+        try:
+            _schedule(data_dir, "main", name="hog", forks=4 * PIDS, inotify=INOTIFY, hold=True)
+            hog = _report(daemon, "main", "hog")
+            _schedule(data_dir, "field", name="neighbour", forks=PIDS // 2, inotify=8)
+            neighbour = _report(daemon, "field", "neighbour")
+            (data_dir / "groups" / "main" / "release").touch()
+            assert hog["uid"] == neighbour["uid"] == uid, "a daemon that is not root runs its agents as itself"
+            assert hog["forks"][1] == "EAGAIN" and hog["forks"][0] < PIDS, hog
+            assert neighbour["forks"] == [PIDS // 2, None], (
+                "field could not fork while main held its share",
+                hog,
+                neighbour,
+            )
+            # each run gets its share of the uid's instances, the daemon keeps one: no run can take them all
+            assert hog["inotify"] == [inotify_share(2), "EMFILE"], hog
+            assert neighbour["inotify"] == [8, None], ("field got no inotify instance", hog, neighbour)
+            assert "cannot create an inotify instance" not in daemon.log(), "the daemon's own were taken"
+            assert daemon.stop() == 0, daemon.log()[-3000:]
+        finally:
+            (data_dir / "groups" / "main" / "release").touch()
+            if daemon.proc is not None and daemon.proc.poll() is None:
+                daemon.kill()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -25,6 +25,7 @@ from farmhost.agents.backends.engine_cli import engine_command
 from farmhost.agents.backends.host import find_python_install_sync, system_entries
 from farmhost.agents.backends.podman import PodmanBackend
 from farmhost.agents.backends.process import ProcessBackend
+from farmhost.agents.backends.share import inotify_share
 from farmhost.agents.identity import AgentIdentity, GroupIds, IdRange, daemon_identity
 from farmhost.agents.seccomp import SeccompUnavailable, filter_for
 from farmhost.config import Settings
@@ -121,6 +122,7 @@ async def create_backend(settings: Settings) -> SandboxBackend:
             identity=identity,
             setpriv=setpriv,
             seccomp=bpf,
+            inotify_share=0 if as_root else inotify_share(settings.max_agents),
         )
     user = None if os.geteuid() == 0 else container_user(settings)  # root: each group's own (for_identity)
     image, root, environ = settings.agent_image, str(settings.data_dir), cli_env(os.environ)

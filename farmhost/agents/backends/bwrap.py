@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import resource
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Final
 
 from farmhost.agents.backends.base import FD_PLACEHOLDER, FdArg, LaunchPlan, SandboxError, SandboxSpec, rlimits_for
 from farmhost.agents.backends.host import PythonInstall, SystemEntry
+from farmhost.agents.backends.share import LAUNCHER
 from farmhost.agents.identity import AgentIdentity
 
 HOSTNAME: Final = "farmagent"
@@ -24,6 +26,7 @@ class BwrapBackend:
     identity: AgentIdentity | None  # who the agent is; None under a root daemon until its group's is given
     setpriv: str | None  # util-linux's setpriv, inside the sandbox at the same path (under /usr)
     seccomp: bytes | None  # the BPF program loaded before the agent starts (None: FARMHOST_SANDBOX_SECCOMP=off)
+    inotify_share: int = 0  # a daemon that is not root: the inotify instances each run may hold (share.py)
     name: str = "bwrap"
     isolated: bool = True
 
@@ -71,12 +74,15 @@ class BwrapBackend:
         for mount in spec.mounts:
             argv += ["--ro-bind" if mount.read_only else "--bind", str(mount.source), mount.target]
         argv += ["--remount-ro", "/", "--chdir", spec.workdir, "--"]
-        argv += self._drop(identity)
+        argv += self._drop(identity, spec)
         argv += spec.argv if spec.argv is not None else (str(self.python.executable), "-m", spec.module)
+        rlimits = rlimits_for(spec)
+        if not identity.switch:  # set inside the run's user namespace (share.py), not as the daemon uid's ceiling
+            rlimits = tuple(pair for pair in rlimits if pair[0] != resource.RLIMIT_NPROC)
         return LaunchPlan(
             argv=tuple(argv),
             env={"PATH": os.defpath},  # bwrap's own environment: its pid-1 helper keeps it, readable in /proc/1
-            rlimits=rlimits_for(spec),
+            rlimits=rlimits,
             signal_leader=False,
             fd_args=fd_args,
         )
@@ -85,16 +91,18 @@ class BwrapBackend:
         # ipc, pid, net, uts and cgroup namespaces always: no network at all.
         unshare = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
         if not identity.switch:
-            # Not root: a user namespace in which the agent holds no capability on the host.
-            return [*unshare, "--unshare-user", "--cap-drop", "ALL"]
+            # Not root: a user namespace in which the agent holds no capability on the host. CAP_SYS_RESOURCE in
+            # that namespace is the launcher's, to cap the namespace's inotify instances; the agent gets none.
+            return [*unshare, "--unshare-user", "--cap-drop", "ALL", "--cap-add", "CAP_SYS_RESOURCE"]
         # Root: uid 0 in a user namespace root made is host root for files. bwrap sets the sandbox up as root
         # without one, keeping only what setpriv needs to become the agent's uid, which then has nothing.
         keep = ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
         return [*unshare, "--cap-drop", "ALL", *keep]
 
-    def _drop(self, identity: AgentIdentity) -> list[str]:
+    def _drop(self, identity: AgentIdentity, spec: SandboxSpec) -> list[str]:
         if not identity.switch:
-            return []
+            share = str(max(self.inotify_share, 1))
+            return [str(self.python.executable), "-I", "-c", LAUNCHER, share, str(spec.limits.pids)]
         if self.setpriv is None:
             raise SandboxError("setpriv (util-linux) is needed to run agents as an unprivileged user under root")
         ids = [f"--reuid={identity.uid}", f"--regid={identity.gid}", "--clear-groups"]
