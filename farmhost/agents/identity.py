@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from farmhost.agents.backends.share import inotify_share
 from farmhost.config import Settings
 from farmhost.errors import FarmhostError
 from farmhost.store import agent_ids
@@ -188,10 +189,16 @@ def describe_ids(settings: Settings, *, runtime: str) -> str:
         claims = range_claims(ids)
         skipped = f"; skipped as the host holds them: {', '.join(claims)}" if claims else ""
         return f"agents run as per-group uids {ids.base}..{ids.last} (root daemon, gid = uid){skipped}"
-    daemon = daemon_identity()
+    if runtime != "bwrap":
+        return (
+            "agents share one uid, the data directory's owner: a daemon that is not root cannot give each group "
+            "its own (docs/security.md#one-identity-per-group); the engine holds each container's processes"
+        )
     return (
-        f"agents share the daemon's {daemon.describe()}: a daemon that is not root cannot give each group its own "
-        "(process and inotify counts, file ownership and the IPC queues are shared; docs/security.md)"
+        f"agents share the daemon's {daemon_identity().describe()}: a daemon that is not root cannot give each group "
+        "its own (file ownership and the IPC queues are that uid's; docs/security.md#one-identity-per-group); each "
+        f"run's processes and inotify instances ({inotify_share(settings.max_agents)}) are capped in its own user "
+        "namespace"
     )
 
 
