@@ -158,11 +158,12 @@ def test_groups_get_their_own_uids_so_one_cannot_starve_another(tmp_path: Path, 
 
 
 def _as_user(tmp: Path, uid: int) -> Path:
-    """An interpreter that runs farmhost as `uid` (a daemon that is not root), as the deploy unit's `User=` does."""
+    """An interpreter that runs farmhost as `uid` as deploy/'s unit does (User=, NoNewPrivileges, no capability)."""
     wrapper = tmp / "python-as-user"
     setpriv = shutil.which("setpriv")
     assert setpriv is not None
-    wrapper.write_text(f'#!/bin/sh\nexec {setpriv} --reuid={uid} --regid={uid} --clear-groups {sys.executable} "$@"\n')
+    unit = f"--reuid={uid} --regid={uid} --clear-groups --no-new-privs --bounding-set=-all --inh-caps=-all"
+    wrapper.write_text(f'#!/bin/sh\nexec {setpriv} {unit} {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
     return wrapper
 
