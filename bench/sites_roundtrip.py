@@ -202,7 +202,10 @@ def sites_up(
         daemons = []
         for site in (SITE_A, SITE_B):
             log(f"starting farmhost for site {site} on {broker.url}")
-            daemon = FarmhostDaemon(dirs[site], FARMHOST_MQTT_URL=broker.url, FARMHOST_SITE=site)
+            other = SITE_B if site == SITE_A else SITE_A  # each serves the other's calls (docs/mqtt.md)
+            daemon = FarmhostDaemon(
+                dirs[site], FARMHOST_MQTT_URL=broker.url, FARMHOST_SITE=site, FARMHOST_SITES_TRUSTED=other
+            )
             stack.callback(daemon.stop)
             daemons.append(daemon)
         started = time.perf_counter()

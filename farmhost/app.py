@@ -172,6 +172,7 @@ class App:
             self.mqtt = MqttService(
                 broker,
                 site=self.settings.site_name,
+                trusted_sites=self.settings.trusted_sites,
                 db=self.db,
                 runtime=self.runtime,
                 alerts=self.collector,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -62,6 +63,8 @@ class Settings(BaseSettings):
     ha_token: str | None = Field(default=None, validation_alias="HA_TOKEN", repr=False)
     farm_mode: Literal["demo", "production"] = Field(default="demo", validation_alias="FARM_MODE")
     farm_profile_path: Path | None = Field(default=None, validation_alias="FARM_PROFILE_PATH")
+    # 3: enough for an agent's plan (pump, valve, duration) while no approver has to read a wall of requests.
+    max_pending_approvals: int = Field(default=3, ge=1, le=100, validation_alias="FARMHOST_MAX_PENDING_APPROVALS")
     telegram_bot_token: str | None = Field(default=None, validation_alias="TELEGRAM_BOT_TOKEN", repr=False)
     telegram_api_base_url: str | None = Field(default=None, validation_alias="TELEGRAM_API_BASE_URL")
     agent_runtime: Literal["docker", "podman", "bwrap", "process"] | None = Field(
@@ -75,6 +78,9 @@ class Settings(BaseSettings):
     ipc_mode: Literal["inotify", "poll"] = Field(default="inotify", validation_alias="FARMHOST_IPC_MODE")
     mqtt_url: str | None = Field(default=None, validation_alias="FARMHOST_MQTT_URL", repr=False)
     site: str | None = Field(default=None, validation_alias="FARMHOST_SITE")
+    # The other sites whose calls this one serves (comma-separated site names): their broker logins are the only
+    # ones whose farm actions run here (docs/mqtt.md). Unset trusts none: a site serves nobody until told whom.
+    sites_trusted: str | None = Field(default=None, validation_alias="FARMHOST_SITES_TRUSTED")
     # TLS to the broker (mqtts://): the CA that signed the broker's certificate, and this site's client
     # certificate and key when the broker logs sites in by certificate (docs/mqtt.md)
     mqtt_ca_file: Path | None = Field(default=None, validation_alias="FARMHOST_MQTT_CA_FILE")
@@ -238,6 +244,12 @@ class Settings(BaseSettings):
             raise ValueError("must be 1-63 lower-case letters, digits, - and _ (one MQTT topic level), e.g. pump-house")
         return value
 
+    @field_validator("sites_trusted")
+    @classmethod
+    def _trusted_sites(cls, value: str | None) -> str | None:
+        parse_trusted_sites(value)
+        return value or None
+
     @field_validator("agent_command")
     @classmethod
     def _shell_words(cls, value: str | None) -> str | None:
@@ -354,6 +366,11 @@ class Settings(BaseSettings):
         return site_name(self.site or socket.gethostname())
 
     @property
+    def trusted_sites(self) -> frozenset[str]:
+        """The sites whose calls this one serves (FARMHOST_SITES_TRUSTED), never itself."""
+        return parse_trusted_sites(self.sites_trusted) - {self.site_name}
+
+    @property
     def telegram_enabled(self) -> bool:
         """Telegram is configured."""
         return bool(self.telegram_bot_token)
@@ -371,6 +388,21 @@ class Settings(BaseSettings):
         return default_runtime(
             docker_cli=shutil.which("docker"), docker_host=os.environ.get("DOCKER_HOST"), socket=DOCKER_SOCKET
         )
+
+
+def parse_trusted_sites(raw: str | None) -> frozenset[str]:
+    """The site names of FARMHOST_SITES_TRUSTED (separated by commas or spaces; empty or unset: none).
+
+    Raises:
+        ValueError: an entry is not a site name.
+    """
+    names = {part for part in re.split(r"[,\s]+", (raw or "").strip()) if part}
+    for name in sorted(names):
+        if not SITE_RE.fullmatch(name):
+            raise ValueError(
+                f"{name!r} is not a site name (1-63 lower-case letters, digits, - and _, as the site's FARMHOST_SITE)"
+            )
+    return frozenset(names)
 
 
 DOCKER_SOCKET: Final = Path("/var/run/docker.sock")  # where a local Docker engine listens by default

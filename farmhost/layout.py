@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from farmhost.protocol.codes import QUEUE_DIRS, RESULTS_DIR
 
@@ -15,6 +16,10 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 SHIPPED_PACKAGE_DIR = PACKAGE_DIR / "shipped"
 REPO_ROOT = PACKAGE_DIR.parent  # the checkout's root when farmhost runs from one; only a development fallback
 GLOBAL_MEMORY_FOLDER = "global"
+# During a run an agent may leave a setuid copy of a program in its workspace (the host clears the bits after the
+# run): no other local user may reach it meanwhile, so the parents of what agents write are the daemon's user's
+# and group's only. Sandboxes never need them: bwrap (as root) and the engines bind the directories themselves.
+AGENT_PARENTS_MODE: Final = 0o750
 
 
 def shipped_dir(name: str) -> Path | None:
@@ -119,8 +124,8 @@ class DataLayout:
         return self.run / folder
 
     def run_logs(self, folder: str) -> Path:
-        """Where a group's agent run logs go (`run-<runId>.log`, inside its workspace)."""
-        return self.workspace(folder) / "logs"
+        """Where a group's agent run logs go (`run-<runId>.log`): the host's, outside every sandbox mount."""
+        return self.logs / "runs" / folder
 
     def create_group_run(self, folder: str) -> Path:
         """Create `run/` (host-private, 0700) and the group's directory in it (0755: any sandbox uid may enter)."""
@@ -131,8 +136,13 @@ class DataLayout:
         os.chmod(path, 0o755)
         return path
 
+    @property
+    def agent_writable_parents(self) -> tuple[Path, ...]:
+        """The directories holding what agents write (workspaces, IPC dirs, dashboards): closed to other users."""
+        return (self.groups, self.ipc, self.dashboards)
+
     def create(self) -> None:
-        """Create the top-level layout (idempotent)."""
+        """Create the top-level layout (idempotent); what agents write is reachable by the daemon's user only."""
         for path in (
             self.ipc,
             self.errors,
@@ -145,6 +155,8 @@ class DataLayout:
         ):
             path.mkdir(parents=True, exist_ok=True)
         os.chmod(self.spool, 0o700)
+        for path in self.agent_writable_parents:
+            os.chmod(path, AGENT_PARENTS_MODE)
 
     def seed_global_memory(self) -> int:
         """Copy the shipped global memory (`memory/`) into `groups/global/`, never overwriting; returns the count."""

@@ -3,7 +3,7 @@
 The fixture `mosquitto` is one broker per test (a broker is cheap: ~10 ms to start); `users` turns on a password
 file (`mosquitto_passwd`), so a test can check that a site must log in; `tls` makes it a TLS listener that logs
 clients in by their certificate (its common name is the user, as docs/mqtt.md sets up), and `acl` the broker's
-access rules (`SITE_ACL`: the per-site rules of docs/mqtt.md).
+access rules (`SITE_ACL`: the ACL file of docs/mqtt.md, read from the docs).
 """
 
 from __future__ import annotations
@@ -19,15 +19,19 @@ import pytest
 from farmhost_testing import wait_for
 
 MOSQUITTO = "/usr/sbin/mosquitto"
-# The per-site ACL of docs/mqtt.md ("Access rules per site"), word for word: the tests hold the docs to it.
-SITE_ACL = """\
-pattern readwrite farmhost/%u/#
-pattern readwrite homeassistant/device/farmhost_%u/config
-pattern read homeassistant/status
-pattern read farmhost/+/availability
-pattern write farmhost/+/rpc/%u/request
-pattern write farmhost/+/rpc/%u/answer
-"""
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "mqtt.md"
+
+
+def _documented_acl() -> str:
+    """The ACL file of docs/mqtt.md ("Broker accounts and access rules per site"), word for word."""
+    blocks = DOCS.read_text(encoding="utf-8").split("```")[1::2]  # the fenced blocks' contents
+    (acl,) = [b.lstrip("\n") for b in blocks if b.lstrip("\n").startswith("# /etc/mosquitto/acl")]
+    return acl
+
+
+# The broker's access rules as docs/mqtt.md gives them: the tests hold the docs to them. Its site logins are
+# `pumphouse` and `greenhouse`, Home Assistant's `homeassistant`, a device's `tasmota1`.
+SITE_ACL = _documented_acl()
 
 
 def _openssl(*args: str) -> None:
@@ -84,6 +88,7 @@ class Mosquitto:
         users: dict[str, str] | None = None,
         tls: Certificates | None = None,
         acl: str | None = None,
+        log_denied: bool = False,
     ) -> None:
         if not Path(MOSQUITTO).exists():
             raise AssertionError("mosquitto is not installed: run scripts/debian-packages (Debian package mosquitto)")
@@ -101,6 +106,8 @@ class Mosquitto:
         if acl is not None:
             (root / "acl").write_text(acl)
             lines.append(f"acl_file {root / 'acl'}")
+        if log_denied:  # Mosquitto logs a publish its ACL denies (`Denied PUBLISH from <client id>`) only at debug
+            lines.append("log_type all")
         if users and tls is None:
             passwd = root / "passwd"
             passwd.write_text("")

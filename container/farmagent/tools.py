@@ -303,8 +303,11 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
         result=result_schema(),
         farm_action=True,
         description="Call a Home Assistant service, e.g. domain 'switch', service 'turn_on', target "
-        "{'entity_id': 'switch.irrigation_pump'}. Returns the states it changed. Host-level domains (homeassistant, "
-        f"hassio, shell_command, ...) are never allowed; the farm profile may narrow further. {_MAIN_DEFAULT}",
+        "{'entity_id': 'switch.irrigation_pump'}. Returns the states it changed. Only the entity services of devices "
+        "and helpers (switch, light, fan, valve, cover, climate, number, select, input_*, ...), addressed to entities; "
+        "scenes, scripts, automations, reloads, notifications and the rest only where the farm profile opens them, "
+        "Assist only through ha_assist, host-level domains (homeassistant, shell_command, ...) never. Turning a "
+        f"guarded device off (its safe state) is never held for approval or by a rate. {_MAIN_DEFAULT}",
         parameters=action_parameters("ha_call_service"),
         run=lambda ctx, a: ctx.client.ha_call_service(a["domain"], a["service"], a.get("data"), a.get("target")),
     ),

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import grp
 import logging
 import os
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Final
 
 from farmhost.agents.backends.share import inotify_share
+from farmhost.agents.treewalk import clear_setid_at, walk_sync
 from farmhost.config import Settings
 from farmhost.errors import FarmhostError
 from farmhost.store import agent_ids
@@ -33,8 +33,6 @@ from farmhost.store.db import Database, now_utc
 
 logger = logging.getLogger(__name__)
 
-_SETID: Final = stat.S_ISUID | stat.S_ISGID
-_OPEN_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 # Where the system lists the subordinate ids it gave to users (for their user namespaces: podman, LXD, docker's
 # userns-remap); an agent id inside one would be another user's container's.
 SUBORDINATE_FILES: Final = (Path("/etc/subuid"), Path("/etc/subgid"))
@@ -205,64 +203,61 @@ def describe_ids(settings: Settings, *, runtime: str) -> str:
 def hand_over_sync(identity: AgentIdentity | None, trees: Iterable[Path], tops: Iterable[Path]) -> list[int]:
     """Give `trees` (recursively) and `tops` (the directory and its subdirectories) to the agent's uid.
 
-    Also clears setuid/setgid bits on regular files in `trees` and measures them. Links are never followed.
-    Blocking: call it in a thread while no run of the group is active. Returns the bytes on disk of each tree.
+    Also clears setuid/setgid bits on regular files in `trees` and measures them, at any depth (treewalk). Links
+    are never followed. Blocking: call it in a thread while no run of the group is active. Returns the bytes on
+    disk of each tree.
     """
-    sizes = []
-    for tree in trees:
-        size = 0
-        for current, dirs, files in os.walk(tree, followlinks=False):
-            _own(identity, Path(current))
-            for name in dirs:
-                _own(identity, Path(current, name))
-            for name in files:
-                path = Path(current, name)
-                size += _own(identity, path)
-                _clear_setid(path)
-        sizes.append(size)
+    sizes = [_take_tree(identity, tree) for tree in trees]
     for top in tops:
-        _own(identity, top)
+        with contextlib.suppress(FileNotFoundError):
+            _own_at(identity, None, str(top), os.lstat(top))
         with contextlib.suppress(FileNotFoundError), os.scandir(top) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    _own(identity, Path(entry.path))
+            for found in entries:
+                if found.is_dir(follow_symlinks=False):
+                    with contextlib.suppress(FileNotFoundError):
+                        _own_at(identity, None, found.path, found.stat(follow_symlinks=False))
     return sizes
 
 
 def clear_setid_sync(trees: Iterable[Path]) -> int:
-    """Clear setuid/setgid bits on every regular file in `trees` (after a run); returns how many it cleared."""
+    """Clear setuid/setgid bits on every regular file in `trees`, at any depth (after a run); returns how many."""
+    return sum(_clear_tree(tree) for tree in trees)
+
+
+def _take_tree(identity: AgentIdentity | None, tree: Path) -> int:
+    """Hand one tree over and clear its setid bits; returns its bytes on disk (directories not counted)."""
+    size = 0
+
+    def take(dir_fd: int, name: str, entry: os.stat_result) -> None:
+        nonlocal size
+        _own_at(identity, dir_fd, name, entry)
+        if not stat.S_ISDIR(entry.st_mode):
+            size += entry.st_blocks * 512
+        if clear_setid_at(dir_fd, name, entry):
+            logger.warning("%s: cleared the setuid/setgid bits an agent set on %s", tree, name)
+
+    with contextlib.suppress(FileNotFoundError):
+        _own_at(identity, None, str(tree), os.lstat(tree))
+    walk_sync(tree, take)
+    return size
+
+
+def _clear_tree(tree: Path) -> int:
     cleared = 0
-    for tree in trees:
-        for current, _dirs, files in os.walk(tree, followlinks=False):
-            for name in files:
-                cleared += _clear_setid(Path(current, name))
+
+    def clear(dir_fd: int, name: str, entry: os.stat_result) -> None:
+        nonlocal cleared
+        if clear_setid_at(dir_fd, name, entry):
+            cleared += 1
+            logger.warning("%s: cleared the setuid/setgid bits an agent set on %s", tree, name)
+
+    walk_sync(tree, clear)
     return cleared
 
 
-def _own(identity: AgentIdentity | None, path: Path) -> int:
-    """Give an entry to the agent (when it is another uid) without following links; returns the entry's bytes on disk."""
-    try:
-        info = os.lstat(path)
-        if identity is not None and identity.switch and (info.st_uid, info.st_gid) != (identity.uid, identity.gid):
-            os.chown(path, identity.uid, identity.gid, follow_symlinks=False)
-    except FileNotFoundError:
-        return 0
-    return info.st_blocks * 512
-
-
-def _clear_setid(path: Path) -> int:
-    try:
-        fd = os.open(path, _OPEN_FLAGS)
-    except OSError as err:
-        if err.errno in (errno.ELOOP, errno.ENOENT, errno.ENXIO, errno.EACCES):
-            return 0  # a link, gone, a socket or FIFO without reader: nothing to execute
-        raise
-    try:
-        info = os.fstat(fd)
-        if stat.S_ISREG(info.st_mode) and info.st_mode & _SETID:
-            os.fchmod(fd, stat.S_IMODE(info.st_mode) & ~_SETID)
-            logger.warning("%s: cleared the setuid/setgid bits an agent set", path)
-            return 1
-    finally:
-        os.close(fd)
-    return 0
+def _own_at(identity: AgentIdentity | None, dir_fd: int | None, name: str, entry: os.stat_result) -> None:
+    """Give an entry to the agent (when it is another uid) without following links."""
+    if identity is None or not identity.switch or (entry.st_uid, entry.st_gid) == (identity.uid, identity.gid):
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.chown(name, identity.uid, identity.gid, dir_fd=dir_fd, follow_symlinks=False)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
 
-from farmhost.agents.backends.base import Mount, SandboxError
+from farmhost.agents.backends.base import UNIX_AND_LOOPBACK_INET, UNIX_ONLY, Mount, SandboxError
 from farmhost.config import Settings
 from farmhost.layout import REPO_ROOT
 
@@ -45,6 +45,7 @@ class AgentKind:
     env: dict[str, str] = field(default_factory=dict)
     needs_llm: bool = True
     address_limit: bool = True
+    socket_families: tuple[int, ...] = UNIX_ONLY
 
 
 def opencode_binary(settings: Settings) -> Path | None:
@@ -82,7 +83,7 @@ def agent_kind(
         return AgentKind(name=name, argv=command, needs_llm=False)
     if name == "opencode" and in_image:
         return AgentKind(name=name, module="farmagent.opencode_run", env={"FARMAGENT_OPENCODE": IMAGE_OPENCODE_BIN},
-                         address_limit=False)  # fmt: skip
+                         address_limit=False, socket_families=UNIX_AND_LOOPBACK_INET)  # fmt: skip
     if name == "opencode":
         binary = opencode_binary(settings)
         if binary is None or not binary.is_file():
@@ -94,5 +95,6 @@ def agent_kind(
         # Bun's JavaScriptCore reserves tens of GB of address space it never touches: RLIMIT_AS would stop it at
         # start. Its memory is held by the run's cgroup.
         return AgentKind(name=name, module="farmagent.opencode_run", mounts=(mount,),
-                         env={"FARMAGENT_OPENCODE": str(binary)}, address_limit=False)  # fmt: skip
+                         env={"FARMAGENT_OPENCODE": str(binary)}, address_limit=False,
+                         socket_families=UNIX_AND_LOOPBACK_INET)  # fmt: skip
     return AgentKind(name=name)

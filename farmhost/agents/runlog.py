@@ -1,14 +1,12 @@
-"""Per-run log files in a group's `logs/`: what they say, written without following anything the agent planted."""
+"""Per-run log files, the host's: `logs/runs/<folder>/run-<runId>.log` in the data dir, outside every sandbox mount."""
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import shlex
 import stat
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
@@ -20,13 +18,14 @@ from farmhost.agents.proxy import ProxyUsage
 from farmhost.store.db import iso, now_utc
 from farmhost.store.groups import Group
 
-LOGS_DIR: Final = "logs"
 # The log keeps the prompt for reference; a pasted document need not be kept whole.
 PROMPT_LOG_CHARS: Final = 2000
 # Enough history to look back over a few weeks of hourly tasks; each log is at most ~2x the output cap.
 RUN_LOGS_KEPT: Final = 200
+# The operator (and the daemon's group) may read them; no sandbox sees the directory at all.
+LOGS_MODE: Final = 0o750
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_NEW_FILE: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def log_name(run_id: str) -> str:
@@ -34,51 +33,24 @@ def log_name(run_id: str) -> str:
     return f"run-{run_id}.log"
 
 
-def write_run_log_sync(workspace: Path, run_id: str, text: str) -> Path:
-    """Write `logs/run-<runId>.log` in `workspace` and prune the oldest logs (blocking; run it in a thread).
-
-    `logs/` lives in the agent's workspace, so the agent may have replaced it (or the file) with a symlink: every
-    step is taken relative to a held descriptor with O_NOFOLLOW, a planted link is moved aside, never followed.
+def write_run_log_sync(directory: Path, run_id: str, text: str) -> Path:
+    """Write `run-<runId>.log` in the group's log `directory` and prune the oldest logs (blocking; use a thread).
 
     Returns:
         The log file's path.
     """
-    root = os.open(workspace, _DIR_FLAGS)
+    directory.mkdir(mode=LOGS_MODE, parents=True, exist_ok=True)
+    fd = os.open(directory, _DIR_FLAGS)
     try:
-        logs = _logs_dir(root)
-        try:
-            _write_new(logs, log_name(run_id), text.encode(errors="replace"))
-            _prune(logs)
-        finally:
-            os.close(logs)
+        _write(fd, log_name(run_id), text.encode(errors="replace"))
+        _prune(fd)
     finally:
-        os.close(root)
-    return workspace / LOGS_DIR / log_name(run_id)
+        os.close(fd)
+    return directory / log_name(run_id)
 
 
-def _logs_dir(root: int) -> int:
-    for _ in range(3):
-        try:
-            return os.open(LOGS_DIR, _DIR_FLAGS, dir_fd=root)
-        except FileNotFoundError:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(LOGS_DIR, 0o755, dir_fd=root)
-        except OSError as err:
-            if err.errno not in (errno.ELOOP, errno.ENOTDIR):
-                raise
-            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
-            os.rename(LOGS_DIR, f"{LOGS_DIR}.not-a-directory-{stamp}", src_dir_fd=root, dst_dir_fd=root)
-    raise OSError(errno.EAGAIN, "logs/ keeps changing under the host")
-
-
-def _write_new(directory: int, name: str, data: bytes) -> None:
-    try:
-        fd = os.open(name, _NEW_FILE, 0o644, dir_fd=directory)
-    except FileExistsError:  # planted by the agent (it knows its run id): move it aside, never write through it
-        os.rename(
-            name, f"{name}.replaced-{datetime.now(UTC):%Y%m%dT%H%M%S%f}", src_dir_fd=directory, dst_dir_fd=directory
-        )
-        fd = os.open(name, _NEW_FILE, 0o644, dir_fd=directory)
+def _write(directory: int, name: str, data: bytes) -> None:
+    fd = os.open(name, _FILE_FLAGS, 0o640, dir_fd=directory)
     try:
         view = memoryview(data)
         while view:

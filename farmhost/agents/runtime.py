@@ -264,6 +264,7 @@ class AgentRuntime:
             limits=limits,
             timezone=self._settings.zone.key,
             kind=kind,
+            cgroup_memory=self._cgroups is not None and self._cgroups.available,
         )
         document = agent_input(
             with_notes(job, self._host_notes(job.folder) if self._host_notes is not None else []),
@@ -410,7 +411,7 @@ class AgentRuntime:
                 record.result = result
             else:
                 status = "error"
-                error = f"{result} (exit code {run.exit_code}); see logs/{log} in the group's workspace"
+                error = f"{result} (exit code {run.exit_code}); see logs/runs/{job.folder}/{log} in the data dir"
         if record.out_of_memory and status != "ok":
             killed = f"the run reached its memory limit ({record.limits.memory_mb} MB) and the kernel killed a process"
             error = f"{killed}; {error}" if error else killed
@@ -459,7 +460,7 @@ class AgentRuntime:
     async def _write_log(self, record: RunRecord, outcome: AgentOutcome) -> None:
         try:
             await asyncio.to_thread(
-                write_run_log_sync, self._layout.workspace(record.job.folder), record.job.run_id, record.render(outcome)
+                write_run_log_sync, self._layout.run_logs(record.job.folder), record.job.run_id, record.render(outcome)
             )
         except OSError as err:
             logger.error(

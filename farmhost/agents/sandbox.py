@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Final
 
@@ -10,6 +11,8 @@ from farmhost.agents.identity import AgentIdentity, clear_setid_sync, hand_over_
 from farmhost.agents.kinds import AgentKind
 from farmhost.agents.proxy import SOCKET_NAME
 from farmhost.layout import GLOBAL_MEMORY_FOLDER, DataLayout
+
+logger = logging.getLogger(__name__)
 
 GROUP_DIR: Final = "/workspace/group"
 IPC_DIR: Final = "/workspace/ipc"
@@ -62,8 +65,12 @@ def sandbox_spec(
     timezone: str,
     kind: AgentKind | None = None,
     argv: Sequence[str] | None = None,
+    cgroup_memory: bool = False,
 ) -> SandboxSpec:
-    """The SandboxSpec of one run of `kind` (the built-in runner by default; `argv` runs a command instead)."""
+    """The SandboxSpec of one run of `kind` (the built-in runner by default; `argv` runs a command instead).
+
+    `cgroup_memory`: the run's cgroup holds its memory limit, so no process gets RLIMIT_AS (base.rlimits_for).
+    """
     if kind is None:
         kind = AgentKind(name="farmagent") if argv is None else AgentKind(name="command", argv=tuple(argv))
     return SandboxSpec(
@@ -75,7 +82,8 @@ def sandbox_spec(
         workdir=GROUP_DIR,
         limits=limits,
         module=kind.module,
-        address_limit=kind.address_limit,
+        address_limit=kind.address_limit and not cgroup_memory,
+        socket_families=kind.socket_families,
     )
 
 
@@ -102,5 +110,13 @@ def prepare_mounts_sync(spec: SandboxSpec, identity: AgentIdentity | None) -> No
 
 
 def after_run_sync(spec: SandboxSpec) -> int:
-    """Clear setuid/setgid bits the run set in its writable directories; returns how many."""
-    return clear_setid_sync([m.source for m in spec.mounts if not m.read_only])
+    """Clear setuid/setgid bits the run set in its writable directories; returns how many.
+
+    Never raises: what it could not walk is logged, and the next run's set-up walks (and clears) it again.
+    """
+    try:
+        return clear_setid_sync([m.source for m in spec.mounts if not m.read_only])
+    except OSError as err:
+        logger.error("run %s of %s: the clean-up after it could not walk its directories: %s", spec.run_id,
+                     spec.folder, err)  # fmt: skip
+        return 0

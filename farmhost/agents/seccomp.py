@@ -1,7 +1,8 @@
 """The seccomp filter of bwrap runs: which system calls an agent is refused, compiled to BPF by libseccomp.
 
 The filter allows by default and refuses a list of calls with EPERM (ENOSYS for clone3), so a program that tries one
-fails cleanly instead of being killed. The list follows Flatpak's blocklist and the calls Docker's default profile
+fails cleanly instead of being killed; socket() and socketpair() fail with EAFNOSUPPORT for every family the run's
+kind does not need (SandboxSpec.socket_families: Unix sockets, and loopback IPv4 for OpenCode's bridge). The list follows Flatpak's blocklist and the calls Docker's default profile
 leaves out; docs/security.md says why each group is there. libseccomp (through pyseccomp, a ctypes binding) turns
 the rules into a BPF program for the host's architecture and its 32-bit (or 64-bit) sibling ABIs; bwrap loads the
 program into the sandbox (`--seccomp FD`) right before it starts the agent.
@@ -13,9 +14,11 @@ import errno
 import logging
 import os
 import platform
+import socket
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from farmhost.agents.backends.base import SOCKET_FAMILY_SETS, UNIX_ONLY
 from farmhost.errors import FarmhostError
 
 logger = logging.getLogger(__name__)
@@ -97,6 +100,8 @@ DENIED: Final = (
     "vm86",
     "vm86old",
 )
+# The calls that create sockets; their first argument is the family (socket_rules).
+SOCKET_CALLS: Final = ("socket", "socketpair")
 # Namespace flags of clone/unshare. CLONE_NEWTIME (0x80) shares its bit with clone's exit signal, so it is only
 # checked for unshare (clone cannot ask for it).
 CLONE_NEWNS: Final = 0x00020000
@@ -146,13 +151,20 @@ class SeccompFilter:
     arches: tuple[str, ...]
     denied: tuple[str, ...]  # every call with a rule, the conditional ones (clone, unshare, ioctl, ...) included
     unknown: tuple[str, ...]  # names this libseccomp does not know (older than the call); not in the filter
+    socket_families: tuple[int, ...] = UNIX_ONLY  # the only families socket()/socketpair() may create
 
     def describe(self) -> str:
         """One line for logs and the doctor: what is refused, on which ABIs."""
-        line = f"{len(self.denied)} system calls refused (EPERM, clone3 ENOSYS) on {'+'.join(self.arches)}"
+        refused = [name for name in self.denied if name not in SOCKET_CALLS]
+        line = f"{len(refused)} system calls refused (EPERM, clone3 ENOSYS) on {'+'.join(self.arches)}"
+        families = "/".join(_family_name(family) for family in self.socket_families)
+        line += f"; sockets of families other than {families} EAFNOSUPPORT"
         if self.unknown:
             line += f"; unknown to this libseccomp, not filtered: {', '.join(self.unknown)}"
         return line
+
+
+Test = Literal["masked_eq", "ne", "eq", "lt", "gt"]
 
 
 @dataclass(frozen=True)
@@ -161,7 +173,7 @@ class Rule:
 
     name: str
     error: int = errno.EPERM
-    arg: tuple[int, Literal["masked_eq", "ne"], int, int] | None = None  # (index, test, mask or value, datum)
+    arg: tuple[int, Test, int, int] | None = None  # (index, test, mask or value, datum)
 
 
 RULES: Final = (
@@ -176,8 +188,33 @@ RULES: Final = (
 )
 
 
-def build_filter_sync() -> SeccompFilter:
-    """Compile RULES for this machine's ABIs (loads libseccomp; call it from a thread).
+def socket_rules(families: tuple[int, ...]) -> tuple[Rule, ...]:
+    """socket() and socketpair() refused with EAFNOSUPPORT unless their family (first argument) is in `families`.
+
+    libseccomp takes one comparison per argument and rule, so "not one of these" is written as the values around
+    them: below the lowest, above the highest, and each one in between. The comparisons are on all 64 bits, so a
+    family with high bits set is refused too (the kernel reads an int). On i386, libseccomp refuses socketcall's
+    SOCKET and SOCKETPAIR whole, since their arguments sit in memory the filter cannot read.
+    """
+    allowed = sorted(set(families))
+    if not allowed:
+        raise ValueError("a run needs at least one socket family (Unix sockets reach the LLM proxy)")
+    tests: list[tuple[Test, int]]
+    if len(allowed) == 1:
+        tests = [("ne", allowed[0])]
+    else:
+        low, high = allowed[0], allowed[-1]
+        tests = [("lt", low), ("gt", high)]
+        tests += [("eq", value) for value in range(low + 1, high) if value not in allowed]
+    return tuple(
+        Rule(name, errno.EAFNOSUPPORT, arg=(0, test, value, 0))
+        for name in ("socket", "socketpair")
+        for test, value in tests
+    )
+
+
+def build_filter_sync(socket_families: tuple[int, ...] = UNIX_ONLY) -> SeccompFilter:
+    """Compile RULES, and the socket rules of `socket_families`, for this machine's ABIs (call it from a thread).
 
     Raises:
         SeccompUnavailable: libseccomp or pyseccomp cannot be loaded, or the architecture has no rule set here.
@@ -193,7 +230,7 @@ def build_filter_sync() -> SeccompFilter:
         rules = seccomp.SyscallFilter(seccomp.ALLOW)
         for arch in arches[1:]:
             rules.add_arch(getattr(seccomp.Arch, _ARCH_ATTRS[arch]))
-        for rule in RULES:
+        for rule in (*RULES, *socket_rules(socket_families)):
             try:
                 rules.add_rule(seccomp.ERRNO(rule.error), rule.name, *_conditions(seccomp, rule))
             except OSError as err:
@@ -207,7 +244,9 @@ def build_filter_sync() -> SeccompFilter:
         raise SeccompUnavailable(f"libseccomp refused the agent filter: {err}") from err
     if unknown:
         logger.warning("libseccomp does not know %s; the agent filter leaves them out", ", ".join(unknown))
-    return SeccompFilter(bpf=bpf, arches=arches, denied=tuple(added), unknown=tuple(unknown))
+    return SeccompFilter(
+        bpf=bpf, arches=arches, denied=tuple(added), unknown=tuple(unknown), socket_families=socket_families
+    )
 
 
 def _conditions(seccomp: Any, rule: Rule) -> tuple[Any, ...]:
@@ -216,11 +255,53 @@ def _conditions(seccomp: Any, rule: Rule) -> tuple[Any, ...]:
     index, test, first, second = rule.arg
     if test == "masked_eq":
         return (seccomp.Arg(index, seccomp.MASKED_EQ, first, second),)
-    return (seccomp.Arg(index, seccomp.NE, first),)
+    operator = {"ne": seccomp.NE, "eq": seccomp.EQ, "lt": seccomp.LT, "gt": seccomp.GT}[test]
+    return (seccomp.Arg(index, operator, first),)
 
 
-def filter_for(mode: SeccompMode) -> SeccompFilter | None:
-    """The filter bwrap runs get under FARMHOST_SANDBOX_SECCOMP: built when `required`, None when `off`.
+_DOCKER_OPS: Final = {
+    "masked_eq": "SCMP_CMP_MASKED_EQ",
+    "ne": "SCMP_CMP_NE",
+    "eq": "SCMP_CMP_EQ",
+    "lt": "SCMP_CMP_LT",
+    "gt": "SCMP_CMP_GT",
+}
+
+
+def engine_profile(socket_families: tuple[int, ...] = UNIX_ONLY) -> dict[str, Any]:
+    """The same rules as an OCI seccomp profile, the JSON docker and podman take (`--security-opt seccomp=FILE`).
+
+    It replaces the engine's default profile, an allow-list that lets every socket family through (Docker 20.10
+    lets AF_VSOCK and AF_NETLINK be created). The engine's own libseccomp compiles it, so the host needs none.
+
+    Raises:
+        SeccompUnavailable: the host's architecture has no rule set here.
+    """
+    native = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}.get(platform.machine())
+    if native is None:
+        raise SeccompUnavailable(f"no seccomp profile for the {platform.machine()} architecture")
+    arches = [f"SCMP_ARCH_{_ARCH_ATTRS[arch]}" for arch in ARCH_FAMILIES[native]]
+    syscalls: list[dict[str, Any]] = []
+    for rule in (*RULES, *socket_rules(socket_families)):
+        entry: dict[str, Any] = {"names": [rule.name], "action": "SCMP_ACT_ERRNO", "errnoRet": rule.error}
+        if rule.arg is not None:
+            index, test, first, second = rule.arg
+            entry["args"] = [{"index": index, "value": first, "valueTwo": second, "op": _DOCKER_OPS[test]}]
+        syscalls.append(entry)
+    return {"defaultAction": "SCMP_ACT_ALLOW", "architectures": arches, "syscalls": syscalls}
+
+
+def _family_name(family: int) -> str:
+    try:
+        return socket.AddressFamily(family).name
+    except ValueError:
+        return f"family {family}"
+
+
+def filter_for(mode: SeccompMode) -> dict[tuple[int, ...], SeccompFilter] | None:
+    """The filters bwrap runs get under FARMHOST_SANDBOX_SECCOMP, one per set of socket families kinds use.
+
+    Built when `required` (SOCKET_FAMILY_SETS: the run's kind picks one), None when `off`.
 
     Raises:
         SeccompUnavailable: `required`, and the filter cannot be built (the message says how to fix it).
@@ -229,7 +310,7 @@ def filter_for(mode: SeccompMode) -> SeccompFilter | None:
         logger.warning("FARMHOST_SANDBOX_SECCOMP=off: agents run without a seccomp filter")
         return None
     try:
-        return build_filter_sync()
+        return {families: build_filter_sync(families) for families in SOCKET_FAMILY_SETS}
     except SeccompUnavailable as err:
         raise SeccompUnavailable(
             f"refusing to run agents without their seccomp filter: {err.message} "

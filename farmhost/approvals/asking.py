@@ -1,7 +1,9 @@
 """Asking for an approval: the row bound to the exact call, and the message with Approve / Deny to the main chat.
 
-The same call (the same action and params, by their hash) from the same group while one is pending gets that
-approval back, so an agent that retries does not flood the approvers. Runs inside the caller's transaction.
+Requests from the same group that lead to the same effect (the entities and the state asked, whatever the call's
+wording: farm/gate.effect_of) while one is pending get that approval back, and a group has at most
+FARMHOST_MAX_PENDING_APPROVALS pending at once, so an agent that retries or rephrases cannot flood the approvers
+(one message per pending approval). Runs inside the caller's transaction.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any, Final, Literal
 
 from farmhost.approvals import store
 from farmhost.approvals.store import ApprovalRow
-from farmhost.errors import NotAllowed
+from farmhost.errors import NotAllowed, RateLimited
 from farmhost.farm.rules import Approval
 from farmhost.store import groups
 from farmhost.telegram.notices import enqueue_notice
@@ -25,9 +27,9 @@ CALLBACK_PREFIX: Final = "fa"
 _ID_BYTES: Final = 6
 
 
-def call_hash(action: str, params: dict[str, Any]) -> str:
-    """The identity of a call: its action and its validated params, canonically serialised."""
-    text = json.dumps({"action": action, "params": params}, sort_keys=True, separators=(",", ":"))
+def effect_hash(effect: dict[str, Any]) -> str:
+    """The identity of what a call leads to, canonically serialised (key order does not count)."""
+    text = json.dumps(effect, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -60,19 +62,45 @@ def ask(
     summary: str,
     approval: Approval,
     at: datetime,
+    effect: dict[str, Any] | None = None,
+    max_pending: int | None = None,
 ) -> tuple[ApprovalRow, bool]:
-    """The pending approval of this call, created (and sent to the main chat) when there is none.
+    """The pending approval of this effect, created (and sent to the main chat) when there is none.
+
+    Args:
+        conn: the caller's transaction.
+        folder: the asking group.
+        request_id: the request that asks.
+        action: the farm action to run once approved.
+        params: its validated params (what runs, as the first asker wrote them).
+        summary: what will happen, in words.
+        approval: who may approve, and how long the request waits.
+        at: now.
+        effect: what the call leads to (requests with the same effect share one approval); by default the action
+            and its params.
+        max_pending: the most approvals the group may have pending at once (None: no bound).
 
     Returns:
         (the approval, whether it already existed).
 
     Raises:
         NotAllowed: no main chat is registered to ask.
+        RateLimited: the group already has `max_pending` approvals waiting; nobody is asked.
     """
-    digest = call_hash(action, params)
+    digest = effect_hash(effect if effect is not None else {"action": action, "params": params})
     existing = store.pending_for(conn, folder, digest)
     if existing is not None and existing.expires_at > at:
         return existing, True
+    if max_pending is not None:
+        waiting = store.pending_of_group(conn, folder, at)
+        if len(waiting) >= max_pending:
+            ids = ", ".join(row.id for row in waiting)
+            raise RateLimited(
+                f"{action} would need an approval, and the group {folder} already has {len(waiting)} approvals "
+                f"waiting in the farm's main chat ({ids}), the most it may have at once "
+                f"(FARMHOST_MAX_PENDING_APPROVALS={max_pending}). Nothing was done and nobody was asked: wait "
+                "until those are answered or expire"
+            )
     main = groups.main_group(conn)
     if main is None:
         raise NotAllowed(

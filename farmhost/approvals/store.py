@@ -47,6 +47,15 @@ def pending_for(conn: sqlite3.Connection, folder: str, call_hash: str) -> Approv
     return _row(row) if row else None
 
 
+def pending_of_group(conn: sqlite3.Connection, folder: str, at: datetime) -> list[ApprovalRow]:
+    """The group's approvals still waiting for an approver at `at` (not past their time), oldest first."""
+    rows = conn.execute(
+        "SELECT * FROM approvals WHERE group_folder = ? AND status = 'pending' AND expires_at > ? ORDER BY created_at",
+        (folder, iso(at)),
+    ).fetchall()
+    return [_row(row) for row in rows]
+
+
 def create(conn: sqlite3.Connection, approval: ApprovalRow) -> None:
     """Store a new pending approval."""
     conn.execute(

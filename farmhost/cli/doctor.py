@@ -62,10 +62,12 @@ LOCAL_LIMIT: Final = 15.0
 SECCOMP_TRIAL: Final = """
 import ctypes, errno, platform
 libc = ctypes.CDLL(None, use_errno=True)
-calls = {"x86_64": ((272, 0x10000000), (101, 0)), "aarch64": ((97, 0x10000000), (117, 0))}[platform.machine()]
+calls = {"x86_64": ((272, 0x10000000, 0), (101, 0, 0), (41, 16, 3)),
+         "aarch64": ((97, 0x10000000, 0), (117, 0, 0), (198, 16, 3))}[platform.machine()]
 out = []
-for nr, first in calls:  # unshare(CLONE_NEWUSER), ptrace(PTRACE_TRACEME)
-    ret = libc.syscall(ctypes.c_long(nr), ctypes.c_long(first), ctypes.c_long(0), ctypes.c_long(0), ctypes.c_long(0))
+for nr, first, second in calls:  # unshare(CLONE_NEWUSER), ptrace(PTRACE_TRACEME), socket(AF_NETLINK, SOCK_RAW)
+    ret = libc.syscall(ctypes.c_long(nr), ctypes.c_long(first), ctypes.c_long(second), ctypes.c_long(0),
+                       ctypes.c_long(0))
     out.append("ok" if ret >= 0 else errno.errorcode.get(ctypes.get_errno(), "?"))
 print(" ".join(out))
 """
@@ -412,11 +414,17 @@ def _seccomp(binary: str, python: str, mode: SeccompMode) -> Check:
     finally:
         os.close(fd)
     answer = done.stdout.strip()
-    if done.returncode != 0 or answer != "EPERM EPERM":
+    if done.returncode != 0 or answer != "EPERM EPERM EAFNOSUPPORT":
         got = answer or done.stderr.strip() or f"exit {done.returncode}"
-        detail = f"the filter does not hold: in a trial run unshare(CLONE_NEWUSER), ptrace(PTRACE_TRACEME) gave {got}"
+        detail = (
+            "the filter does not hold: in a trial run unshare(CLONE_NEWUSER), ptrace(PTRACE_TRACEME), "
+            f"socket(AF_NETLINK) gave {got}"
+        )
         return Check("seccomp", "broken", detail, "upgrade bubblewrap (0.3 or newer loads --seccomp) and libseccomp2")
-    detail = f"{built.describe()}; a trial run got EPERM for unshare(CLONE_NEWUSER) and ptrace(PTRACE_TRACEME)"
+    detail = (
+        f"{built.describe()}; a trial run got EPERM for unshare(CLONE_NEWUSER) and ptrace(PTRACE_TRACEME), "
+        "EAFNOSUPPORT for socket(AF_NETLINK)"
+    )
     if built.unknown:
         return Check("seccomp", "warn", detail, "upgrade libseccomp2 so that it knows every call of the list")
     return Check("seccomp", "ok", detail)
@@ -444,14 +452,18 @@ def _enforcement(settings: Settings, check: Check) -> Check:
     if settings.runtime != "bwrap":
         return check
     held = (
-        f"{describe_ids(settings, runtime=settings.runtime)}; held: wall time, memory per process, /tmp and /dev/shm sizes, "
+        f"{describe_ids(settings, runtime=settings.runtime)}; held: wall time, /tmp and /dev/shm sizes, "
         "workspace size (before each run)"
     )
     support = detect_sync()
     if support.available:
-        cgroup = f"memory summed over a run's processes and its tmpfs, processes and CPU share per run (cgroup v{support.version})"
+        cgroup = (
+            f"memory summed over a run's processes and its tmpfs, processes and CPU share per run (cgroup "
+            f"v{support.version}; no RLIMIT_AS, so an agent starts as many threads as its process limit allows)"
+        )
         return Check(check.part, "ok", f"{check.detail}; {held}, {cgroup}")
     if settings.agent_unenforced_limits == "allow":
+        held += ", memory per process (RLIMIT_AS: at 256 MB a Python agent starts about 6 threads)"
         missing = f"not held: memory summed over a run's processes, processes per run, CPU share ({support.reason})"
         fix = "delegate cgroups to farmhost (docs/agent-runtime.md#limits); runs start anyway (FARMHOST_AGENT_UNENFORCED_LIMITS=allow)"
         return Check(check.part, "warn", f"{check.detail}; {held}; {missing}", fix)

@@ -152,7 +152,7 @@ def disk_check(
     share = usage.free / usage.total if usage.total else 0.0
     detail = f"{size(usage.free)} free of {size(usage.total)} ({share:.0%}) on {mount}"
     fix = (
-        f"free space on {mount}: old agent run logs are in groups/*/logs/, rotated request logs in logs/; "
+        f"free space on {mount}: old agent run logs are in logs/runs/, rotated request logs in logs/; "
         "`docker system prune` removes unused images; or move the data dir to a bigger disk"
     )
     if usage.free < broken_bytes:

@@ -1,7 +1,8 @@
 """The farm_action table: every action's function, effect and timeout, and the handler rows built from it.
 
 Each handler authorises the source group (main only unless the farm profile says otherwise), applies the
-control gate (a readable profile; in production a validated one), runs the action within its timeout and
+control gate (a readable profile; in production a validated one), the service policy (denied domains, the closed
+service surface, the profile's narrowing), then the actuator rules (farm/gate.py), runs the action within its timeout and
 appends one audit line, whatever the outcome. That is why the rows are `main_only=False`: a refusal must
 happen here, where it is audited, not in the router.
 """
@@ -17,7 +18,7 @@ from farmhost.errors import FarmhostError, NotFound
 from farmhost.farm import gate, policy
 from farmhost.farm.assist import ha_assist
 from farmhost.farm.audit import AuditLog, approval_keys
-from farmhost.farm.core_actions import ha_call_service, ha_get_status, ha_restart, ha_set_entity
+from farmhost.farm.core_actions import check_calls, ha_call_service, ha_get_status, ha_restart, ha_set_entity
 from farmhost.farm.dashboard_actions import (
     ha_apply_dashboard,
     ha_dashboard_get,
@@ -177,6 +178,7 @@ async def _guarded(deps: FarmDeps, ctx: RequestContext, name: str, spec: FarmAct
     policy.authorise_group(name, folder=ctx.group.folder, is_main=ctx.group.is_main, loaded=loaded)
     policy.check_control(name, farm_mode=deps.settings.farm_mode, loaded=loaded)
     checked = parse_params(ACTION_PARAMS[name], params, name)
+    check_calls(checked, loaded)  # what could never run is refused before the rules ask anyone for approval
     call = gate.describe(name, checked)
     if call is not None:
         await gate.admit(deps, ctx, call, checked.model_dump(mode="json", exclude_none=True), loaded)

@@ -14,8 +14,11 @@ from farmhost.protocol.codes import ENTITY_ID_RE
 from farmhost.protocol.params import HaCallServiceParams, HaGetStatusParams, HaSetEntityParams, NoParams
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from farmhost.farm.deps import FarmDeps
     from farmhost.farm.homeassistant import HAClient
+    from farmhost.farm.policy import LoadedProfile
     from farmhost.ipc.handlers import RequestContext
 
 # On a Raspberry Pi HA takes 30-90 s to restart; the action's own timeout (actions.py) is above this.
@@ -60,7 +63,7 @@ async def ha_get_status(deps: FarmDeps, ctx: RequestContext, p: HaGetStatusParam
 
 
 async def ha_call_service(deps: FarmDeps, ctx: RequestContext, p: HaCallServiceParams) -> dict[str, Any]:
-    """Call a service: `{domain, service, data?, target?}`, checked against the service policy first.
+    """Call a service: `{domain, service, data?, target?}` (the service policy was checked before: check_calls).
 
     Returns:
         `{service: "domain.service", changedStates: [...]}`: the states the call changed, as HA reports them.
@@ -70,9 +73,6 @@ async def ha_call_service(deps: FarmDeps, ctx: RequestContext, p: HaCallServiceP
         NotFound: HA has no such service. HaRejected: HA refused the data (its sentence is kept).
     """
     data, target = dict(p.data or {}), dict(p.target or {})
-    entity_ids, indirect = service_targets(p)
-    loaded = policy.load_profile(deps.settings.profile_path)
-    policy.check_service(p.domain, p.service, entity_ids, indirect=indirect, loaded=loaded)
     try:
         changed = await _ha(deps).call_service(p.domain, p.service, data, target=target or None)
     except HaRejected as err:  # HA refused the data: the agent's request was invalid, HA's sentence says why
@@ -97,8 +97,6 @@ async def ha_set_entity(deps: FarmDeps, ctx: RequestContext, p: HaSetEntityParam
     """
     domain = p.entityId.split(".", 1)[0]
     service = set_entity_service(p)
-    loaded = policy.load_profile(deps.settings.profile_path)
-    policy.check_service(domain, service, [p.entityId], indirect=False, loaded=loaded)
     ha = _ha(deps)
     current = await ha.get_state(p.entityId)
     data, expected = _plan(p.entityId, domain, p.value, current.get("attributes") or {})
@@ -127,6 +125,23 @@ async def ha_restart(deps: FarmDeps, ctx: RequestContext, p: NoParams) -> dict[s
     """
     seconds = await _ha(deps).restart(timeout=RESTART_TIMEOUT)
     return {"restarted": True, "seconds": round(seconds, 1)}
+
+
+def check_calls(params: BaseModel, loaded: LoadedProfile) -> None:
+    """The service policy of the service an ha_call_service or ha_set_entity call would call (others: nothing).
+
+    Checked before the actuator rules (farm/gate.py), so a call that could never run asks nobody for approval.
+
+    Raises:
+        InvalidRequest: bad targets, or a value ha_set_entity cannot set. NotAllowed: the sentence of the policy.
+    """
+    if isinstance(params, HaCallServiceParams):
+        entity_ids, indirect = service_targets(params)
+        policy.check_service(params.domain, params.service, entity_ids, indirect=indirect, loaded=loaded)
+    elif isinstance(params, HaSetEntityParams):
+        domain = params.entityId.split(".", 1)[0]
+        service = set_entity_service(params)
+        policy.check_service(domain, service, [params.entityId], indirect=False, loaded=loaded)
 
 
 def service_targets(p: HaCallServiceParams) -> tuple[list[str], bool]:

@@ -10,9 +10,11 @@ loading of staged copies and the screenshot action (on what HA currently holds).
   whitespace, control characters, HTML entities, percent-encoding); navigation paths stay inside HA;
 - iframe/webpage cards only to origins the profile lists (`policy.dashboards.iframeOrigins`, none by default);
 - no text anywhere carries a script scheme or script-bearing HTML (markdown content, titles, styles);
-- a button that performs an action passes the same service policy as `ha_call_service`, because whoever taps
-  it in HA calls that service with their own rights; `fire-dom-event` and dashboard strategies (code that
-  builds cards in the browser) are refused.
+- a button that performs an action (any `*_action`, in any card, nested) passes the same service policy as
+  `ha_call_service` (denied domains, the closed service surface, the profile's narrowing), because whoever taps
+  it in HA calls that service with their own rights, and may not act on an entity a profile rule guards (nor on
+  a device/area that may hold one); `fire-dom-event` and dashboard strategies (code that builds cards in the
+  browser) are refused.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from urllib.parse import unquote
 
 from farmhost.errors import NotAllowed
 from farmhost.farm.policy import LoadedProfile, check_service, origin_of
+from farmhost.farm.safe_state import guarded, guarded_patterns
 
 # Home Assistant's own card types (frontend 2025.4, create-card-element.ts): nothing here loads outside code.
 BUILTIN_CARDS: Final = frozenset(
@@ -319,10 +322,26 @@ class _Walker:
             return
         domain, name = service.split(".")
         entities, indirect = _targets(node)
+        loaded = self.rules.profile or _NO_PROFILE
         try:
-            check_service(domain, name, entities, indirect=indirect, loaded=self.rules.profile or _NO_PROFILE)
+            check_service(domain, name, entities, indirect=indirect, loaded=loaded)
         except NotAllowed as err:
             self.refuse(where, f"whoever taps this calls {service}: {err.message}")
+            return
+        named = guarded(loaded.rules, [entity.strip().lower() for entity in entities])
+        if named:
+            self.refuse(
+                where,
+                f"whoever taps this calls {service} on {', '.join(named)}, which the farm profile's rules guard "
+                "(approval, a rate, a range or a time limit that a tap in Home Assistant would skip); an agent may "
+                "not stage a button that acts on a guarded entity: show it with a tile or entity card instead",
+            )
+        elif indirect and guarded_patterns(loaded.rules):
+            self.refuse(
+                where,
+                f"whoever taps this calls {service} on a device, area, floor or label, which may reach an entity the "
+                "farm profile's rules guard; name the entities with target.entity_id",
+            )
 
 
 def _child_role(role: str | None, key: str, value: Any) -> str | None:

@@ -4,7 +4,11 @@ After the group is authorised and the params are valid, a control action is desc
 service, entities and value, known before anything reaches Home Assistant) and held to the rules that cover it:
 targets a rule can see, the value range, the rate (counted in the database, so a restart forgets nothing), and
 approval in the chat. A call under approval is not run: it answers pending_approval with the approval's id,
-and runs later once, when an approver presses Approve (`RequestContext.approved`).
+and runs later once, when an approver presses Approve (`RequestContext.approved`). Requests that lead to the same
+effect share one approval, and a group has at most FARMHOST_MAX_PENDING_APPROVALS waiting.
+
+The safe direction is always open: a call that only puts the entities it names in their safe state
+(farm/safe_state.py: off, closed, the low end of a range, a rule's safeState) is never held by approval or rate.
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ from pydantic import BaseModel
 
 from farmhost.approvals import asking
 from farmhost.errors import PendingApproval, RateLimited
-from farmhost.farm import rules
+from farmhost.farm import rules, safe_state
 from farmhost.farm.core_actions import SWITCH_DOMAINS, service_targets, set_entity_service
 from farmhost.farm.ha_errors import HaError
+from farmhost.farm.policy import INDIRECT_TARGETS
 from farmhost.farm.rules import ActuatorRule, ControlCall
 from farmhost.ipc.handlers import Change
 from farmhost.protocol.params import HaCallServiceParams, HaSetEntityParams
@@ -38,6 +43,19 @@ if TYPE_CHECKING:
 HOUR: Final = timedelta(hours=1)
 ON_SERVICES: Final = frozenset({"turn_on", "toggle"})
 ALL_ENTITIES: Final = "all"  # Home Assistant's entity_id for every entity a service's domain has
+# The state a service puts its entities in, for the services whose effect is one state (the approval's identity).
+STATE_OF_SERVICE: Final = {
+    "turn_on": "on",
+    "turn_off": "off",
+    "open_valve": "open",
+    "open_cover": "open",
+    "close_valve": "closed",
+    "close_cover": "closed",
+    "lock": "locked",
+    "unlock": "unlocked",
+}
+# Data keys that only say where a call goes (already in the effect's entities and targets).
+_TARGET_KEYS: Final = frozenset({"entity_id", *INDIRECT_TARGETS})
 
 
 def describe(action: str, params: BaseModel) -> ControlCall | None:
@@ -82,6 +100,8 @@ async def admit(
     matched = rules.matching(loaded.rules, call)
     if not matched:
         return
+    if only_safe(call, params, loaded.rules):
+        return  # the safe direction: never held, and not counted against a rate
     rules.check_targets(matched, call)
     rules.check_value_range(matched, call)
     approval = rules.approval_for(matched)
@@ -100,6 +120,8 @@ async def admit(
                 summary=summary(call, params),
                 approval=approval,
                 at=ctx.now,
+                effect=effect_of(call, params),
+                max_pending=deps.settings.max_pending_approvals,
             )
         if not again:
             ctx.changes.add(Change.OUTBOX)  # the approvers' message: delivered now, not at the outbox's next scan
@@ -119,6 +141,58 @@ async def admit(
                 actuator_calls.record(conn, limited, folder=ctx.group.folder, at=ctx.now)
     if problem is not None:
         raise RateLimited(await _named(deps, *problem))
+
+
+def only_safe(call: ControlCall, params: dict[str, Any], under: tuple[rules.ActuatorRule, ...]) -> bool:
+    """The call does nothing but put each entity it names in its safe state (off, closed, the low end, safeState).
+
+    A call that also reaches devices/areas/labels or `all`, names no entity, or calls a service of another domain
+    than an entity's is not: what it does to them cannot be stated.
+    """
+    if call.service is None or call.indirect or not call.entities:
+        return False
+    domain, service = call.service.split(".", 1)
+    for entity in call.entities:
+        target = safe_state.safe_target(entity, under)
+        if target is None or target.domain != domain or target.service != service:
+            return False
+        if target.data and not safe_state.is_safe_state(entity, _asked(call, params), under):
+            return False
+    return True
+
+
+def effect_of(call: ControlCall, params: dict[str, Any]) -> dict[str, Any]:
+    """What the call leads to, for sharing one approval: the entities and the state asked, not the call's wording.
+
+    `ha_set_entity` on, `switch.turn_on` and a `switch.turn_on` with its data keys reordered or extra keys all lead
+    to "this entity on"; a service whose effect is no single state keeps its data (minus the target keys).
+    """
+    if call.service is None:
+        return {"action": call.action, "params": params}
+    service = call.service.split(".", 1)[1]
+    state: Any = STATE_OF_SERVICE.get(service)
+    if state is None and service in ("set_value", "select_option"):
+        asked = _asked(call, params)
+        number = rules.as_number(asked)
+        state = {"value": number if number is not None else asked}
+    if state is None:
+        data = params.get("data") or {}
+        state = {"service": call.service, "data": {k: v for k, v in data.items() if k not in _TARGET_KEYS}}
+    reached = {
+        key: value
+        for part in (params.get("data") or {}, params.get("target") or {})
+        for key, value in part.items()
+        if key in INDIRECT_TARGETS
+    }
+    everything = ALL_ENTITIES if call.indirect and not reached else None
+    return {"entities": sorted(set(call.entities)), "reached": reached, "all": everything, "state": state}
+
+
+def _asked(call: ControlCall, params: dict[str, Any]) -> Any:
+    """The value or option the call sets (ha_set_entity's value, data.value, data.option)."""
+    if call.value is not None:
+        return call.value
+    return (params.get("data") or {}).get("option")
 
 
 def summary(call: ControlCall, params: dict[str, Any]) -> str:

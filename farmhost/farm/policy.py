@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from farmhost.errors import NotAllowed, Unauthorized
 from farmhost.farm.rules import MAX_RULES, ActuatorRule, covers_entity
+from farmhost.farm.service_surface import check_addressed, check_surface
 from farmhost.protocol.codes import FarmActionName
 from farmhost.protocol.requests import CONTROL_ACTIONS
 
@@ -70,6 +71,8 @@ class _PolicySection(BaseModel):
     allowedDomains: list[_DomainPattern] | None = None
     allowedServices: list[_ServicePattern] | None = None
     allowedEntities: list[_EntityPattern] | None = None
+    # Services opened beyond the closed surface (farm/service_surface.py), as `domain.service` globs.
+    allowServices: list[_ServicePattern] = Field(default_factory=list)
     actionGroups: dict[FarmActionName, list[_GroupName]] = Field(default_factory=dict)
     dashboards: _DashboardsSection = Field(default_factory=_DashboardsSection)
     rules: Annotated[list[ActuatorRule], Field(max_length=MAX_RULES)] = Field(default_factory=list)
@@ -99,6 +102,7 @@ class FarmProfile:
     allowed_domains: frozenset[str] | None = None
     allowed_services: frozenset[str] | None = None
     allowed_entities: frozenset[str] | None = None
+    allow_services: frozenset[str] = frozenset()  # opened beyond the closed service surface
     action_groups: dict[str, frozenset[str]] = field(default_factory=dict)
     validation_status: str | None = None
     iframe_origins: frozenset[str] = frozenset()  # `scheme://host[:port]`, lower case, default port left out
@@ -151,6 +155,7 @@ def parse_profile(raw: bytes | str) -> FarmProfile:
         allowed_domains=_frozen(policy.allowedDomains),
         allowed_services=_frozen(policy.allowedServices),
         allowed_entities=_frozen(policy.allowedEntities),
+        allow_services=frozenset(policy.allowServices),
         action_groups={action: frozenset(groups) for action, groups in policy.actionGroups.items()},
         validation_status=parsed.validation.status,
         iframe_origins=frozenset(origin_of(url) for url in policy.dashboards.iframeOrigins),
@@ -233,7 +238,11 @@ def check_control(action: str, *, farm_mode: str, loaded: LoadedProfile) -> None
 
 
 def check_service(domain: str, service: str, entity_ids: list[str], *, indirect: bool, loaded: LoadedProfile) -> None:
-    """The service policy of ha_call_service/ha_set_entity: denied domains, then the profile's narrowing.
+    """The service policy of ha_call_service/ha_set_entity: denied domains, the closed surface, the narrowing.
+
+    The denied domains are refused whatever the profile says; then a service outside the closed surface
+    (farm/service_surface.py) unless the profile's `allowServices` opens it; then `allowedDomains`,
+    `allowedServices` and `allowedEntities` narrow what is left.
 
     Args:
         domain: the service's domain.
@@ -249,8 +258,15 @@ def check_service(domain: str, service: str, entity_ids: list[str], *, indirect:
     if domain in DEFAULT_DENIED_DOMAINS:
         raise NotAllowed(f"services of the {domain!r} domain are never allowed for agents ({name})")
     profile = loaded.profile
-    if profile is None:
-        return
+    allow = profile.allow_services if profile is not None else frozenset()
+    check_surface(domain, service, allow=allow)
+    if profile is not None:
+        _check_narrowing(name, domain, entity_ids, indirect=indirect, profile=profile)
+    check_addressed(domain, service, targeted=bool(entity_ids) or indirect, allow=allow)
+
+
+def _check_narrowing(name: str, domain: str, entity_ids: list[str], *, indirect: bool, profile: FarmProfile) -> None:
+    """The profile's allowedDomains / allowedServices / allowedEntities."""
     if profile.allowed_domains is not None and not _matches(domain, profile.allowed_domains):
         raise NotAllowed(
             f"the farm profile does not allow the {domain!r} domain ({name}); allowed: {_list(profile.allowed_domains)}"
@@ -368,7 +384,9 @@ def profile_report(loaded: LoadedProfile, *, farm_mode: str) -> tuple[str, str, 
     status = loaded.profile.validation_status
     if farm_mode == "production" and status != "pass":
         return "broken", f"{loaded.path}: validation.status is {status!r}; control actions are refused", _GATE_FIX
-    return "ok", f"{loaded.path} (validation.status {status!r}, FARM_MODE={farm_mode})", ""
+    opened = loaded.profile.allow_services
+    services = f"; opened beyond the closed service surface: {_list(opened)}" if opened else ""
+    return "ok", f"{loaded.path} (validation.status {status!r}, FARM_MODE={farm_mode}){services}", ""
 
 
 _GATE_FIX: Final = 'validate the farm, then set "validation": {"status": "pass"} in the profile'

@@ -205,7 +205,7 @@ def check_value_range(rules: list[ActuatorRule], call: ControlCall) -> None:
             continue
         low, high = rule.valueRange
         for entity in entities_under(rule, call):
-            number = _number(call.value)
+            number = as_number(call.value)
             if number is None:
                 raise NotAllowed(
                     f"the farm profile keeps {entity} between {low:g} and {high:g}: set it with ha_set_entity "
@@ -217,7 +217,8 @@ def check_value_range(rules: list[ActuatorRule], call: ControlCall) -> None:
                 )
 
 
-def _number(value: Any) -> float | None:
+def as_number(value: Any) -> float | None:
+    """A value asked for as a number (an int, float or numeric string; never a boolean), else None."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):

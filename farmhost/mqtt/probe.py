@@ -45,4 +45,6 @@ def check_broker(settings: Settings, *, timeout: float = 5.0) -> tuple[str, str,
         return "broken", f"{broker.shown} did not answer the MQTT CONNECT in {timeout:g} s", fix
     if code.is_failure:
         return "broken", f"{broker.shown} refused the login: {code}", fix
-    return "ok", f"{broker.shown}, site {settings.site_name}", ""
+    trusted = ", ".join(sorted(settings.trusted_sites))
+    serves = f"serves the calls of {trusted}" if trusted else "serves no other site's calls (FARMHOST_SITES_TRUSTED)"
+    return "ok", f"{broker.shown}, site {settings.site_name}; {serves}", ""

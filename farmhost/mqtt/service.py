@@ -37,6 +37,7 @@ class MqttService:
         broker: Broker,
         *,
         site: str,
+        trusted_sites: frozenset[str],
         db: Database,
         runtime: AgentRuntime,
         alerts: StateCollector | None,
@@ -56,7 +57,7 @@ class MqttService:
         self.device = HaDevice(link=self.link, topics=topics, db=db, runtime=runtime, alerts=alerts, zone=zone)
         self.caller = caller
         caller.attach(self.link)
-        self.server = SiteServer(site=site, link=self.link, router=router, main_group=main_group)
+        self.server = SiteServer(site=site, trusted=trusted_sites, link=self.link, router=router, main_group=main_group)
         self._site = site
 
     async def start(self) -> None:

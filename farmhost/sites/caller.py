@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-MAX_DEADLINE_SECONDS: Final = 600.0
 # The origin waits this long past the deadline: an answer the target sent just before it is still on its way.
 ANSWER_GRACE_SECONDS: Final = 5.0
 RESEND_SECONDS: Final = 10.0
@@ -74,7 +73,7 @@ class SiteCaller:
 
     def handlers(self) -> Handlers:
         """The handler row the router uses for a farm action that names another site."""
-        timeout = MAX_DEADLINE_SECONDS + ANSWER_GRACE_SECONDS + 5.0
+        timeout = wire.MAX_DEADLINE_SECONDS + ANSWER_GRACE_SECONDS + 5.0
         return {SITE_HANDLER: HandlerSpec(effect=Effect.REMOTE, run=self._handle, timeout=timeout)}
 
     def attach(self, link: MqttLink) -> None:
@@ -183,7 +182,7 @@ class SiteCaller:
         return call
 
     def _deadline(self, ctx: RequestContext, request: FarmActionRequest) -> datetime:
-        latest = ctx.now + timedelta(seconds=MAX_DEADLINE_SECONDS)
+        latest = ctx.now + timedelta(seconds=wire.MAX_DEADLINE_SECONDS)
         own = request.expires_at(ctx.now) or ctx.now + timedelta(seconds=SITE_DEADLINE_SECONDS)
         return min(own, latest)
 
@@ -240,7 +239,8 @@ class SiteCaller:
         return Outcome.failure(
             ErrorCode.TIMEOUT,
             f"site {call.target} did not answer by the deadline; it may still have run the action there: check its "
-            f"state before trying again ({refuses})",
+            f"state before trying again ({refuses}); a site answers nothing to a site it does not trust (its "
+            f"FARMHOST_SITES_TRUSTED must name {self.site})",
         )
 
     def _send(self, calls: list[SiteCall]) -> None:

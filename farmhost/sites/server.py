@@ -1,11 +1,16 @@
 """The target's side: farm actions other sites send here, run once under this site's own policy and ledger.
 
-A call arrives on `farmhost/<this site>/rpc/<origin>/request` (the broker's ACL decides who may publish there)
-and runs through this site's router as its main group would run it, with `<origin>.<call id>` as its request id:
-the ledger makes a repeat (QoS 1 redelivery, the origin sending again after a reconnect) answer with the stored
-result instead of running again, and a call that arrives after its deadline is answered `expired`, not run. The
-answer goes back on `farmhost/<origin>/rpc/<this site>/answer`. A message that is not a call is logged and, when it
-names its id, answered `invalid_request`; it never stops the link or another call.
+A call arrives on `farmhost/<this site>/rpc/<origin>/request` and is served only when `<origin>` is a site this
+one trusts (FARMHOST_SITES_TRUSTED). MQTT 3.1.1 does not tell a subscriber who published, so the guarantee rests on
+two walls: the broker's ACL lets a login write only calls whose origin level is its own name (docs/mqtt.md), and
+this server serves only the origins it trusts, whatever the broker lets through. A call from any other origin (a
+device, Home Assistant, an unknown site) is logged once per origin and answered nothing. A retained call (the
+broker would hand it again at every subscription) and a call whose deadline is further away than any site gives
+are refused. A call runs through this site's router as its main group would run it, with `<origin>.<call id>` as
+its request id: the ledger makes a repeat (QoS 1 redelivery, the origin sending again after a reconnect) answer
+with the stored result instead of running again, and a call that arrives after its deadline is answered
+`expired`, not run. The answer goes back on `farmhost/<origin>/rpc/<this site>/answer`. A message that is not a
+call is logged and, when it names its id, answered `invalid_request`; it never stops the link or another call.
 """
 
 from __future__ import annotations
@@ -13,13 +18,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Final
 
 from pydantic import ValidationError
 
 from farmhost.protocol.codes import ErrorCode, Queue
-from farmhost.protocol.envelope import Outcome, envelope
+from farmhost.protocol.envelope import Outcome, envelope, utc_stamp
 from farmhost.protocol.requests import FarmActionRequest
 from farmhost.sites import wire
 from farmhost.store.db import now_utc
@@ -37,6 +42,12 @@ MAX_CONCURRENT: Final = 8
 # Calls held here at once, running or waiting; past that a call is dropped with a log line (a flood from a site
 # must not fill this one's memory) and its origin sends it again later.
 MAX_HELD: Final = 256
+# A call's deadline may be this much further away than the furthest a site gives (wire.MAX_DEADLINE_SECONDS):
+# the sites' clocks agree within seconds (NTP), and a target whose clock is a little behind must not refuse.
+CLOCK_SKEW_SECONDS: Final = 30.0
+# Untrusted origins remembered so each is logged once; the ACL should let none through, so past this many the
+# log says so once and stays quiet (a broker without the ACL must not fill the log or this site's memory).
+MAX_ORIGINS_LOGGED: Final = 1024
 
 
 class SiteServer:
@@ -46,19 +57,26 @@ class SiteServer:
         self,
         *,
         site: str,
+        trusted: frozenset[str],
         link: MqttLink,
         router: Router,
         main_group: Callable[[], Group | None],
         clock: Callable[[], datetime] = now_utc,
     ) -> None:
         self.site = site
+        self.trusted = trusted - {site}
         self._link = link
         self._router = router
         self._main_group = main_group
         self._clock = clock
         self._slots = asyncio.Semaphore(MAX_CONCURRENT)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._untrusted_logged: set[str] = set()
         link.subscribe(wire.calls_for(site), self._on_call)
+        if self.trusted:
+            logger.info("sites: serving the calls of %s (FARMHOST_SITES_TRUSTED)", ", ".join(sorted(self.trusted)))
+        else:
+            logger.info("sites: serving no other site's calls (FARMHOST_SITES_TRUSTED names none)")
 
     async def stop(self) -> None:
         """Stop the calls in progress (a call cut short is answered `interrupted` if it is sent again)."""
@@ -69,18 +87,37 @@ class SiteServer:
 
     async def _on_call(self, message: Incoming) -> None:
         origin = wire.sender_of(message.topic)
-        if origin is None or origin == self.site:
-            logger.warning("sites: ignored a call on %s (not from another site)", message.topic)
+        if origin is None or origin not in self.trusted:
+            self._untrusted(origin or message.topic)
             return
         if len(self._tasks) >= MAX_HELD:
             logger.warning("sites: dropped a call from %s: %d calls are held already (sent again later)", origin,
                            len(self._tasks))  # fmt: skip
             return
-        task = asyncio.create_task(self._serve(origin, message.payload), name=f"sites:call-from-{origin}")
+        task = asyncio.create_task(
+            self._serve(origin, message.payload, retained=message.retain), name=f"sites:call-from-{origin}"
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _serve(self, origin: str, payload: bytes) -> None:
+    def _untrusted(self, origin: str) -> None:
+        """Log the first call of an origin this site does not trust; answer nothing (it is no site of ours)."""
+        if origin in self._untrusted_logged or len(self._untrusted_logged) > MAX_ORIGINS_LOGGED:
+            return
+        self._untrusted_logged.add(origin)
+        if len(self._untrusted_logged) > MAX_ORIGINS_LOGGED:
+            logger.warning("sites: calls from more than %d untrusted origins; no more are logged", MAX_ORIGINS_LOGGED)
+            return
+        trusted = ", ".join(sorted(self.trusted)) or "none"
+        logger.warning(
+            "sites: calls from %r are not served and not answered: it is not a site this one trusts "
+            "(FARMHOST_SITES_TRUSTED: %s; list a site there to serve it, and keep every other login out with the "
+            "broker's ACL, docs/mqtt.md); logged once per origin",
+            origin,
+            trusted,
+        )
+
+    async def _serve(self, origin: str, payload: bytes, *, retained: bool) -> None:
         received = self._clock()
         try:
             call = wire.decode_call(payload)
@@ -89,8 +126,9 @@ class SiteServer:
             if err.call_id is not None:
                 self._answer(origin, err.call_id, self._refusal(ErrorCode.INVALID_REQUEST, f"not a call: {err}"))
             return
-        problem = self._problem(call)
+        problem = self._problem(call, received=received, retained=retained)
         if isinstance(problem, Outcome):
+            logger.warning("sites: refused call %s from %s: %s", call.id, origin, problem.error)
             self._answer(origin, call.id, self._refusal(problem.error_code or ErrorCode.INVALID_REQUEST,
                                                         problem.error or ""))  # fmt: skip
             return
@@ -109,7 +147,23 @@ class SiteServer:
         )
         self._answer(origin, call.id, answer.document)
 
-    def _problem(self, call: wire.Call) -> Outcome | tuple[FarmActionRequest, Group]:
+    def _problem(
+        self, call: wire.Call, *, received: datetime, retained: bool
+    ) -> Outcome | tuple[FarmActionRequest, Group]:
+        if retained:
+            return Outcome.failure(
+                ErrorCode.INVALID_REQUEST,
+                "a retained call is not run (the broker would hand it again at every subscription); send it "
+                "without the retain flag",
+            )
+        furthest = received + timedelta(seconds=wire.MAX_DEADLINE_SECONDS + CLOCK_SKEW_SECONDS)
+        if call.deadline > furthest:
+            return Outcome.failure(
+                ErrorCode.INVALID_REQUEST,
+                f"the call's deadline {utc_stamp(call.deadline)} is more than {wire.MAX_DEADLINE_SECONDS:g} s away "
+                f"(this site's clock says {utc_stamp(received)}); a site gives a call at most "
+                f"{wire.MAX_DEADLINE_SECONDS:g} s",
+            )
         try:
             request = FarmActionRequest.model_validate({**call.request, "expiresAt": call.deadline})
         except ValidationError as err:

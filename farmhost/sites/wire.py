@@ -1,8 +1,8 @@
 """What sites say to each other over MQTT: the topics and the two messages, a call and its answer.
 
 A call goes to `farmhost/<target>/rpc/<origin>/request` and its answer to `farmhost/<origin>/rpc/<target>/answer`.
-The sender is the topic level the broker's ACL ties to the sender's login (`pattern write farmhost/+/rpc/%u/#`),
-never a field of the payload, so one site cannot speak for another. Both messages are strict JSON documents of
+The sender is the topic level the broker's ACL ties to the sender's login (each site's own `user` block may write
+only `farmhost/+/rpc/<its name>/...`), never a field of the payload, so one site cannot speak for another. Both messages are strict JSON documents of
 bounded size; anything else is dropped with a log line (or answered `invalid_request` when it names its id).
 """
 
@@ -20,6 +20,9 @@ VERSION: Final = 1
 # A call carries one IPC request (at most FARMHOST_IPC_MAX_REQUEST_BYTES, 1 MiB by default); an answer one
 # result document. Anything bigger is not a farmhost message.
 MAX_MESSAGE_BYTES: Final = 4 * 1024 * 1024
+# The furthest deadline a site gives a call (the request's own ttl/expiresAt is cut to it): a call is worth running
+# minutes after it was asked, not hours, and a target refuses a deadline further away than this.
+MAX_DEADLINE_SECONDS: Final = 600.0
 AVAILABILITY_ALL: Final = "farmhost/+/availability"
 CALL_ID_PATTERN: Final = r"^[0-9a-f]{32}$"
 

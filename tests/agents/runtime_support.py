@@ -138,6 +138,35 @@ if "openai" in todo:  # one OpenAI-style chat completion through the proxy socke
     except Exception as err:
         report["openai"] = why(err) + ": " + str(err)
 
+if "sockets" in todo:  # {"socket(AF_X)" or "socketpair(AF_X)": type name}: what each creation gets
+    made = {}
+    for call, kind in todo["sockets"].items():
+        make, _, family = call.rstrip(")").partition("(")
+        try:
+            args = (getattr(socket, family), getattr(socket, kind))
+            for s in (socket.socket(*args),) if make == "socket" else socket.socketpair(*args):
+                s.close()
+            made[call] = "ok"
+        except Exception as err:
+            made[call] = why(err)
+    report["sockets"] = made
+
+if "threads" in todo:  # how many threads start (each waits until all are counted), and why the next one did not
+    import threading
+    release, started, failed = threading.Event(), [], None
+    for _ in range(todo["threads"]):
+        thread = threading.Thread(target=release.wait)
+        try:
+            thread.start()
+        except Exception as err:
+            failed = why(err) + ": " + str(err)
+            break
+        started.append(thread)
+    release.set()
+    for thread in started:
+        thread.join()
+    report["threads"] = [len(started), failed]
+
 limits = {}
 for name in ("RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_CORE", "RLIMIT_NOFILE"):
     limits[name] = resource.getrlimit(getattr(resource, name))[0]
@@ -167,6 +196,38 @@ if "setid_file" in todo:
         report["setid_mode"] = oct(os.stat(path).st_mode & 0o7777)
     except OSError as err:
         report["setid_mode"] = why(err)
+
+if "exec_when" in todo:  # says it is ready, waits for the host to put a program at that path, runs it
+    path = todo["exec_when"]
+    open(path + ".ready", "w").close()
+    deadline = time.time() + 30
+    while not os.path.exists(path) and time.time() < deadline:
+        time.sleep(0.02)
+    try:
+        import subprocess
+        report["exec"] = subprocess.run([path], capture_output=True, text=True, timeout=10).stdout.strip()
+    except Exception as err:
+        report["exec"] = why(err)
+
+for link, target in todo.get("symlink", {}).items():
+    os.symlink(target, link)
+
+deep = {}
+for top, depth in todo.get("deep_setid", {}).items():  # a setuid file below `depth` bytes of directory names
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    made, name = 0, "d" * 200
+    while made < depth:
+        os.mkdir(name, dir_fd=fd)
+        below = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd, made = below, made + len(name) + 1
+    f = os.open("sh-root", os.O_WRONLY | os.O_CREAT, 0o755, dir_fd=fd)
+    os.write(f, b"#!/bin/sh\nid\n")
+    os.fchmod(f, 0o6755)
+    deep[top] = [made, oct(os.fstat(f).st_mode & 0o7777)]
+    os.close(f)
+    os.close(fd)
+report["deep_setid"] = deep
 
 fills = {}
 for path, mb in todo.get("fill", {}).items():
@@ -254,6 +315,18 @@ sys.exit(todo.get("exit", 0))
 """
 
 PROBE_COMMAND = (sys.executable, "-c", PROBE)
+
+# What a run tries to create: each family with a socket type it offers (AF_PACKET: SOCK_DGRAM needs no header).
+SOCKETS = {
+    "socket(AF_UNIX)": "SOCK_STREAM",
+    "socketpair(AF_UNIX)": "SOCK_DGRAM",
+    "socket(AF_INET)": "SOCK_STREAM",
+    "socket(AF_INET6)": "SOCK_DGRAM",
+    "socket(AF_VSOCK)": "SOCK_STREAM",  # not network-namespaced: on a virtual machine it reaches the hypervisor
+    "socket(AF_NETLINK)": "SOCK_RAW",
+    "socket(AF_PACKET)": "SOCK_DGRAM",
+    "socketpair(AF_INET)": "SOCK_STREAM",
+}
 
 
 def report(outcome: AgentOutcome) -> dict[str, Any]:

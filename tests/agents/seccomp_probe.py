@@ -20,10 +20,10 @@ MACHINE = platform.machine()
 NR = {
     "x86_64": {"unshare": 272, "clone": 56, "clone3": 435, "setns": 308, "ptrace": 101, "process_vm_readv": 310,
                "keyctl": 250, "bpf": 321, "perf_event_open": 298, "mount": 165, "io_uring_setup": 425,
-               "userfaultfd": 323, "personality": 135},
+               "userfaultfd": 323, "personality": 135, "socket": 41},
     "aarch64": {"unshare": 97, "clone": 220, "clone3": 435, "setns": 268, "ptrace": 117, "process_vm_readv": 270,
                 "keyctl": 219, "bpf": 280, "perf_event_open": 241, "mount": 40, "io_uring_setup": 425,
-                "userfaultfd": 282, "personality": 92},
+                "userfaultfd": 282, "personality": 92, "socket": 198},
 }[MACHINE]
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET, SIGCHLD = 0x20000, 0x10000000, 0x40000000, 17
 
@@ -81,6 +81,8 @@ calls = {
     "io_uring_setup": lambda: raw(NR["io_uring_setup"], 1, 0),
     "userfaultfd": lambda: raw(NR["userfaultfd"], 0),
     "personality(READ_IMPLIES_EXEC)": lambda: raw(NR["personality"], 0x0400000),
+    # AF_UNIX with a high bit the kernel ignores (it reads an int): the filter compares all 64 bits
+    "socket(AF_UNIX | 1 << 32)": lambda: raw(NR["socket"], socket.AF_UNIX | 1 << 32, socket.SOCK_STREAM, 0),
 }
 if MACHINE == "x86_64":
     # the same unshare through the other ABIs of an x86_64 kernel: x32 numbers, and i386's int 0x80
@@ -137,7 +139,7 @@ for fd in os.listdir("/proc/self/fd"):
     except OSError:
         pass  # the descriptor listdir itself used
 with open("/proc/self/mountinfo") as f:
-    mounts = [line.split()[3:5] for line in f]
+    mounts = [line.split()[3:6] for line in f]  # root, mount point, per-mount options
 report = {"machine": MACHINE, "attempts": attempts, "unshare -r": unshare_r, "work": work, "status": status,
           "fds": fds, "mountinfo": mounts}
 print(json.dumps({"status": "ok", "answer": json.dumps(report), "error": None, "turns": 1, "toolCalls": 0}))

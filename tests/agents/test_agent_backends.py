@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import resource
 import sys
@@ -25,13 +27,16 @@ from farmhost.agents.backends import (
     ensure_no_secrets,
     for_identity,
     group_ids,
+    write_engine_profiles_sync,
 )
+from farmhost.agents.backends.base import UNIX_AND_LOOPBACK_INET, UNIX_ONLY
 from farmhost.agents.backends.docker import cli_env
 from farmhost.agents.backends.host import find_python_install_sync, minimal_paths
 from farmhost.agents.backends.share import LAUNCHER
 from farmhost.agents.identity import AgentIdentity
 from farmhost.agents.kinds import IMAGE_OPENCODE_BIN, agent_kind
 from farmhost.agents.sandbox import sandbox_spec
+from farmhost.agents.seccomp import engine_profile
 from farmhost.config import Settings
 from farmhost.layout import REPO_ROOT, DataLayout
 
@@ -51,6 +56,7 @@ def spec(root: Path, folder: str, *, is_main: bool, argv: tuple[str, ...] | None
 
 
 def expected_docker(engine: str, root: Path, folder: str, *, is_main: bool, extra: list[str]) -> list[str]:
+    rw, ro = (":nosuid,nodev", ":ro,nosuid,nodev") if engine == "podman" else ("", ":ro")
     argv = [
         engine, "run", "-i", "--init",
         "--name", f"farmhost-{folder}-r-1",
@@ -69,14 +75,14 @@ def expected_docker(engine: str, root: Path, folder: str, *, is_main: bool, extr
         "--label", "farmhost.run=r-1",
         "--label", f"farmhost.data={root}",
         *extra,
-        "-v", f"{root}/groups/{folder}:/workspace/group",
-        "-v", f"{root}/ipc/{folder}:/workspace/ipc",
-        "-v", f"{root}/groups/global:/workspace/global:ro",
-        "-v", f"{root}/farm-state:/workspace/farm-state:ro",
-        "-v", f"{root}/run/{folder}:/workspace/run:ro",
+        "-v", f"{root}/groups/{folder}:/workspace/group{rw}",
+        "-v", f"{root}/ipc/{folder}:/workspace/ipc{rw}",
+        "-v", f"{root}/groups/global:/workspace/global{ro}",
+        "-v", f"{root}/farm-state:/workspace/farm-state{ro}",
+        "-v", f"{root}/run/{folder}:/workspace/run{ro}",
     ]  # fmt: skip
     if is_main:
-        argv += ["-v", f"{root}/dashboards:/workspace/dashboard"]
+        argv += ["-v", f"{root}/dashboards:/workspace/dashboard{rw}"]
     env = [
         *(["FARMAGENT_DASHBOARD_DIR=/workspace/dashboard"] if is_main else []),
         "FARMAGENT_FARM_STATE_DIR=/workspace/farm-state",
@@ -338,3 +344,23 @@ def test_docker_command_for_each_agent_kind(root: Path, tmp_path: Path, kind: st
     else:
         assert tail == ["/workspace/group/agent", "--fast"]
     assert "--network" in argv and argv[argv.index("--network") + 1] == "none"  # every kind: the same sandbox
+
+
+@pytest.mark.parametrize("kind", ["farmagent", "opencode", "command"])
+def test_each_kind_gets_the_seccomp_rules_of_its_socket_families(root: Path, tmp_path: Path, kind: str) -> None:
+    """docker: farmhost's profile file for the kind's families; bwrap: the filter built for them."""
+    settings = Settings(_env_file=None, FARMHOST_DATA_DIR=root, FARMHOST_OPENCODE_BIN=tmp_path / "oc")  # type: ignore[call-arg]
+    command = ("/workspace/group/agent",) if kind == "command" else None
+    chosen = agent_kind(kind, command, settings, in_image=True)  # type: ignore[arg-type]
+    run = sandbox_spec(DataLayout(root), folder="field", run_id="r-1", is_main=False, limits=LIMITS, timezone="UTC",
+                       kind=chosen)  # fmt: skip
+    wanted = UNIX_AND_LOOPBACK_INET if kind == "opencode" else UNIX_ONLY
+    assert run.socket_families == wanted
+    profiles = write_engine_profiles_sync(DataLayout(root))
+    backend = DockerBackend(image="i", user=(1000, 1001), data_root=str(root), seccomp_profiles=profiles)
+    argv = list(backend.plan(run).argv)
+    assert argv[argv.index("--security-opt", argv.index("no-new-privileges")) + 1] == f"seccomp={profiles[wanted]}"
+    profile = json.loads(Path(profiles[wanted]).read_text())
+    assert profile["defaultAction"] == "SCMP_ACT_ALLOW" and profile["syscalls"] == engine_profile(wanted)["syscalls"]
+    socket_rules = [rule for rule in profile["syscalls"] if rule["names"] == ["socket"]]
+    assert {rule["errnoRet"] for rule in socket_rules} == {errno.EAFNOSUPPORT}

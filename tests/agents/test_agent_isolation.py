@@ -199,3 +199,23 @@ async def test_the_real_runner_answers_from_its_sandbox(root: Path) -> None:
         r"^host: hook \d+ ms, memory \d+ ms, sandbox \d+ ms, agent \d+ ms, cleanup \d+ ms$", log, re.MULTILINE
     ), log
     assert re.search(r"timing: 1 LLM request\(s\) in \d+ ms, 0 tool call\(s\) in 0 ms", log), log
+
+
+async def test_an_agent_cannot_rewrite_the_logs_of_its_runs(root: Path, sandbox: Sandbox) -> None:
+    """Run logs are the host's: a later run of the group finds no log to rewrite, in bwrap and in a container."""
+    runtime = sandbox.runtime(sandbox.settings(root))
+    await runtime.start()
+    try:
+        first = await runtime.submit(probe_job("field", stderr=["the first run's own words"]))
+        log = first.log_path.read_text()
+        name = first.log_path.name
+        planted = [f"/workspace/group/logs/{name}", f"/workspace/ipc/logs/{name}", f"/workspace/run/{name}"]
+        second = report(await runtime.submit(probe_job("field", write=planted, list=["/workspace/group"])))
+    finally:
+        await runtime.stop()
+    assert "the first run's own words" in log
+    assert first.log_path.read_text() == log, "the agent rewrote its earlier run's log"
+    assert first.log_path.is_relative_to(root / "logs" / "runs" / "field"), first.log_path
+    assert "logs" not in second["list"]["/workspace/group"]  # nothing of the host's logs is in its workspace
+    if os.geteuid() == 0:  # the log is root's; the agent runs as another uid
+        assert first.log_path.stat().st_uid == 0 != second["uid"]

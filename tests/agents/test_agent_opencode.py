@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from docker_engine import AGENT_IMAGE, ENGINE_HOST, image, requires_engine
 from farmhost_testing import MAIN_JID, clean_env, init_data_dir_in_process, running_daemon, scaled
 from ha_fixture import HaInstance
 from llm_stub import Recorded, Reply, ScriptedLLM, ToolCall
@@ -40,6 +41,30 @@ async def test_opencode_answers_through_the_proxy(root: Path, llm_stub: Scripted
     assert outcome.answer == "The soil in field 2 is fine."
     [request] = llm_stub.requests
     assert request.body["stream"] is True and request.model == "farm-model"
+
+
+@requires_engine
+async def test_opencode_answers_from_the_agent_image_under_farmhosts_seccomp_profile(
+    root: Path, llm_stub: ScriptedLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The image's OpenCode in a container whose profile allows AF_UNIX and AF_INET only (its loopback bridge)."""
+    if ENGINE_HOST:
+        monkeypatch.setenv("DOCKER_HOST", ENGINE_HOST)
+    (root / "agent-limits.json").write_text(json.dumps({"groups": {"field": {"agentKind": "opencode"}}}))
+    settings = settings_for(
+        root, FARMHOST_AGENT_RUNTIME="docker", FARMHOST_AGENT_IMAGE=image(AGENT_IMAGE),
+        FARMHOST_LLM_BASE_URL=llm_stub.base_url, FARMHOST_LLM_MODEL="farm-model",
+    )  # fmt: skip
+    llm_stub.script(Reply("The soil in field 3 is dry."))
+    runtime = make_runtime(settings, command=None)
+    await runtime.start()
+    try:
+        outcome = await runtime.submit(probe_job("field"))
+    finally:
+        await runtime.stop()
+    assert outcome.status == "ok", (outcome, outcome.log_path.read_text()[-4000:])
+    assert outcome.answer == "The soil in field 3 is dry."
+    assert "--security-opt seccomp=" in outcome.log_path.read_text()
 
 
 def _set_pump(request: Recorded) -> ToolCall:

@@ -66,7 +66,7 @@ async def test_a_run_gets_the_contract_input_and_returns_the_answer(root: Path) 
     }
     assert seen["now"].endswith("Z")
     assert outcome.exit_code == 0 and outcome.error is None
-    assert outcome.log_path == root / "groups" / "main" / "logs" / f"run-{job.run_id}.log"
+    assert outcome.log_path == root / "logs" / "runs" / "main" / f"run-{job.run_id}.log"
 
 
 async def test_two_jobs_of_one_group_never_overlap(root: Path) -> None:

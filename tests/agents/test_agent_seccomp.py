@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 from farmhost_testing import init_data_dir_in_process
-from runtime_support import make_runtime, settings_for
+from runtime_support import SOCKETS, Sandbox, make_runtime, probe_job, report, settings_for
 from seccomp_probe import PROBE_COMMAND
 
 from farmhost.agents import AgentJob
 from farmhost.agents.backends import BwrapBackend
-from farmhost.agents.backends.base import FD_PLACEHOLDER, RunLimits
+from farmhost.agents.backends.base import FD_PLACEHOLDER, UNIX_ONLY, RunLimits
 from farmhost.agents.backends.host import find_python_install_sync
 from farmhost.agents.identity import AgentIdentity
 from farmhost.agents.sandbox import sandbox_spec
@@ -40,11 +40,13 @@ REFUSED = {
     "io_uring_setup": "EPERM",
     "userfaultfd": "EPERM",
     "personality(READ_IMPLIES_EXEC)": "EPERM",
+    "socket(AF_UNIX | 1 << 32)": "EAFNOSUPPORT",
 }
 # The same call through the other ABIs of the kernel (x86_64 only: an aarch64 process cannot make AArch32 calls).
 OTHER_ABIS = {"x32 unshare(CLONE_NEWUSER)": "EPERM", "i386 unshare(CLONE_NEWUSER)": "EPERM"}
 # What goes through without the filter; ptrace(PTRACE_ATTACH, 1) is not tried there: it stops bwrap's pid 1.
 OPEN_WITHOUT_FILTER = (
+    "socket(AF_UNIX | 1 << 32)",
     "unshare(CLONE_NEWUSER)",
     "clone(CLONE_NEWUSER)",
     "ptrace(PTRACE_TRACEME)",
@@ -100,7 +102,8 @@ async def test_without_the_filter_the_same_calls_go_through(root: Path) -> None:
 async def test_mountinfo_shows_only_the_paths_of_the_runs_own_mounts(root: Path) -> None:
     seen = await probe(root, [])
     layout = DataLayout(root)
-    shown = {target: source for source, target in seen["mountinfo"]}
+    shown = {target: source for source, target, _ in seen["mountinfo"]}
+    options = {target: set(flags.split(",")) for _, target, flags in seen["mountinfo"]}
     for target, host in [
         ("/workspace/group", layout.workspace("field")),
         ("/workspace/ipc", layout.group_ipc("field")),
@@ -109,9 +112,37 @@ async def test_mountinfo_shows_only_the_paths_of_the_runs_own_mounts(root: Path)
         ("/workspace/run", layout.group_run("field")),
     ]:
         assert str(host).endswith(shown[target])  # the source's path from the root of the file system it is on
-    hosts = {s for s, t in seen["mountinfo"] if s != t and t.startswith("/workspace")}
+        assert {"nosuid", "nodev"} <= options[target], (target, options[target])  # bwrap's binds are both
+    hosts = {s for s, t, _ in seen["mountinfo"] if s != t and t.startswith("/workspace")}
     assert all(Path(s).is_relative_to(root) for s in hosts), hosts  # nothing of another group or of the host
     assert not any("main" in Path(s).parts for s in hosts)
+
+
+async def test_a_run_creates_unix_sockets_and_no_other_family(root: Path, sandbox: Sandbox) -> None:
+    """An agent of kind command, in bwrap and in a container: every family but AF_UNIX gets EAFNOSUPPORT."""
+    runtime = sandbox.runtime(sandbox.settings(root))
+    await runtime.start()
+    try:
+        seen = report(await runtime.submit(probe_job("field", sockets=SOCKETS)))
+    finally:
+        await runtime.stop()
+    refused = dict.fromkeys(SOCKETS, "error:EAFNOSUPPORT")
+    assert seen["sockets"] == {**refused, "socket(AF_UNIX)": "ok", "socketpair(AF_UNIX)": "ok"}
+
+
+async def test_without_the_filter_other_families_open(root: Path) -> None:
+    """FARMHOST_SANDBOX_SECCOMP=off: the refusals above are the filter's (the network namespace alone lets them be)."""
+    runtime = make_runtime(settings_for(root, FARMHOST_AGENT_RUNTIME="bwrap", FARMHOST_SANDBOX_SECCOMP="off"))
+    await runtime.start()
+    try:
+        seen = report(await runtime.submit(probe_job("field", sockets=SOCKETS)))
+    finally:
+        await runtime.stop()
+    assert {call: seen["sockets"][call] for call in ("socket(AF_INET)", "socket(AF_INET6)", "socket(AF_NETLINK)")} == {
+        "socket(AF_INET)": "ok",
+        "socket(AF_INET6)": "ok",
+        "socket(AF_NETLINK)": "ok",
+    }, seen["sockets"]
 
 
 def test_the_bwrap_command_carries_the_filter(root: Path) -> None:
@@ -126,7 +157,7 @@ def test_the_bwrap_command_carries_the_filter(root: Path) -> None:
         system=(),
         identity=identity,
         setpriv="/usr/bin/setpriv",
-        seccomp=built.bpf,
+        seccomp={UNIX_ONLY: built.bpf},
     )
     limits = RunLimits(timeout_seconds=30, memory_mb=512, pids=64, max_turns=4)
     spec = sandbox_spec(

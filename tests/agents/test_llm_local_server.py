@@ -158,7 +158,7 @@ def test_a_chat_message_gets_a_reply_from_the_built_in_runner_on_the_local_model
     with running_daemon(data_dir, env=env) as daemon:
         fake_telegram.user_message(MAIN_CHAT, "Is the irrigation pump on?", chat_type="private", title=None)
         (reply,) = fake_telegram.wait_sent(1, chat_id=MAIN_CHAT, timeout=scaled(60))
-        logs = wait_for(lambda: sorted((data_dir / "groups" / "main" / "logs").glob("*.log")), what="the run log")
+        logs = wait_for(lambda: sorted((data_dir / "logs" / "runs" / "main").glob("*.log")), what="the run log")
         assert "Traceback" not in daemon.log()
     (log_path,) = logs
     log = log_path.read_text()

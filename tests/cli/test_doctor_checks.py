@@ -224,7 +224,7 @@ def test_disk_thresholds(tmp_path: Path) -> None:
     # The real filesystem, judged by thresholds just above and below what it has free.
     broken = disk_check(tmp_path, broken_bytes=usage.free + 2**30)
     assert broken.state == "broken" and "writes will fail" in broken.detail
-    assert "groups/*/logs" in broken.fix
+    assert "logs/runs/" in broken.fix
     low = disk_check(tmp_path, warn_bytes=usage.free + 2**30, broken_bytes=0)
     assert low.state == "warn" and low.fix
     share = disk_check(tmp_path, warn_bytes=0, warn_fraction=1.0, broken_bytes=0)

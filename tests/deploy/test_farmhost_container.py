@@ -177,7 +177,7 @@ def test_the_farmhost_image_runs_healthy_answers_and_starts_agents_through_the_h
         assert request.headers["authorization"] == "Bearer sk-container-test" and request.model == "farm-model"
         assert "Check the soil and tell the office." in request.text()
     # The run's log names the engine's command and the agent image, in the bind-mounted data dir on the host.
-    (run_log,) = sorted((root / "groups" / "main" / "logs").glob("run-*.log"))
+    (run_log,) = sorted((root / "logs" / "runs" / "main").glob("run-*.log"))
     text = run_log.read_text()
     assert "docker run" in text or "run --rm" in text, text[:2000]
     assert agent_image in text and "--network none" in text, text[:2000]

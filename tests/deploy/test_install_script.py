@@ -267,7 +267,7 @@ def test_an_agent_runs_in_bwrap_from_the_installed_prefix_as_the_daemon_user(
         # The run log is written when the run ends, a moment after its message: wait for the run's end, then read.
         runs = wait_for(lambda: _finished_runs(installed, env), timeout=20, interval=0.2, what="the task's run to end")
         assert runs == ["ok"], runs
-        logs = installed.data_dir / "groups" / "main" / "logs"
+        logs = installed.data_dir / "logs" / "runs" / "main"
         run_logs = sorted(logs.glob("run-*.log"))
         assert len(run_logs) == 1, run_logs
         # The agent ran as the daemon's user in bwrap, from the installed interpreter.

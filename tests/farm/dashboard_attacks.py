@@ -74,6 +74,34 @@ SHAPES: list[tuple[str, dict[str, Any], str, tuple[str, ...]]] = [
     ("card name script", view({"type": "tile", "entity": "switch.irrigation_pump", "name": "<iframe src=x>"}), "views[0].cards[0].name", ("<iframe>",)),
     ("denied service button", view({"type": "button", "tap_action": {"action": "perform-action", "perform_action": "homeassistant.restart"}}), "views[0].cards[0].tap_action.perform_action", ("homeassistant",)),
     ("legacy service row", view({"type": "entities", "entities": [{"type": "call-service", "name": "x", "service": "shell_command.reboot"}]}), "views[0].cards[0].entities[0].service", ("shell_command",)),
+    # issue 32, finding 8: a tap runs whatever the button names, with the farmer's rights
+    ("scene button", view({"type": "button", "name": "Status", "tap_action": {"action": "perform-action", "perform_action": "scene.apply", "data": {"entities": {"switch.irrigation_pump": "on"}}}}), "views[0].cards[0].tap_action.perform_action", ("scene.apply", "policy.allowServices")),
+    ("assist hold", view({"type": "button", "hold_action": {"action": "perform-action", "perform_action": "conversation.process", "data": {"text": "turn on the irrigation pump"}}}), "views[0].cards[0].hold_action.perform_action", ("conversation.process", "ha_assist")),
+    ("nested call-service double tap", view(_stack({"type": "button", "double_tap_action": {"action": "call-service", "service": "logger.set_default_level", "data": {"level": "debug"}}})), "views[0].cards[0].cards[1].cards[0].card.double_tap_action.service", ("logger.set_default_level",)),
+    ("tile icon tap", view({"type": "tile", "entity": "sensor.air_temperature", "icon_tap_action": {"action": "perform-action", "perform_action": "automation.turn_off", "target": {"entity_id": "automation.pump_interlock"}}}), "views[0].cards[0].icon_tap_action.perform_action", ("automation.turn_off",)),
+    ("picture element reload", view({"type": "picture-elements", "image": "/local/farm.png", "elements": [{"type": "icon", "icon": "mdi:leaf", "style": {"left": "1%"}, "tap_action": {"action": "perform-action", "perform_action": "template.reload"}}]}), "views[0].cards[0].elements[0].tap_action.perform_action", ("template.reload",)),
     ("fire dom event", view({"type": "button", "tap_action": {"action": "fire-dom-event", "browser_mod": {}}}), "views[0].cards[0].tap_action.action", ("fire-dom-event",)),
     ("strategy view", {"views": [{"path": "s", "strategy": {"type": "iframe", "url": "https://evil.example"}}]}, "views[0].strategy", ("strateg",)),
+]  # fmt: skip
+
+# Issue 32, finding 8: under PROFILE, a button that acts on an entity a rule guards (the farmer's tap would skip the
+# approval, the rate or the range), whatever the spelling. (name, dashboard, where, words the refusal names)
+PUMP = "switch.irrigation_pump"
+PROFILE: dict[str, Any] = {
+    "policy": {
+        "rules": [
+            {"entities": [PUMP], "requireApproval": True},
+            {"entities": ["switch.field_*_valve"], "maxCallsPerHour": 4},
+            {"entities": ["number.irrigation_duration"], "valueRange": [0, 120]},
+        ]
+    }
+}
+GUARDED_SHAPES: list[tuple[str, dict[str, Any], str, tuple[str, ...]]] = [
+    ("pump button", view({"type": "button", "name": "Weather", "tap_action": {"action": "perform-action", "perform_action": "switch.turn_on", "target": {"entity_id": PUMP}}}), "views[0].cards[0].tap_action.perform_action", (PUMP, "guard")),
+    ("legacy call-service hold", view({"type": "button", "hold_action": {"action": "call-service", "service": "switch.turn_on", "service_data": {"entity_id": PUMP}}}), "views[0].cards[0].hold_action.service", (PUMP,)),
+    ("nested range", view(_stack({"type": "button", "tap_action": {"action": "perform-action", "perform_action": "number.set_value", "data": {"entity_id": "number.irrigation_duration", "value": 230}}})), "views[0].cards[0].cards[1].cards[0].card.tap_action.perform_action", ("number.irrigation_duration",)),
+    ("case and blanks", view({"type": "button", "tap_action": {"action": "perform-action", "perform_action": "switch.turn_on", "target": {"entity_id": " Switch.Irrigation_Pump "}}}), "views[0].cards[0].tap_action.perform_action", (PUMP,)),
+    ("comma list", view({"type": "button", "tap_action": {"action": "perform-action", "perform_action": "switch.turn_on", "target": {"entity_id": "switch.barn_light, switch.field_2_valve"}}}), "views[0].cards[0].tap_action.perform_action", ("switch.field_2_valve",)),
+    ("by area", view({"type": "button", "tap_action": {"action": "perform-action", "perform_action": "switch.turn_on", "target": {"area_id": "field"}}}), "views[0].cards[0].tap_action.perform_action", ("area",)),
+    ("entities row button", view({"type": "entities", "entities": [{"type": "button", "name": "Go", "tap_action": {"action": "perform-action", "perform_action": "switch.toggle", "target": {"entity_id": [PUMP]}}}]}), "views[0].cards[0].entities[0].tap_action.perform_action", (PUMP,)),
 ]  # fmt: skip

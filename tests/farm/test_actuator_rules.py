@@ -154,6 +154,103 @@ def test_describe_ha_set_entity() -> None:
     assert gate.describe("ha_get_status", HaSetEntityParams.model_validate({"entityId": PUMP, "value": 1})) is None
 
 
+# the safe direction and the effect of a call (issue 32) ----------------------------------------------------
+
+GUARDS = parsed(
+    {"entities": [PUMP], "requireApproval": True},
+    {"entities": ["valve.field_*"], "maxCallsPerHour": 4},
+    {"entities": ["number.irrigation_duration"], "valueRange": [10, 120], "requireApproval": True},
+    {"entities": ["select.fertigation_program"], "requireApproval": True, "safeState": "none"},
+)
+
+
+def _described(action: str, params: dict[str, Any]) -> tuple[ControlCall, dict[str, Any]]:
+    model = HaCallServiceParams if action == "ha_call_service" else HaSetEntityParams
+    checked = model.model_validate(params)
+    call = gate.describe(action, checked)
+    assert call is not None
+    return call, checked.model_dump(mode="json", exclude_none=True)
+
+
+def _call(domain: str, service: str, **parts: Any) -> tuple[str, dict[str, Any]]:
+    return "ha_call_service", {"domain": domain, "service": service, **parts}
+
+
+SAFE = [
+    ("ha_set_entity", {"entityId": PUMP, "value": "off"}),
+    ("ha_set_entity", {"entityId": PUMP, "value": False}),
+    _call("switch", "turn_off", target={"entity_id": PUMP}),
+    _call("switch", "turn_off", data={"entity_id": [PUMP, "switch.barn"]}),  # every entity named goes off
+    _call("valve", "close_valve", target={"entity_id": "valve.field_1"}),
+    ("ha_set_entity", {"entityId": "number.irrigation_duration", "value": 10}),
+    ("ha_set_entity", {"entityId": "number.irrigation_duration", "value": "10.0"}),
+    _call("number", "set_value", target={"entity_id": "number.irrigation_duration"}, data={"value": 10}),
+    ("ha_set_entity", {"entityId": "select.fertigation_program", "value": "none"}),
+    _call("select", "select_option", target={"entity_id": "select.fertigation_program"}, data={"option": "none"}),
+]
+NOT_SAFE = [
+    ("ha_set_entity", {"entityId": PUMP, "value": "on"}),
+    _call("switch", "toggle", target={"entity_id": PUMP}),
+    _call("switch", "turn_off", target={"area_id": "field"}),  # what HA resolves cannot be stated
+    _call("switch", "turn_off", target={"entity_id": ["all"]}),
+    _call("switch", "turn_off", target={"entity_id": PUMP, "device_id": "d1"}),
+    _call("light", "turn_off", target={"entity_id": PUMP}),  # another domain's service
+    _call("valve", "open_valve", target={"entity_id": "valve.field_1"}),
+    _call("valve", "set_valve_position", target={"entity_id": "valve.field_1"}, data={"position": 0}),
+    ("ha_set_entity", {"entityId": "number.irrigation_duration", "value": 11}),
+    _call("number", "set_value", target={"entity_id": "number.irrigation_duration"}),
+    ("ha_set_entity", {"entityId": "select.fertigation_program", "value": "grow"}),
+    ("ha_set_entity", {"entityId": "select.other_program", "value": "none"}),  # no safeState: none known
+]
+
+
+@pytest.mark.parametrize(("action", "params"), SAFE)
+def test_a_call_to_the_safe_state_is_the_safe_direction(action: str, params: dict[str, Any]) -> None:
+    assert gate.only_safe(*_described(action, params), GUARDS)
+
+
+@pytest.mark.parametrize(("action", "params"), NOT_SAFE)
+def test_anything_else_is_not_the_safe_direction(action: str, params: dict[str, Any]) -> None:
+    assert not gate.only_safe(*_described(action, params), GUARDS)
+
+
+PUMP_ON = [
+    ("ha_set_entity", {"entityId": PUMP, "value": "on"}),
+    ("ha_set_entity", {"entityId": PUMP, "value": True}),
+    ("ha_set_entity", {"entityId": PUMP, "value": " YES "}),
+    _call("switch", "turn_on", target={"entity_id": PUMP}),
+    _call("switch", "turn_on", target={"entity_id": [PUMP, PUMP]}),
+    _call("switch", "turn_on", data={"entity_id": PUMP}),
+    _call("switch", "turn_on", data={"entity_id": PUMP, "note": 1}, target={"entity_id": PUMP}),
+    _call("switch", "turn_on", data={"note": 1, "entity_id": PUMP}),
+]
+
+
+def test_the_wordings_of_one_effect_share_its_identity_and_other_effects_do_not() -> None:
+    pump_on = {json.dumps(gate.effect_of(*_described(a, p)), sort_keys=True) for a, p in PUMP_ON}
+    assert len(pump_on) == 1
+    duration = [
+        ("ha_set_entity", {"entityId": "number.irrigation_duration", "value": 60}),
+        ("ha_set_entity", {"entityId": "number.irrigation_duration", "value": "60.0"}),
+        _call("number", "set_value", target={"entity_id": "number.irrigation_duration"}, data={"value": 6e1}),
+    ]
+    assert len({json.dumps(gate.effect_of(*_described(a, p)), sort_keys=True) for a, p in duration}) == 1
+    others = [
+        ("ha_set_entity", {"entityId": PUMP, "value": "off"}),
+        ("ha_set_entity", {"entityId": "switch.field_1_valve", "value": "on"}),
+        _call("switch", "turn_on", target={"entity_id": [PUMP, "switch.field_1_valve"]}),
+        _call("switch", "turn_on", target={"area_id": "field"}),
+        _call("switch", "turn_on", target={"area_id": "barn"}),
+        _call("switch", "toggle", target={"entity_id": PUMP}),
+        ("ha_set_entity", {"entityId": "number.irrigation_duration", "value": 61}),
+        _call("light", "turn_on", target={"entity_id": "light.barn"}, data={"brightness": 10}),
+        _call("climate", "set_temperature", target={"entity_id": "climate.barn"}, data={"temperature": 20}),
+        _call("climate", "set_temperature", target={"entity_id": "climate.barn"}, data={"temperature": 21}),
+    ]
+    identities = [json.dumps(gate.effect_of(*_described(a, p)), sort_keys=True) for a, p in others]
+    assert len(set(identities)) == len(others) and not pump_on & set(identities)
+
+
 # the approval buttons' data ----------------------------------------------------------------------------
 
 approval_ids = st.binary(min_size=6, max_size=6).map(lambda b: "a-" + b.hex())

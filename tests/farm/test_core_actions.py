@@ -86,7 +86,11 @@ async def test_call_service_returns_changed_states(host: FarmHost, ha: HaInstanc
         ({"domain": "shell_command", "service": "wipe"}, "not_allowed", ("shell_command", "never allowed")),
         ({"domain": "homeassistant", "service": "turn_off"}, "not_allowed", ("homeassistant",)),
         ({"domain": "recorder", "service": "purge"}, "not_allowed", ("recorder",)),
-        ({"domain": "switch", "service": "no_such_service"}, "not_found", ("switch.no_such_service",)),
+        (
+            {"domain": "switch", "service": "no_such_service"},
+            "not_allowed",
+            ("switch.no_such_service", "allowServices"),
+        ),
         (
             {
                 "domain": "input_number",
@@ -97,7 +101,16 @@ async def test_call_service_returns_changed_states(host: FarmHost, ha: HaInstanc
             "invalid_request",
             ("range 0.0 - 100.0",),
         ),
-        ({"domain": "switch", "service": "turn_on", "data": {"bogus": 1}}, "invalid_request", ("bogus",)),
+        (
+            {
+                "domain": "input_number",
+                "service": "set_value",
+                "data": {"value": 1, "bogus": 1},
+                "target": {"entity_id": "input_number.field_1_soil_moisture_raw"},
+            },
+            "invalid_request",
+            ("bogus",),
+        ),
         ({"domain": "../switch", "service": "turn_on"}, "invalid_request", ("domain",)),
         ({"domain": "switch", "service": "turn_on/../../x"}, "invalid_request", ("service",)),
         ({"domain": "switch", "service": "turn_on", "target": {"entity_id": "../x"}}, "invalid_request", ("target",)),

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from dashboard_attacks import SHAPES
+from dashboard_attacks import GUARDED_SHAPES, PROFILE, SHAPES
 from farmhost_testing import Daemon, clean_env, drop, ok, refused, wait_result
 from ha_core_support import FarmHost, farm_host, make_data_dir
 from ha_fixture import HaInstance
@@ -82,6 +82,30 @@ async def test_every_hostile_shape_is_refused_by_validate_patch_and_apply(host: 
         assert marker not in stored_in_ha(ha).lower()
     audit = [line for line in host.audit() if line["action"] == "ha_apply_dashboard"]
     assert sum(line["errorCode"] == "not_allowed" for line in audit) == len(SHAPES)
+
+
+@pytest.mark.parametrize("folder", ["main", "field"])
+async def test_a_button_on_a_guarded_entity_is_refused_by_validate_patch_and_apply(
+    folder: str, host: FarmHost, ha: HaInstance
+) -> None:
+    both = ["main", "field"]
+    actions = ("ha_dashboard_validate", "ha_dashboard_patch", "ha_apply_dashboard")
+    host.profile({"policy": {**PROFILE["policy"], "actionGroups": dict.fromkeys(actions, both)}})
+    name, path = stage(host, BASE)
+    ok(await host.ask(folder, "ha_apply_dashboard", {"dashboard": name}))
+    before_file, before_ha = digest(path), stored_in_ha(ha)
+    for label, config, where, words in GUARDED_SHAPES:
+        content = dash.dump(dash.to_yaml_node(config))
+        refused(await host.ask(folder, "ha_dashboard_validate", {"content": content}), "not_allowed", where, *words)
+        operations = [{"op": "add_view", "view": config["views"][0]}]
+        answer = await host.ask(folder, "ha_dashboard_patch", {"dashboard": name, "operations": operations})
+        refused(answer, "not_allowed", where.replace("views[0]", "views[1]", 1), "nothing was changed")
+        hostile, hostile_path = stage(host, content)
+        refused(await host.ask(folder, "ha_apply_dashboard", {"dashboard": hostile}), "not_allowed", where)
+        hostile_path.unlink()
+        assert digest(path) == before_file, f"{label}: the staged copy changed"
+    assert stored_in_ha(ha) == before_ha
+    assert "perform-action" not in before_ha and "call-service" not in before_ha
 
 
 async def test_a_hostile_update_of_an_existing_card_is_refused_and_get_names_a_bad_copy(host: FarmHost) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dashboard_attacks import SCRIPT_URLS, SHAPES, view
+from dashboard_attacks import GUARDED_SHAPES, PROFILE, SCRIPT_URLS, SHAPES, view
 
 from farmhost.errors import NotAllowed
 from farmhost.farm import dashboards as dash
@@ -52,6 +52,25 @@ def test_every_spelling_of_a_script_url_is_refused_in_every_url_key(url: str, ke
 def test_every_spelling_is_refused_in_an_iframe_even_on_a_listed_origin(url: str) -> None:
     listed = rules({"policy": {"dashboards": {"iframeOrigins": ["http://127.0.0.1:8123"]}}})
     assert violations(view({"type": "iframe", "url": url}), listed)
+
+
+@pytest.mark.parametrize(("name", "config", "where", "words"), GUARDED_SHAPES, ids=[s[0] for s in GUARDED_SHAPES])
+def test_a_button_acting_on_a_guarded_entity_is_refused_at_its_place(
+    name: str, config: dict[str, Any], where: str, words: tuple[str, ...]
+) -> None:
+    assert violations(config, rules()) == []  # without the profile's rules nothing guards these entities
+    found = violations(config, rules(PROFILE))
+    assert [v.where for v in found] == [where], found
+    for word in words:
+        assert word in found[0].rule, found[0].rule
+
+
+def test_a_button_on_an_entity_no_rule_names_is_allowed_under_the_rules() -> None:
+    lamp = {"action": "perform-action", "perform_action": "light.turn_on", "target": {"entity_id": "light.barn_light"}}
+    assert violations(view({"type": "button", "tap_action": lamp}), rules(PROFILE)) == []
+    opened = {"policy": {**PROFILE["policy"], "allowServices": ["scene.turn_on"]}}
+    scene = {"action": "perform-action", "perform_action": "scene.turn_on", "target": {"entity_id": "scene.evening"}}
+    assert violations(view({"type": "button", "tap_action": scene}), rules(opened)) == []
 
 
 def test_what_a_farm_dashboard_uses_is_allowed() -> None:

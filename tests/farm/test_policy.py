@@ -47,6 +47,7 @@ def test_full_profile_parses() -> None:
                 "allowedDomains": ["switch", "input_*"],
                 "allowedServices": ["switch.turn_on"],
                 "allowedEntities": ["switch.field_*"],
+                "allowServices": ["scene.apply", "template.*"],
                 "actionGroups": {"ha_get_status": ["*"], "ha_restart": []},
             },
             "validation": {"status": "pass", "validatedAt": "2026-05-17T10:00:00+02:00", "by": "operator"},
@@ -56,6 +57,7 @@ def test_full_profile_parses() -> None:
         allowed_domains=frozenset({"switch", "input_*"}),
         allowed_services=frozenset({"switch.turn_on"}),
         allowed_entities=frozenset({"switch.field_*"}),
+        allow_services=frozenset({"scene.apply", "template.*"}),
         action_groups={"ha_get_status": frozenset({"*"}), "ha_restart": frozenset()},
         validation_status="pass",
     )
@@ -72,6 +74,9 @@ def test_full_profile_parses() -> None:
         ('{"policy": {"allowedDomains": ["../etc"]}}', "policy.allowedDomains.0"),
         ('{"policy": {"allowedServices": ["turn_on"]}}', "policy.allowedServices.0"),
         ('{"policy": {"allowedEntities": ["Switch.Pump"]}}', "policy.allowedEntities.0"),
+        ('{"policy": {"allowServices": ["scene"]}}', "policy.allowServices.0"),
+        ('{"policy": {"allowServices": "scene.apply"}}', "policy.allowServices"),
+        ('{"policy": {"allowService": ["scene.apply"]}}', "policy.allowService: unknown key"),
         ('{"policy": {"actionGroups": {"ha_reboot": ["main"]}}}', "policy.actionGroups.ha_reboot"),
         ('{"policy": {"actionGroups": {"ha_get_status": ["../main"]}}}', "policy.actionGroups.ha_get_status.0"),
         ('{"policy": {"actionGroups": {"ha_get_status": "main"}}}', "policy.actionGroups.ha_get_status"),
@@ -162,8 +167,11 @@ NARROW = loaded(
     allowedServices=["switch.turn_*", "input_number.set_value"],
     allowedEntities=["switch.field_*", "input_number.irrigation_duration_raw"],
 )
+OPENED = loaded(allowServices=["scene.apply", "template.*", "homeassistant.*", "conversation.process"])
 SERVICES: list[tuple[str, str, list[str], bool, LoadedProfile, str | None]] = [
-    ("switch", "turn_on", [], False, NONE, None),
+    ("switch", "turn_on", ["switch.pump"], False, NONE, None),
+    ("switch", "turn_on", [], False, NONE, "must be addressed to entities"),
+    ("valve", "close_valve", [], True, NONE, None),  # an area target is a target (the rules look further)
     ("switch", "toggle", ["switch.pump"], True, BROKEN, None),  # a broken profile is refused by the gate
     *[(domain, "anything", [], False, NONE, "never allowed") for domain in sorted(DEFAULT_DENIED_DOMAINS)],
     ("homeassistant", "restart", [], False, loaded(allowedDomains=["homeassistant"]), "never allowed"),
@@ -179,6 +187,48 @@ SERVICES: list[tuple[str, str, list[str], bool, LoadedProfile, str | None]] = [
     ("switch", "turn_on", ["switch.field_1_valve"], True, NARROW, "not by device, area"),
     ("switch", "turn_on", ["switch.a"], False, loaded(allowedEntities=[]), "control of switch.a"),
     ("switch", "turn_on", [], False, loaded(allowedDomains=[]), "allowed: nothing"),
+    # the closed surface (issue 32, findings 1, 2 and 9): open only what the profile's allowServices lists
+    *[
+        (domain, service, targets, False, NONE, "policy.allowServices")
+        for domain, service, targets in (
+            ("scene", "apply", []),
+            ("scene", "create", []),
+            ("scene", "turn_on", ["scene.watering"]),
+            ("script", "turn_on", ["script.water"]),
+            ("automation", "turn_off", ["automation.pump_interlock"]),
+            ("template", "reload", []),
+            ("input_boolean", "reload", []),
+            ("logger", "set_default_level", []),
+            ("persistent_notification", "create", []),
+            ("notify", "notify", []),
+            ("input_select", "set_options", ["input_select.irrigation_mode"]),
+            ("remote", "send_command", ["remote.barn"]),
+            ("switch", "no_such_service", ["switch.pump"]),
+        )
+    ],
+    ("conversation", "process", [], False, NONE, "ha_assist"),
+    ("conversation", "process", [], False, OPENED, "ha_assist"),  # never opened: Assist goes through ha_assist
+    ("scene", "apply", [], False, OPENED, None),
+    ("template", "reload", [], False, OPENED, None),
+    ("homeassistant", "turn_on", ["switch.pump"], False, OPENED, "never allowed"),  # denied whatever it lists
+    ("scene", "apply", [], False, loaded(allowServices=["scene.apply"], allowedDomains=["switch"]), "'scene'"),
+    *[
+        (domain, service, [f"{domain}.x"], False, NONE, None)
+        for domain, service in (
+            ("valve", "open_valve"),
+            ("cover", "close_cover"),
+            ("climate", "set_temperature"),
+            ("lock", "lock"),
+            ("number", "set_value"),
+            ("select", "select_option"),
+            ("button", "press"),
+            ("fan", "set_percentage"),
+            ("input_button", "press"),
+            ("humidifier", "set_humidity"),
+            ("lawn_mower", "dock"),
+            ("siren", "turn_off"),
+        )
+    ],
 ]
 
 
@@ -201,6 +251,12 @@ REPORTS: list[tuple[LoadedProfile, str, str, str]] = [
     (loaded(validation="pending"), "demo", "ok", "'pending'"),
     (loaded(validation="pending"), "production", "broken", "validation.status is 'pending'"),
     (loaded(validation="pass"), "production", "ok", "FARM_MODE=production"),
+    (
+        OPENED,
+        "demo",
+        "ok",
+        "opened beyond the closed service surface: conversation.process, homeassistant.*, scene.apply",
+    ),
 ]
 
 

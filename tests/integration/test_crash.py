@@ -241,7 +241,8 @@ def _ledger_row(data_dir: Path, folder: str, rid: str, queue: str, kind: str, ac
 
 
 def test_restart_answers_what_the_dead_host_left_in_its_spool(data_dir: Path) -> None:
-    control = {"type": "farm_action", "action": "ha_call_service", "params": {"domain": "switch", "service": "turn_on"}}
+    turn_on = {"domain": "switch", "service": "turn_on", "target": {"entity_id": "switch.irrigation_pump"}}
+    control = {"type": "farm_action", "action": "ha_call_service", "params": turn_on}
     # Died mid-EXTERNAL: claimed, marked started, never finished.
     _spool(data_dir, "main", "actions", "ctl-died.json", {**control, "requestId": "ctl-died"})
     _ledger_row(data_dir, "main", "ctl-died", "actions", "farm_action", "ha_call_service")

@@ -388,13 +388,13 @@ def test_a_second_press_or_a_replayed_button_after_approval_runs_nothing_again(
 def test_the_same_call_while_pending_gets_the_same_approval_and_one_message(
     data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str]
 ) -> None:
-    _profile(data_dir, [{"entities": [PUMP], "requireApproval": True}])
+    _profile(data_dir, [{"entities": [PUMP, VALVE_1], "requireApproval": True}])
     with farm_daemon(data_dir, ha_env, fake_telegram):
         first = _act(data_dir, "r-same-1", {"entityId": PUMP, "value": "on"})
         approval_id = _pending(first)
         _asked(fake_telegram, approval_id)
         again = _act(data_dir, "r-same-2", {"entityId": PUMP, "value": "on"})
-        other = _act(data_dir, "r-other", {"entityId": PUMP, "value": "off"})
+        other = _act(data_dir, "r-other", {"entityId": VALVE_1, "value": "on"})
         other_id = _pending(other)
         _asked(fake_telegram, other_id)
         notices = _approval_notices(data_dir)
@@ -403,7 +403,7 @@ def test_the_same_call_while_pending_gets_the_same_approval_and_one_message(
     assert _pending(again) == approval_id
     assert again["result"]["alreadyPending"] is True and first["result"]["alreadyPending"] is False
     assert "still waiting" in again["error"]
-    assert other_id != approval_id  # other params: another approval
+    assert other_id != approval_id  # another entity: another approval
     assert sorted(notices) == sorted([f"approval:{approval_id}", f"approval:{other_id}"])
     assert len([t for t in fake_telegram.sent_texts(MAIN_CHAT) if approval_id in t]) == 1
     assert [r["id"] for r in rows] == [approval_id, other_id]
@@ -439,7 +439,8 @@ def test_max_calls_per_hour_refuses_with_rate_limited_and_a_sentence(
     _profile(data_dir, [{"entities": [PUMP], "maxCallsPerHour": 2}])
     with farm_daemon(data_dir, ha_env, fake_telegram) as daemon:
         assert _act(data_dir, "r-rate-1", {"entityId": PUMP, "value": "on"})["status"] == "success"
-        assert _act(data_dir, "r-rate-2", {"entityId": PUMP, "value": "off"})["status"] == "success"
+        assert _act(data_dir, "r-rate-2", {"entityId": PUMP, "value": "on"})["status"] == "success"
+        assert _act(data_dir, "r-rate-off", {"entityId": PUMP, "value": "off"})["status"] == "success"  # safe: free
         third = _act(data_dir, "r-rate-3", {"entityId": PUMP, "value": "on"})
         assert _state(ha_reset, PUMP) == "off"
         daemon.stop()
@@ -454,7 +455,7 @@ def test_max_calls_per_hour_refuses_with_rate_limited_and_a_sentence(
     assert _state(ha_reset, PUMP) == "off"
     assert len(db_rows(data_dir, "SELECT * FROM actuator_calls WHERE entity_id = ?", PUMP)) == 2  # refusals not counted
     assert [line["errorCode"] for line in audit(data_dir) if line["action"] == "ha_set_entity"] == [
-        None, None, "rate_limited", "rate_limited"
+        None, None, None, "rate_limited", "rate_limited"
     ]  # fmt: skip
 
 
@@ -464,7 +465,12 @@ def test_min_seconds_between_refuses_a_second_change_too_soon(
     _profile(data_dir, [{"entities": ["switch.field_*_valve"], "minSecondsBetween": 600}])
     with farm_daemon(data_dir, ha_env, fake_telegram):
         assert _act(data_dir, "r-valve-1", {"entityId": VALVE_1, "value": "on"})["status"] == "success"
-        again = _act(data_dir, "r-valve-2", {"entityId": VALVE_1, "value": "off"})
+        again = _act(
+            data_dir,
+            "r-valve-2",
+            {"domain": "switch", "service": "toggle", "target": {"entity_id": VALVE_1}},
+            action="ha_call_service",
+        )
         other = _act(data_dir, "r-valve-3", {"entityId": VALVE_2, "value": "on"})  # counted per entity
 
     message = refused(again, "rate_limited", "the farm profile allows one change every 600 s")

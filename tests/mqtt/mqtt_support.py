@@ -35,11 +35,15 @@ class Watcher:
         user: str | None = None,
         password: str | None = None,
         tls: tuple[Path, Path, Path] | None = None,
+        client_id: str = "",
     ) -> None:
-        """Connect to 127.0.0.1:`port` (with `tls` = (CA, client certificate, key): over TLS, logged in by it)."""
+        """Connect to 127.0.0.1:`port` (with `tls` = (CA, client certificate, key): over TLS, logged in by it).
+
+        `client_id` names the client in the broker's log (`Denied PUBLISH from <client id>`); a random one if empty.
+        """
         self._lock = threading.Lock()
         self.seen: list[Seen] = []
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="", clean_session=True)
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=True)
         if user:
             self.client.username_pw_set(user, password)
         if tls is not None:

@@ -14,6 +14,7 @@ import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,8 @@ class Sites:
 
 
 def _daemon(data_dir: Path, ha_env: dict[str, str], broker: Mosquitto, site: str) -> Daemon:
-    env = clean_env(**ha_env, FARMHOST_MQTT_URL=broker.url(), FARMHOST_SITE=site)
+    other = B if site == A else A  # each site serves the other's calls
+    env = clean_env(**ha_env, FARMHOST_MQTT_URL=broker.url(), FARMHOST_SITE=site, FARMHOST_SITES_TRUSTED=other)
     return Daemon(data_dir, env=env)
 
 
@@ -98,6 +100,11 @@ def _ask(data_dir: Path, rid: str, *, site: str | None = B, folder: str = "main"
     if site is not None:
         request["site"] = site
     drop(data_dir, folder, "actions", request)
+
+
+def _soon() -> str:
+    """A deadline as a site gives one: minutes away (a target refuses one further than 600 s)."""
+    return (datetime.now(UTC) + timedelta(seconds=300)).isoformat()
 
 
 def _calls_run_at(data_dir: Path, origin: str = A) -> list[str]:
@@ -178,7 +185,7 @@ def test_a_request_no_site_can_run_gets_a_definite_answer_and_changes_nothing(si
 
 def test_hostile_messages_on_the_call_topics_are_answered_or_dropped_and_change_nothing(sites: Sites) -> None:
     topic = f"farmhost/{B}/rpc/{A}/request"
-    deadline = "2099-01-01T00:00:00Z"
+    deadline = _soon()
     with watching(sites.broker.port, f"farmhost/{A}/rpc/+/answer", f"farmhost/{B}/rpc/+/answer") as wire:
         wire.publish(topic, "not json {")
         wire.publish(topic, json.dumps([1, 2]))
@@ -282,9 +289,10 @@ def test_a_call_past_its_deadline_is_answered_and_never_runs_later(sites: Sites)
 def test_a_flood_of_calls_keeps_the_target_answering_and_its_memory_bounded(sites: Sites) -> None:
     topic = f"farmhost/{B}/rpc/{A}/request"
     status = {"type": "farm_action", "action": "ha_get_status", "params": {"entityIds": [COUNTER]}}
+    deadline = _soon()
     with watching(sites.broker.port, f"farmhost/{A}/rpc/+/answer") as wire:
         for n in range(400):
-            call = {"v": 1, "id": f"{n:032x}", "deadline": "2099-01-01T00:00:00Z", "request": status}
+            call = {"v": 1, "id": f"{n:032x}", "deadline": deadline, "request": status}
             wire.client.publish(topic, json.dumps(call), qos=1)
         # meanwhile the greenhouse's own groups are answered
         drop(sites.b_dir, "main", "actions", {"type": "ping", "requestId": "during-flood"})

@@ -1,17 +1,21 @@
-"""Sites that log in by TLS client certificate, under the per-site ACL of docs/mqtt.md, on a real Mosquitto.
+"""Sites that log in by TLS client certificate, under the ACL file of docs/mqtt.md, on a real Mosquitto.
 
-The broker takes each client's certificate common name as its user and applies `SITE_ACL` (the rules the docs
-give, word for word). A third site with a valid certificate may call the greenhouse in its own name, but not in
-the pump house's (the broker drops the publish), and cannot read the answers meant for the pump house. Neither
-daemon has Home Assistant: the greenhouse answers `upstream_unavailable`, which proves the call ran there.
+The broker takes each client's certificate common name as its user and applies `SITE_ACL` (the docs' file, word
+for word). The CA signs more than the sites: a third host (`barn`, no block in the ACL), a device and Home
+Assistant log in with valid certificates, yet none of them can publish a call, in its own name or the pump
+house's (the broker drops it), and the barn cannot read the answers meant for the pump house: a signature says
+"may log in", not "may run farm actions" (why FARMHOST_SITES_TRUSTED is an explicit list). Neither daemon has
+Home Assistant: the greenhouse answers `upstream_unavailable`, which proves the call ran there.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -23,6 +27,7 @@ from mqtt_support import Watcher
 pytestmark = pytest.mark.slow
 
 A, B, ROGUE = "pumphouse", "greenhouse", "barn"
+OTHERS = (ROGUE, "tasmota1", "homeassistant")  # certificates the CA signed for a host, a device and HA
 
 
 @dataclass
@@ -37,6 +42,7 @@ class Tls:
         settings = {
             "FARMHOST_MQTT_URL": self.broker.url(),
             "FARMHOST_SITE": site,
+            "FARMHOST_SITES_TRUSTED": A if site == B else B,
             "FARMHOST_MQTT_CA_FILE": str(self.certs.ca),
             "FARMHOST_MQTT_CERT_FILE": str(cert),
             "FARMHOST_MQTT_KEY_FILE": str(key),
@@ -45,15 +51,15 @@ class Tls:
 
     def watcher(self, site: str, *topics: str) -> Watcher:
         cert, key = self.certs.clients[site]
-        return Watcher(self.broker.port, *topics, tls=(self.certs.ca, cert, key))
+        return Watcher(self.broker.port, *topics, tls=(self.certs.ca, cert, key), client_id=site)
 
 
 @pytest.fixture
 def tls(tmp_path: Path, data_dir_template: Path) -> Iterator[Tls]:
-    certs = Certificates(tmp_path / "certs", (A, B, ROGUE))
+    certs = Certificates(tmp_path / "certs", (A, B, *OTHERS))
     root = tmp_path / "mosquitto"
     root.mkdir()
-    broker = Mosquitto(root, tls=certs, acl=SITE_ACL).start()
+    broker = Mosquitto(root, tls=certs, acl=SITE_ACL, log_denied=True).start()
     dirs = []
     for site in (A, B):
         target = tmp_path / site / "data"
@@ -73,10 +79,11 @@ def _ledger_ids(data_dir: Path) -> list[str]:
 def test_sites_log_in_by_certificate_and_the_acl_keeps_each_to_its_own_name(tls: Tls) -> None:
     a = Daemon(tls.a_dir, env=tls.env(A)).start(timeout=30)
     b = Daemon(tls.b_dir, env=tls.env(B)).start(timeout=30)
-    rogue = tls.watcher(ROGUE, "farmhost/+/availability", f"farmhost/{A}/rpc/+/answer")
+    rogue = tls.watcher(ROGUE, f"farmhost/{A}/rpc/+/answer")
+    sites = tls.watcher(A, "farmhost/+/availability")
     try:
         for site in (A, B):
-            rogue.wait(f"farmhost/{site}/availability", where=lambda m: m.payload == "online", timeout=30)
+            sites.wait(f"farmhost/{site}/availability", where=lambda m: m.payload == "online", timeout=30)
 
         drop(tls.a_dir, "main", "actions", {"type": "farm_action", "requestId": "tls-1", "action": "ha_get_status",
                                             "site": B})  # fmt: skip
@@ -84,14 +91,26 @@ def test_sites_log_in_by_certificate_and_the_acl_keeps_each_to_its_own_name(tls:
         (ran,) = _ledger_ids(tls.b_dir)
         assert ran.startswith(f"{A}.")
 
-        # the barn calls in the pump house's name (dropped by the broker), then in its own (allowed)
+        # the barn, the device and Home Assistant call in their own names and in the pump house's: all dropped
         forged = {"type": "farm_action", "action": "ha_get_status", "requestId": "x"}
-        deadline = "2099-01-01T00:00:00Z"
-        for origin, call_id in ((A, "e" * 32), (ROGUE, "f" * 32)):
-            call = {"v": 1, "id": call_id, "deadline": deadline, "request": forged}
-            rogue.publish(f"farmhost/{B}/rpc/{origin}/request", json.dumps(call))
-        wait_for(lambda: f"{ROGUE}.{'f' * 32}" in _ledger_ids(tls.b_dir), timeout=30, what="the barn's own call")
-        assert f"{A}.{'e' * 32}" not in _ledger_ids(tls.b_dir)
+        deadline = (datetime.now(UTC) + timedelta(seconds=60)).isoformat()
+        others = [rogue] + [tls.watcher(name) for name in OTHERS[1:]]
+        try:
+            for name, login in zip(OTHERS, others, strict=True):
+                for origin in (name, A):
+                    call = {"v": 1, "id": uuid.uuid4().hex, "deadline": deadline, "request": forged}
+                    login.publish(f"farmhost/{B}/rpc/{origin}/request", json.dumps(call))
+            for name in OTHERS:
+                wait_for(
+                    lambda name=name: tls.broker.log().count(f"Denied PUBLISH from {name} ") == 2,  # type: ignore[misc]
+                    timeout=10,
+                    what=f"the broker to deny both calls of {name}",
+                    seen=lambda: tls.broker.log()[-2000:],
+                )
+        finally:
+            for login in others[1:]:
+                login.close()
+        assert _ledger_ids(tls.b_dir) == [ran] and "not served" not in b.log()
         assert rogue.on(f"farmhost/{A}/rpc/{B}/answer") == []  # the pump house's answers are not the barn's to read
 
         doctor = farmhost("doctor", data_dir=tls.a_dir, env=tls.env(A))
@@ -100,6 +119,7 @@ def test_sites_log_in_by_certificate_and_the_acl_keeps_each_to_its_own_name(tls:
             assert "Traceback" not in daemon.log()
     finally:
         rogue.close()
+        sites.close()
         for daemon in (a, b):
             if daemon.proc is not None:
                 daemon.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import shutil
@@ -11,6 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from farmhost.agents.backends.base import (
+    SOCKET_FAMILY_SETS,
+    UNIX_ONLY,
     LaunchPlan,
     Mount,
     RunLimits,
@@ -27,8 +30,9 @@ from farmhost.agents.backends.podman import PodmanBackend
 from farmhost.agents.backends.process import ProcessBackend
 from farmhost.agents.backends.share import inotify_share
 from farmhost.agents.identity import AgentIdentity, GroupIds, IdRange, daemon_identity
-from farmhost.agents.seccomp import SeccompUnavailable, filter_for
+from farmhost.agents.seccomp import SeccompUnavailable, engine_profile, filter_for
 from farmhost.config import Settings
+from farmhost.layout import DataLayout
 
 __all__ = [
     "BwrapBackend",
@@ -109,12 +113,12 @@ async def create_backend(settings: Settings) -> SandboxBackend:
                 "agent runs drop to their group's own uid, from %d..%d (the daemon is root)", ids.base, ids.last
             )
         try:
-            seccomp = await asyncio.to_thread(filter_for, settings.sandbox_seccomp)
+            filters = await asyncio.to_thread(filter_for, settings.sandbox_seccomp)
         except SeccompUnavailable as err:
             raise SandboxError(err.message) from err
-        if seccomp is not None:
-            logger.info("bwrap runs get a seccomp filter: %s", seccomp.describe())
-        bpf = seccomp.bpf if seccomp is not None else None
+        if filters is not None:
+            logger.info("bwrap runs get a seccomp filter: %s", filters[UNIX_ONLY].describe())
+        bpf = {families: built.bpf for families, built in filters.items()} if filters is not None else None
         return BwrapBackend(
             bwrap=binary,
             python=python,
@@ -126,9 +130,35 @@ async def create_backend(settings: Settings) -> SandboxBackend:
         )
     user = None if os.geteuid() == 0 else container_user(settings)  # root: each group's own (for_identity)
     image, root, environ = settings.agent_image, str(settings.data_dir), cli_env(os.environ)
+    profiles = None
+    if settings.sandbox_seccomp == "required":
+        try:
+            profiles = await asyncio.to_thread(write_engine_profiles_sync, DataLayout(settings.data_dir))
+        except SeccompUnavailable as err:
+            raise SandboxError(err.message) from err
+        logger.info("%s runs get farmhost's seccomp profile instead of the engine's default", runtime)
+    else:
+        logger.warning("FARMHOST_SANDBOX_SECCOMP=off: %s runs get the engine's default seccomp profile", runtime)
     if runtime == "podman":
-        return PodmanBackend(image=image, user=user, data_root=root, environ=environ, rootless=os.geteuid() != 0)
-    return DockerBackend(image=image, user=user, data_root=root, environ=environ)
+        return PodmanBackend(image=image, user=user, data_root=root, environ=environ, seccomp_profiles=profiles,
+                             rootless=os.geteuid() != 0)  # fmt: skip
+    return DockerBackend(image=image, user=user, data_root=root, environ=environ, seccomp_profiles=profiles)
+
+
+def write_engine_profiles_sync(layout: DataLayout) -> dict[tuple[int, ...], str]:
+    """Write the seccomp profile of each socket family set into the host-private `run/`; returns their paths.
+
+    The engine's CLI reads the file and hands its text to the engine, so it must be a file the daemon can read.
+    """
+    layout.run.mkdir(mode=0o700, exist_ok=True)
+    paths: dict[tuple[int, ...], str] = {}
+    for families in SOCKET_FAMILY_SETS:
+        path = layout.run / f"seccomp-{'-'.join(str(family) for family in families)}.json"
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(engine_profile(families), indent=1))
+        os.replace(temporary, path)
+        paths[families] = str(path)
+    return paths
 
 
 async def cleanup_orphans(backend: SandboxBackend) -> int:

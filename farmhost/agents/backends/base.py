@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import resource
+import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Protocol
 
 from farmhost.errors import FarmhostError
+
+# The socket families a run may create (socket(), socketpair()); the seccomp filter refuses every other one with
+# EAFNOSUPPORT. Unix sockets reach the LLM proxy; nothing else is needed, and a family the network namespace does not
+# cover (AF_VSOCK reaches the hypervisor) would be a way out.
+UNIX_ONLY: Final[tuple[int, ...]] = (int(socket.AF_UNIX),)
+# OpenCode reaches its model through an http:// URL: farmagent.opencode_run bridges 127.0.0.1 of the run's own
+# network namespace (nothing but loopback) to the proxy's Unix socket.
+UNIX_AND_LOOPBACK_INET: Final[tuple[int, ...]] = (int(socket.AF_UNIX), int(socket.AF_INET))
+SOCKET_FAMILY_SETS: Final = (UNIX_ONLY, UNIX_AND_LOOPBACK_INET)
 
 
 class SandboxError(FarmhostError):
@@ -50,7 +60,8 @@ class SandboxSpec:
     limits: RunLimits
     labels: Mapping[str, str] = field(default_factory=dict)
     module: str = "farmagent.run"  # what `python -m` runs when argv is None: the agent kind's entry point
-    address_limit: bool = True  # RLIMIT_AS per process (off for OpenCode, see rlimits_for)
+    address_limit: bool = True  # RLIMIT_AS per process (off under a memory cgroup and for OpenCode: rlimits_for)
+    socket_families: tuple[int, ...] = UNIX_ONLY  # one of SOCKET_FAMILY_SETS
 
     def host_path(self, sandbox_path: str) -> str | None:
         """The host path behind a sandbox path, through the most specific mount (None when unmounted)."""
@@ -117,12 +128,14 @@ AGENT_NOFILE = 1024
 def rlimits_for(spec: SandboxSpec) -> tuple[tuple[int, int], ...]:
     """The rlimits of a run started directly on the host (bwrap, process).
 
-    RLIMIT_AS caps the address space of each process, a close stand-in for memory. RLIMIT_NPROC counts every
-    process of the *real uid* (never uid 0 now: a root daemon's runs drop to an unprivileged one). The exact
-    per-run limits come from the run's cgroup (farmhost/agents/cgroups.py; docker/podman: the engine's).
-    RLIMIT_NOFILE goes back to the usual 1024: the daemon raised its own for the LLM proxy's connections.
-    A kind whose runtime reserves address space far beyond what it uses (OpenCode's JavaScriptCore) gets no
-    RLIMIT_AS; its memory is its cgroup's.
+    The memory limit is the run's cgroup's (farmhost/agents/cgroups.py; docker/podman: the engine's), which counts
+    what the run's processes really use. RLIMIT_AS, which caps each process's address space, is only the fallback
+    where no cgroup holds (FARMHOST_AGENT_UNENFORCED_LIMITS=allow, the `process` runtime): address space is not
+    memory, and each thread reserves an 8 MiB stack and a 64 MiB malloc arena, so at 256 MB a Python agent starts
+    about 6 threads under it (docs/security.md). A kind whose runtime reserves address space far beyond what it
+    uses (OpenCode's JavaScriptCore) never gets it. RLIMIT_NPROC counts every process of the *real uid* (never
+    uid 0: a root daemon's runs drop to an unprivileged one). RLIMIT_NOFILE goes back to the usual 1024: the
+    daemon raised its own for the LLM proxy's connections.
     """
     limits = spec.limits
     address = ((resource.RLIMIT_AS, limits.memory_mb * 1024 * 1024),) if spec.address_limit else ()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import resource
+import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Final
@@ -25,7 +27,9 @@ class BwrapBackend:
     system: tuple[SystemEntry, ...]
     identity: AgentIdentity | None  # who the agent is; None under a root daemon until its group's is given
     setpriv: str | None  # util-linux's setpriv, inside the sandbox at the same path (under /usr)
-    seccomp: bytes | None  # the BPF program loaded before the agent starts (None: FARMHOST_SANDBOX_SECCOMP=off)
+    # The BPF programs loaded before the agent starts, by the socket families they allow (the spec's picks one);
+    # None: FARMHOST_SANDBOX_SECCOMP=off.
+    seccomp: Mapping[tuple[int, ...], bytes] | None
     inotify_share: int = 0  # a daemon that is not root: the inotify instances each run may hold (share.py)
     name: str = "bwrap"
     isolated: bool = True
@@ -44,8 +48,12 @@ class BwrapBackend:
         argv += ["--hostname", HOSTNAME]
         fd_args: tuple[FdArg, ...] = ()
         if self.seccomp is not None:
+            bpf = self.seccomp.get(spec.socket_families)
+            if bpf is None:
+                families = ", ".join(socket.AddressFamily(family).name for family in spec.socket_families)
+                raise SandboxError(f"no seccomp filter was built for runs with the socket families {families}")
             argv += ["--seccomp", FD_PLACEHOLDER]
-            fd_args = (FdArg(index=len(argv) - 1, data=self.seccomp),)
+            fd_args = (FdArg(index=len(argv) - 1, data=bpf),)
         for key, value in sorted(spec.env.items()):
             argv += ["--setenv", key, value]
         for entry in self.system:

@@ -8,6 +8,7 @@ the container. A container left by a daemon that died in between is removed at t
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
@@ -38,6 +39,9 @@ class DockerBackend:
     user: tuple[int, int] | None
     data_root: str  # labels the containers of this data directory, so clean-up never touches another's
     environ: Mapping[str, str] = field(default_factory=dict)  # the daemon's environment, filtered by cli_env
+    # farmhost's seccomp profile files by the socket families they allow (the spec's picks one); None: the
+    # engine's default profile (FARMHOST_SANDBOX_SECCOMP=off).
+    seccomp_profiles: Mapping[tuple[int, ...], str] | None = None
     engine: str = "docker"
     name: str = "docker"
     isolated: bool = True
@@ -85,6 +89,12 @@ class DockerBackend:
             "--label", f"{RUN_LABEL}={spec.run_id}",
             "--label", f"{DATA_LABEL}={self.data_root}",
         ]  # fmt: skip
+        if self.seccomp_profiles is not None:
+            profile = self.seccomp_profiles.get(spec.socket_families)
+            if profile is None:
+                families = ", ".join(socket.AddressFamily(family).name for family in spec.socket_families)
+                raise SandboxError(f"no seccomp profile was written for runs with the socket families {families}")
+            args += ["--security-opt", f"seccomp={profile}"]
         args += self._engine_args()
         for key, value in sorted(spec.labels.items()):
             args += ["--label", f"{key}={value}"]
@@ -92,12 +102,19 @@ class DockerBackend:
             source = str(mount.source)
             if ":" in source or "," in source:
                 raise SandboxError(f"{source} cannot be mounted by {self.engine}: its path contains ':' or ','")
-            args += ["-v", f"{source}:{mount.target}" + (":ro" if mount.read_only else "")]
+            options = ["ro"] if mount.read_only else []
+            options += self._mount_options()
+            args += ["-v", f"{source}:{mount.target}" + (f":{','.join(options)}" if options else "")]
         for key, value in sorted(spec.env.items()):
             args += ["-e", f"{key}={value}"]
         return args
 
     def _engine_args(self) -> list[str]:
+        return []
+
+    def _mount_options(self) -> list[str]:
+        # docker's -v and --mount take no nosuid: a setuid file in a workspace gains nothing in the container
+        # through --security-opt no-new-privileges, and the data dir keeps it from other local users (layout.py).
         return []
 
     def orphan_commands(self) -> tuple[tuple[str, ...], tuple[str, ...]]:

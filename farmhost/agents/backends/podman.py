@@ -19,3 +19,7 @@ class PodmanBackend(DockerBackend):
         # Rootless podman maps container uids onto subordinate ids; keep-id maps the daemon's own uid onto the
         # same number inside, so files the agent writes in its workspace stay owned by the data dir's owner.
         return ["--userns", "keep-id"] if self.rootless else []
+
+    def _mount_options(self) -> list[str]:
+        # podman's -v takes them: nothing setuid or a device node in a workspace works in the container
+        return ["nosuid", "nodev"]

@@ -1,0 +1,93 @@
+"""The sandbox's walls (issue 33: sockets, setuid, logs, threads) held by the real daemon running a command agent."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import stat
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from farmhost_testing import (
+    clean_env,
+    drop,
+    init_data_dir_in_process,
+    ok,
+    running_daemon,
+    scaled,
+    wait_for,
+    wait_result,
+)
+from runtime_support import SOCKETS, Sandbox
+
+from farmhost.agents.sandbox import GROUP_DIR
+
+ZONE = "Europe/Lisbon"
+
+
+def _schedule(data_dir: Path, todo: dict[str, Any]) -> None:
+    """A once task of group field, due in 2 s, whose prompt tells the probe what to do."""
+    due = datetime.now(ZoneInfo(ZONE)).replace(microsecond=0) + timedelta(seconds=2)
+    task = {"type": "schedule_task", "prompt": json.dumps(todo), "schedule_type": "once"}
+    rid = drop(data_dir, "field", "tasks", {**task, "schedule_value": due.strftime("%Y-%m-%dT%H:%M:%S")})
+    ok(wait_result(data_dir, "field", rid))
+
+
+def _logs(data_dir: Path, count: int) -> list[Path]:
+    """The group's run logs once there are `count` of them (written when each run has ended)."""
+    found = sorted((data_dir / "logs" / "runs" / "field").glob("run-*.log"), key=lambda p: p.stat().st_mtime_ns)
+    return found if len(found) >= count else []
+
+
+def _answer(log: Path) -> dict[str, Any]:
+    """The probe's report, from the AgentResult line of the run's stdout in its log."""
+    text = log.read_text()
+    assert "status: ok, exit code 0" in text, text[-3000:]
+    line = text.split("--- stdout ---", 1)[1].split("--- stderr ---", 1)[0].strip().splitlines()[-1]
+    report: dict[str, Any] = json.loads(json.loads(line)["answer"])
+    return report
+
+
+def test_the_daemon_holds_the_walls_around_a_command_agent(tmp_path: Path, sandbox: Sandbox) -> None:
+    """Through the daemon's scheduler: sockets, threads at 256 MB, a setuid file below 8 KiB of path, host logs."""
+    data_dir = init_data_dir_in_process(tmp_path / "data")
+    env = clean_env(
+        TZ=ZONE,
+        **sandbox.values,
+        **sandbox.env,
+        FARMHOST_AGENT_KIND="command",
+        FARMHOST_AGENT_COMMAND=shlex.join(sandbox.command),
+        FARMHOST_AGENT_MEMORY_MB="256",
+    )
+    workspace = data_dir / "groups" / "field"
+    with running_daemon(data_dir, env=env) as daemon:
+        _schedule(data_dir, {"sockets": SOCKETS, "threads": 100, "deep_setid": {GROUP_DIR: 8192}})
+        [first] = wait_for(lambda: _logs(data_dir, 1), timeout=scaled(60), what="the first run's log")
+        seen = _answer(first)
+        _schedule(data_dir, {"write": [f"{GROUP_DIR}/logs/{first.name}"], "list": [GROUP_DIR]})
+        [_, second] = wait_for(lambda: _logs(data_dir, 2), timeout=scaled(60), what="the second run's log")
+        later = _answer(second)
+        assert "Traceback" not in daemon.log()
+    assert seen["sockets"] == {
+        **dict.fromkeys(SOCKETS, "error:EAFNOSUPPORT"),
+        "socket(AF_UNIX)": "ok",
+        "socketpair(AF_UNIX)": "ok",
+    }
+    assert seen["threads"] == [100, None]
+    assert seen["deep_setid"] == {GROUP_DIR: [8241, "0o6755"]}
+    fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(41):
+            below = os.open("d" * 200, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = below
+        mode = os.stat("sh-root", dir_fd=fd, follow_symlinks=False).st_mode
+    finally:
+        os.close(fd)
+    assert stat.S_IMODE(mode) & (stat.S_ISUID | stat.S_ISGID) == 0, oct(mode)
+    # The second run started (the deep tree locked nobody out) and found no log of the first to rewrite.
+    assert "logs" not in later["list"][GROUP_DIR]
+    assert _answer(first) == seen
