@@ -469,7 +469,8 @@ def _enforcement(settings: Settings, check: Check) -> Check:
         return Check(check.part, "warn", f"{check.detail}; {held}; {missing}", fix)
     refused = f"agent runs are refused: no cgroup for them ({support.reason})"
     fix = "delegate cgroups to farmhost (docs/agent-runtime.md#limits), or set FARMHOST_AGENT_UNENFORCED_LIMITS=allow"
-    return Check(check.part, "broken", f"{check.detail}; {refused}", fix)
+    who = describe_ids(settings, runtime=settings.runtime)
+    return Check(check.part, "broken", f"{check.detail}; {refused}; {who}", fix)
 
 
 def _llm_probes(settings: Settings) -> list[Probe]:
