@@ -22,6 +22,8 @@ from farmhost.mqtt.broker import Broker, parse_broker, site_name
 from farmhost.protocol.codes import SITE_RE
 
 DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024
+# 0x70000000: the first id past systemd-nspawn's container ranges, in the span systemd's uid table leaves unused.
+AGENT_UID_BASE: Final = 0x7000_0000
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,13 @@ class Settings(BaseSettings):
     )
     agent_command: str | None = Field(default=None, validation_alias="FARMHOST_AGENT_COMMAND")
     opencode_bin: Path | None = Field(default=None, validation_alias="FARMHOST_OPENCODE_BIN")
-    agent_uid: int | None = Field(default=None, ge=0, validation_alias="FARMHOST_AGENT_UID")
+    # A root daemon gives each group's runs their own uid (= gid) from [base, base+count) (docs/security.md): above
+    # shadow's subordinate ids (100000-600100000) and systemd-nspawn's (524288-1879048191), in the span systemd
+    # leaves unused, below 2^31.
+    agent_uid_base: int = Field(
+        default=AGENT_UID_BASE, ge=65536, le=2**31 - 2, validation_alias="FARMHOST_AGENT_UID_BASE"
+    )
+    agent_uid_count: int = Field(default=65536, ge=1, le=2**24, validation_alias="FARMHOST_AGENT_UID_COUNT")
     # bwrap runs: `required` refuses to start agents when the seccomp filter cannot be built, `off` runs them without.
     sandbox_seccomp: Literal["required", "off"] = Field(default="required", validation_alias="FARMHOST_SANDBOX_SECCOMP")
     # The LLM proxy (docs/agent-runtime.md): connections a run may hold and all runs together, so a flood of them
@@ -267,6 +275,15 @@ class Settings(BaseSettings):
             raise ValueError(f"{named[0]} is for TLS: FARMHOST_MQTT_URL must start with mqtts://")
         if (self.mqtt_cert_file is None) != (self.mqtt_key_file is None):
             raise ValueError("FARMHOST_MQTT_CERT_FILE and FARMHOST_MQTT_KEY_FILE go together (the client certificate)")
+        return self
+
+    @model_validator(mode="after")
+    def _agent_id_range(self) -> Settings:
+        if self.agent_uid_base + self.agent_uid_count > 2**31 - 1:
+            raise ValueError(
+                f"FARMHOST_AGENT_UID_BASE + FARMHOST_AGENT_UID_COUNT ({self.agent_uid_base + self.agent_uid_count}) "
+                "must stay below 2147483647 (ids past 2^31 break tools that read them as signed numbers)"
+            )
         return self
 
     @model_validator(mode="after")

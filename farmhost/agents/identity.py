@@ -1,15 +1,20 @@
-"""AgentIdentity: the unprivileged host uid/gid every agent run gets, and handing a run's directories to it.
+"""Who agent runs are on the host: a uid and gid of their group's own, and handing a run's directories to it.
 
-A daemon that runs as root must never give its uid to an agent: uid 0 inside a user namespace that root
-created is host root for files (a setuid-root program left in the workspace works for any host user). So
-agent runs get a dedicated user (`farmagent` when it exists), else `nobody`, or `FARMHOST_AGENT_UID`; a
-daemon that is not root runs agents as itself, an unprivileged user already. Before a run the host gives the
-run's writable directories to that uid, and around each run it clears setuid/setgid bits the agent set.
+A daemon that runs as root must never give its uid to an agent (uid 0 inside a user namespace root created is host
+root for files), and groups must not share one: RLIMIT_NPROC and inotify instances are counted per uid, files are
+owned per uid, and a group's IPC queue belongs to its uid. So a root daemon gives each group a uid (gid the same
+number) from FARMHOST_AGENT_UID_BASE.., recorded in the agent_ids table: a group keeps it across restarts, and an id
+is never given to another group (rows are never deleted), nor one a host user, group or subordinate range holds. A
+daemon that is not root cannot switch uids (docs/security.md#one-identity-per-group): its runs share its own uid.
+Before a run the host gives the run's writable directories to the group's uid, and around each run it clears
+setuid/setgid bits the agent set.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import grp
 import logging
 import os
 import pwd
@@ -19,14 +24,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from farmhost.agents.backends.share import inotify_share
 from farmhost.agents.treewalk import clear_setid_at, walk_sync
 from farmhost.config import Settings
-from farmhost.errors import ConfigError
+from farmhost.errors import FarmhostError
+from farmhost.store import agent_ids
+from farmhost.store.db import Database, now_utc
 
 logger = logging.getLogger(__name__)
 
-DEDICATED_USER: Final = "farmagent"
-NOBODY: Final = 65534
+# Where the system lists the subordinate ids it gave to users (for their user namespaces: podman, LXD, docker's
+# userns-remap); an agent id inside one would be another user's container's.
+SUBORDINATE_FILES: Final = (Path("/etc/subuid"), Path("/etc/subgid"))
+
+
+class IdentityError(FarmhostError):
+    """A group's runs cannot get an identity of their own (the range is used up, a host user took the id)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,33 +59,145 @@ class AgentIdentity:
         return f"uid {self.uid} ({name}), gid {self.gid}"
 
 
-def agent_identity(settings: Settings) -> AgentIdentity:
-    """The identity of agent runs under this daemon: its own uid unless it is root.
+@dataclass(frozen=True, kw_only=True)
+class IdRange:
+    """The ids a root daemon gives groups: [base, base + count)."""
+
+    base: int
+    count: int
+
+    @classmethod
+    def of(cls, settings: Settings) -> IdRange:
+        """FARMHOST_AGENT_UID_BASE and FARMHOST_AGENT_UID_COUNT."""
+        return cls(base=settings.agent_uid_base, count=settings.agent_uid_count)
+
+    @property
+    def last(self) -> int:
+        """The highest id of the range."""
+        return self.base + self.count - 1
+
+
+def subordinate_ranges() -> list[tuple[str, int, int]]:
+    """(file: user, first, last) of every range in /etc/subuid and /etc/subgid (absent files: none)."""
+    ranges = []
+    for path in SUBORDINATE_FILES:
+        with contextlib.suppress(FileNotFoundError):
+            for line in path.read_text(errors="replace").splitlines():
+                parts = line.strip().split(":")
+                if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+                    first = int(parts[1])
+                    ranges.append((f"{path}: {parts[0]}", first, first + int(parts[2]) - 1))
+    return ranges
+
+
+def host_claim(number: int, subordinate: list[tuple[str, int, int]]) -> str | None:
+    """What on the host already holds `number` as a uid or gid (a user, a group, a subordinate range), else None."""
+    with contextlib.suppress(KeyError):
+        return f"user {pwd.getpwuid(number).pw_name}"
+    with contextlib.suppress(KeyError):
+        return f"group {grp.getgrgid(number).gr_name}"
+    for owner, first, last in subordinate:
+        if first <= number <= last:
+            return f"the subordinate ids {first}-{last} of {owner}"
+    return None
+
+
+def range_claims(ids: IdRange) -> list[str]:
+    """What on the host holds ids inside `ids` (allocation skips those ids; the doctor names them)."""
+    claims = [f"the subordinate ids {a}-{b} of {owner}" for owner, a, b in subordinate_ranges()
+              if a <= ids.last and b >= ids.base]  # fmt: skip
+    claims += [f"user {e.pw_name} ({e.pw_uid})" for e in pwd.getpwall() if ids.base <= e.pw_uid <= ids.last]
+    claims += [f"group {e.gr_name} ({e.gr_gid})" for e in grp.getgrall() if ids.base <= e.gr_gid <= ids.last]
+    return claims
+
+
+def allocate_sync(data_dir: Path, folder: str, ids: IdRange) -> AgentIdentity:
+    """The identity of `folder`'s runs under a root daemon: its recorded uid, else a new one, recorded durably.
+
+    Blocking (SQLite, /etc files): call it in a thread.
 
     Raises:
-        ConfigError: FARMHOST_AGENT_UID is 0.
+        IdentityError: the range is used up, or a host user, group or subordinate range now holds the group's id.
     """
-    if os.geteuid() != 0:
-        return AgentIdentity(uid=os.geteuid(), gid=os.getegid(), switch=False)
-    return unprivileged_identity(settings)
+    subordinate = subordinate_ranges()
+    db = Database.open(data_dir)
+    try:
+        with db.tx() as conn:
+            uid = agent_ids.allocate(
+                conn,
+                folder,
+                base=ids.base,
+                count=ids.count,
+                taken=lambda number: host_claim(number, subordinate) is not None,
+                now=now_utc(),
+            )
+    except agent_ids.IdRangeExhausted as err:
+        raise IdentityError(
+            f"group {folder!r} gets no uid of its own: {err.message}; "
+            "widen FARMHOST_AGENT_UID_COUNT or move FARMHOST_AGENT_UID_BASE (docs/security.md)"
+        ) from err
+    finally:
+        db.close()
+    claim = host_claim(uid, subordinate)
+    if claim is not None or uid == os.geteuid():
+        raise IdentityError(
+            f"group {folder!r}'s agent uid {uid} is now held by {claim or 'the daemon'} on this host; "
+            "its runs are refused until that id is freed (docs/security.md#one-identity-per-group)"
+        )
+    return AgentIdentity(uid=uid, gid=uid, switch=True)
 
 
-def unprivileged_identity(settings: Settings) -> AgentIdentity:
-    """FARMHOST_AGENT_UID, else the `farmagent` user, else `nobody`: never uid 0.
+class GroupIds:
+    """The identity of each group's runs: allocated per group (root daemon), or one for all (the daemon's own)."""
 
-    Raises:
-        ConfigError: FARMHOST_AGENT_UID is 0.
-    """
-    if settings.agent_uid is not None:
-        if settings.agent_uid == 0:
-            raise ConfigError("FARMHOST_AGENT_UID=0 would run agents as host root; choose an unprivileged uid")
-        return AgentIdentity(uid=settings.agent_uid, gid=settings.agent_uid, switch=True)
-    for name in (DEDICATED_USER, "nobody"):
-        with contextlib.suppress(KeyError):
-            entry = pwd.getpwnam(name)
-            if entry.pw_uid != 0:
-                return AgentIdentity(uid=entry.pw_uid, gid=entry.pw_gid, switch=True)
-    return AgentIdentity(uid=NOBODY, gid=NOBODY, switch=True)
+    def __init__(self, *, data_dir: Path, per_group: IdRange | None, shared: AgentIdentity | None) -> None:
+        """`per_group`: allocate from this range; else every run is `shared` (None: the daemon itself, unchanged)."""
+        self._data_dir = data_dir
+        self.per_group = per_group
+        self.shared = shared
+        self._known: dict[str, AgentIdentity] = {}
+
+    async def identity(self, folder: str) -> AgentIdentity | None:
+        """Who `folder`'s runs are (allocated and recorded at its first run).
+
+        Raises:
+            IdentityError: the group cannot get an identity of its own.
+        """
+        if self.per_group is None:
+            return self.shared
+        known = self._known.get(folder)
+        if known is None:
+            known = await asyncio.to_thread(allocate_sync, self._data_dir, folder, self.per_group)
+            self._known[folder] = known
+            logger.info("group %s: agent runs are %s", folder, known.describe())
+        return known
+
+
+def daemon_identity() -> AgentIdentity:
+    """The daemon's own uid and gid (a daemon that is not root runs its agents as itself)."""
+    return AgentIdentity(uid=os.geteuid(), gid=os.getegid(), switch=False)
+
+
+def describe_ids(settings: Settings, *, runtime: str) -> str:
+    """The doctor's sentence on who agents are: per-group uids (root daemon), or the daemon's own shared uid."""
+    if runtime == "process":
+        return "agents run as the daemon itself (runtime process, no isolation)"
+    if os.geteuid() == 0:
+        ids = IdRange.of(settings)
+        claims = range_claims(ids)
+        skipped = f"; skipped as the host holds them: {', '.join(claims)}" if claims else ""
+        return f"agents run as per-group uids {ids.base}..{ids.last} (root daemon, gid = uid){skipped}"
+    if runtime != "bwrap":
+        return (
+            "agents share one uid, the data directory's owner: a daemon that is not root cannot give each group "
+            "its own (docs/security.md#one-identity-per-group); the engine holds each container's processes"
+        )
+    return (
+        f"agents share the daemon's {daemon_identity().describe()}: a daemon that is not root cannot give each group "
+        "its own (file ownership and the IPC queues are that uid's; docs/security.md#one-identity-per-group); each "
+        f"run's processes and inotify instances ({inotify_share(settings.max_agents)}) are capped in its own user "
+        "namespace"
+    )
 
 
 def hand_over_sync(identity: AgentIdentity | None, trees: Iterable[Path], tops: Iterable[Path]) -> list[int]:

@@ -16,7 +16,8 @@ from farmhost.agents.backends import (
     cleanup_orphans,
     create_backend,
     ensure_no_secrets,
-    run_identity,
+    for_identity,
+    group_ids,
 )
 from farmhost.agents.backends.base import LaunchPlan
 from farmhost.agents.backends.bwrap import BwrapBackend
@@ -30,6 +31,7 @@ from farmhost.agents.fallback import (
     AssistUnavailable,
 )
 from farmhost.agents.group_disk import check_group_sync
+from farmhost.agents.identity import GroupIds, IdentityError
 from farmhost.agents.inputs import AgentResult, agent_input, parse_result, trim_memory, with_notes
 from farmhost.agents.jobs import AgentJob, AgentOutcome, Status
 from farmhost.agents.kinds import AgentKind, agent_kind
@@ -119,6 +121,7 @@ class AgentRuntime:
         self._started = False
         self._stopping = False
         self._cgroups: CgroupSupport | None = None
+        self._ids: GroupIds | None = None  # who each group's runs are (set up with the backend)
         self._paused: str | None = None
 
     @property
@@ -135,6 +138,7 @@ class AgentRuntime:
                 self._backend_error = err.message
                 logger.error("agent runs are off: %s", err.message)
         if self._backend is not None:
+            self._ids = group_ids(self._settings, self._backend)
             await cleanup_orphans(self._backend)
         if isinstance(self._backend, BwrapBackend):  # docker and podman hold their limits themselves
             self._cgroups = await asyncio.to_thread(detect_sync)
@@ -276,16 +280,17 @@ class AgentRuntime:
         record.phase("hook", started, hooked)
         since = record.phase("memory", hooked, searched)
         try:
-            plan = self._backend.plan(spec)
+            identity = await self._ids.identity(job.folder) if self._ids is not None else None
+            plan = for_identity(self._backend, identity).plan(spec)
             ensure_no_secrets(plan, self._secrets())
             # Before the hand-over, which walks the whole workspace: a group over its limit costs only the limit.
             await asyncio.to_thread(check_group_sync, self._layout, job.folder, limits.workspace_mb)
-            await asyncio.to_thread(prepare_mounts_sync, spec, run_identity(self._backend))
+            await asyncio.to_thread(prepare_mounts_sync, spec, identity)
             allow = self._settings.agent_unenforced_limits == "allow"
             cgroup = await asyncio.to_thread(
                 open_run_cgroup_sync, self._cgroups, job.run_id, limits, allow_without=allow
             )
-        except (SandboxError, OSError) as err:
+        except (SandboxError, IdentityError, OSError) as err:
             return await self._failed(record, started, f"cannot prepare the sandbox: {err}")
         record.command = plan.argv
         since = record.phase("sandbox", since)

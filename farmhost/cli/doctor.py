@@ -27,7 +27,7 @@ from typing import Final, cast
 from farmhost.agents.backends.base import SandboxError
 from farmhost.agents.backends.host import PYTHON_PROBE_TIMEOUT, find_python_install_sync
 from farmhost.agents.cgroups import detect_sync
-from farmhost.agents.identity import agent_identity
+from farmhost.agents.identity import describe_ids
 from farmhost.agents.launch import sealed_memfd
 from farmhost.agents.limits import LimitsFile, default_limits, explain
 from farmhost.agents.seccomp import SeccompMode, SeccompUnavailable, build_filter_sync
@@ -44,7 +44,6 @@ from farmhost.cli.hostchecks import (
     timezone_check,
 )
 from farmhost.config import LlmEndpoint, Settings
-from farmhost.errors import ConfigError
 from farmhost.farm import rules
 from farmhost.farm.policy import load_profile, profile_report
 from farmhost.layout import DataLayout
@@ -452,13 +451,14 @@ def _agent_limits(settings: Settings) -> Check:
 
 def _enforcement(settings: Settings, check: Check) -> Check:
     """Say which of the limits the kernel holds on this host and which it does not (docs/agent-runtime.md)."""
+    if settings.runtime in ("docker", "podman"):
+        return Check(check.part, check.state, f"{check.detail}; {describe_ids(settings, runtime=settings.runtime)}")
     if settings.runtime != "bwrap":
         return check
-    try:
-        identity = agent_identity(settings)
-    except ConfigError as err:
-        return Check("agent limits", "broken", err.message, "set FARMHOST_AGENT_UID to an unprivileged uid")
-    held = f"runs as {identity.describe()}; held: wall time, /tmp and /dev/shm sizes, workspace size (before each run)"
+    held = (
+        f"{describe_ids(settings, runtime=settings.runtime)}; held: wall time, /tmp and /dev/shm sizes, "
+        "workspace size (before each run)"
+    )
     support = detect_sync()
     if support.available:
         cgroup = (
@@ -473,7 +473,8 @@ def _enforcement(settings: Settings, check: Check) -> Check:
         return Check(check.part, "warn", f"{check.detail}; {held}; {missing}", fix)
     refused = f"agent runs are refused: no cgroup for them ({support.reason})"
     fix = "delegate cgroups to farmhost (docs/agent-runtime.md#limits), or set FARMHOST_AGENT_UNENFORCED_LIMITS=allow"
-    return Check(check.part, "broken", f"{check.detail}; {refused}", fix)
+    who = describe_ids(settings, runtime=settings.runtime)
+    return Check(check.part, "broken", f"{check.detail}; {refused}; {who}", fix)
 
 
 def _llm_probes(settings: Settings) -> list[Probe]:

@@ -240,4 +240,13 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     """
     CREATE INDEX transcript_chat_id ON transcript(chat_jid, id)
     """,
+    # 11: the host uid (= gid) each group's agent runs get under a root daemon (farmhost/agents/identity.py);
+    # a row is never deleted, so an id is never given to another group while the old group's files may exist
+    """
+    CREATE TABLE agent_ids (
+        folder TEXT PRIMARY KEY,
+        uid INTEGER NOT NULL UNIQUE,
+        allocated_at TEXT NOT NULL
+    ) WITHOUT ROWID
+    """,
 )

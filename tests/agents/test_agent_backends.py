@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import resource
 import sys
 from pathlib import Path
 
@@ -24,11 +25,14 @@ from farmhost.agents.backends import (
     cleanup_orphans,
     create_backend,
     ensure_no_secrets,
+    for_identity,
+    group_ids,
     write_engine_profiles_sync,
 )
 from farmhost.agents.backends.base import UNIX_AND_LOOPBACK_INET, UNIX_ONLY
 from farmhost.agents.backends.docker import cli_env
 from farmhost.agents.backends.host import find_python_install_sync, minimal_paths
+from farmhost.agents.backends.share import LAUNCHER
 from farmhost.agents.identity import AgentIdentity
 from farmhost.agents.kinds import IMAGE_OPENCODE_BIN, agent_kind
 from farmhost.agents.sandbox import sandbox_spec
@@ -154,8 +158,9 @@ async def test_no_backend_carries_a_secret(root: Path, monkeypatch: pytest.Monke
     settings = settings_for(root, **SECRETS)
     for runtime in ("bwrap", "process"):
         backend = await create_backend(settings.model_copy(update={"agent_runtime": runtime}))
+        ids = group_ids(settings, backend)
         for folder, is_main in (("main", True), ("field", False)):
-            plan = backend.plan(spec(root, folder, is_main=is_main))
+            plan = for_identity(backend, await ids.identity(folder)).plan(spec(root, folder, is_main=is_main))
             ensure_no_secrets(plan, SECRETS.values())
             assert_no_secret(plan)
 
@@ -194,14 +199,15 @@ AS_ROOT = AgentIdentity(uid=65534, gid=65534, switch=True)  # a root daemon: run
 def test_bwrap_mounts_only_the_run_and_the_interpreter(root: Path) -> None:
     python = find_python_install_sync(None)
     backend = BwrapBackend(
-        bwrap="/usr/bin/bwrap", python=python, system=(), identity=AS_USER, setpriv=None, seccomp=None
-    )
+        bwrap="/usr/bin/bwrap", python=python, system=(), identity=AS_USER, setpriv=None, seccomp=None,
+        inotify_share=7,
+    )  # fmt: skip
     plan = backend.plan(spec(root, "main", is_main=True))
     argv = list(plan.argv)
     namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
-    assert argv[:15] == [
-        "/usr/bin/bwrap", *namespaces, "--unshare-user", "--cap-drop", "ALL", "--die-with-parent",
-        "--new-session", "--clearenv", "--hostname", "farmagent", "--setenv",
+    assert argv[:17] == [
+        "/usr/bin/bwrap", *namespaces, "--unshare-user", "--cap-drop", "ALL", "--cap-add", "CAP_SYS_RESOURCE",
+        "--die-with-parent", "--new-session", "--clearenv", "--hostname", "farmagent", "--setenv",
     ]  # fmt: skip
     binds = [(arg, argv[i + 1], argv[i + 2]) for i, arg in enumerate(argv) if arg in ("--bind", "--ro-bind")]
     layout = DataLayout(root)
@@ -217,9 +223,13 @@ def test_bwrap_mounts_only_the_run_and_the_interpreter(root: Path) -> None:
     tmpfs = [tuple(argv[i - 4 : i + 2]) for i, arg in enumerate(argv) if arg == "--tmpfs"]
     size = str(256 * 2**20)
     assert tmpfs == [("--perms", "1777", "--size", size, "--tmpfs", path) for path in ("/tmp", "/dev/shm")]
-    assert argv[-8:] == [
-        "--remount-ro", "/", "--chdir", "/workspace/group", "--", str(python.executable), "-m", "farmagent.run",
+    # the launcher sets the run's share of the daemon uid's limits inside its user namespace, then the agent runs
+    launcher = [str(python.executable), "-I", "-c", LAUNCHER, "7", "64"]
+    assert argv[-14:] == [
+        "--remount-ro", "/", "--chdir", "/workspace/group", "--", *launcher, str(python.executable), "-m",
+        "farmagent.run",
     ]  # fmt: skip
+    assert resource.RLIMIT_NPROC not in dict(plan.rlimits), "set before bwrap, it would cap the daemon's whole uid"
     assert plan.env == {"PATH": os.defpath}  # bwrap's helper keeps its environment, readable in /proc/1/environ
     assert plan.signal_leader is False
 
@@ -229,8 +239,10 @@ def test_bwrap_under_root_drops_to_the_agent_uid_before_the_agent_starts(root: P
     backend = BwrapBackend(
         bwrap="/usr/bin/bwrap", python=python, system=(), identity=AS_ROOT, setpriv="/usr/bin/sp", seccomp=None
     )
-    argv = list(backend.plan(spec(root, "field", is_main=False)).argv)
+    plan = backend.plan(spec(root, "field", is_main=False))
+    argv = list(plan.argv)
     assert "--unshare-user" not in argv, "uid 0 in a namespace root made is host root for files"
+    assert dict(plan.rlimits)[resource.RLIMIT_NPROC] == 64, "the group's own uid: RLIMIT_NPROC is the group's"
     caps = [argv[i + 1] for i, arg in enumerate(argv) if arg in ("--cap-add", "--cap-drop")]
     assert caps == ["ALL", "CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"]
     end = argv.index("--remount-ro") + 5

@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from farmhost.agents.backends.base import (
@@ -27,7 +28,8 @@ from farmhost.agents.backends.engine_cli import engine_command
 from farmhost.agents.backends.host import find_python_install_sync, system_entries
 from farmhost.agents.backends.podman import PodmanBackend
 from farmhost.agents.backends.process import ProcessBackend
-from farmhost.agents.identity import AgentIdentity, agent_identity, unprivileged_identity
+from farmhost.agents.backends.share import inotify_share
+from farmhost.agents.identity import AgentIdentity, GroupIds, IdRange, daemon_identity
 from farmhost.agents.seccomp import SeccompUnavailable, engine_profile, filter_for
 from farmhost.config import Settings
 from farmhost.layout import DataLayout
@@ -46,29 +48,42 @@ __all__ = [
     "cleanup_orphans",
     "create_backend",
     "ensure_no_secrets",
-    "run_identity",
+    "for_identity",
+    "group_ids",
 ]
 
 logger = logging.getLogger(__name__)
 
 
 def container_user(settings: Settings) -> tuple[int, int]:
-    """The uid:gid of docker/podman runs: FARMHOST_AGENT_UID, else the data directory's owner unless that is root."""
+    """The uid:gid of docker/podman runs of a daemon that is not root: the data directory's owner."""
     info = os.stat(settings.data_dir)
-    if settings.agent_uid is not None or info.st_uid == 0:
-        identity = unprivileged_identity(settings)
-        return identity.uid, identity.gid
     return info.st_uid, info.st_gid
 
 
-def run_identity(backend: SandboxBackend) -> AgentIdentity | None:
-    """Who the backend's agent processes are on the host (None: the daemon itself, the `process` runtime)."""
+def group_ids(settings: Settings, backend: SandboxBackend) -> GroupIds:
+    """Who each group's runs are under `backend`: a uid per group when the daemon is root, else one shared."""
+    per_group = IdRange.of(settings) if os.geteuid() == 0 else None
+    shared: AgentIdentity | None = None
     if isinstance(backend, BwrapBackend):
-        return backend.identity
+        shared = daemon_identity()
+    elif isinstance(backend, DockerBackend):  # podman too
+        uid, gid = backend.user or container_user(settings)
+        shared = AgentIdentity(uid=uid, gid=gid, switch=False)
+    else:
+        per_group = None  # the `process` runtime: the daemon itself
+    return GroupIds(data_dir=settings.data_dir, per_group=per_group, shared=shared)
+
+
+def for_identity(backend: SandboxBackend, identity: AgentIdentity | None) -> SandboxBackend:
+    """`backend` whose runs are `identity` (bwrap: the uid setpriv drops to; docker/podman: `--user`)."""
+    if identity is None:
+        return backend
+    if isinstance(backend, BwrapBackend):
+        return replace(backend, identity=identity)
     if isinstance(backend, DockerBackend):  # podman too
-        uid, gid = backend.user
-        return AgentIdentity(uid=uid, gid=gid, switch=os.geteuid() == 0 and uid != 0)
-    return None
+        return replace(backend, user=(identity.uid, identity.gid))
+    return backend
 
 
 async def create_backend(settings: Settings) -> SandboxBackend:
@@ -89,10 +104,14 @@ async def create_backend(settings: Settings) -> SandboxBackend:
         python = await asyncio.to_thread(find_python_install_sync, settings.agent_python)
         if python.farmagent is None:
             logger.error("the agent interpreter %s cannot import farmagent; agent runs will fail", python.executable)
-        identity = agent_identity(settings)
+        as_root = os.geteuid() == 0
+        identity = None if as_root else daemon_identity()  # root: each group's own, given per run (for_identity)
         setpriv = shutil.which("setpriv")
-        if identity.switch:
-            logger.info("agent runs drop to %s (the daemon is root)", identity.describe())
+        if as_root:
+            ids = IdRange.of(settings)
+            logger.info(
+                "agent runs drop to their group's own uid, from %d..%d (the daemon is root)", ids.base, ids.last
+            )
         try:
             filters = await asyncio.to_thread(filter_for, settings.sandbox_seccomp)
         except SeccompUnavailable as err:
@@ -107,8 +126,9 @@ async def create_backend(settings: Settings) -> SandboxBackend:
             identity=identity,
             setpriv=setpriv,
             seccomp=bpf,
+            inotify_share=0 if as_root else inotify_share(settings.max_agents),
         )
-    user = container_user(settings)
+    user = None if os.geteuid() == 0 else container_user(settings)  # root: each group's own (for_identity)
     image, root, environ = settings.agent_image, str(settings.data_dir), cli_env(os.environ)
     profiles = None
     if settings.sandbox_seccomp == "required":

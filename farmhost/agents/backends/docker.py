@@ -35,7 +35,8 @@ class DockerBackend:
     """Runs the agent in a fresh container of `image`; the container is removed when the run ends."""
 
     image: str
-    user: tuple[int, int]  # uid, gid inside the container (the data dir's owner, or FARMHOST_AGENT_UID)
+    # uid, gid inside the container: the group's own under a root daemon (given per run), else the data dir's owner
+    user: tuple[int, int] | None
     data_root: str  # labels the containers of this data directory, so clean-up never touches another's
     environ: Mapping[str, str] = field(default_factory=dict)  # the daemon's environment, filtered by cli_env
     # farmhost's seccomp profile files by the socket families they allow (the spec's picks one); None: the
@@ -65,6 +66,8 @@ class DockerBackend:
         return f"farmhost-{spec.folder}-{spec.run_id}"
 
     def _run_args(self, spec: SandboxSpec) -> list[str]:
+        if self.user is None:
+            raise SandboxError(f"run {spec.run_id} of {spec.folder} has no uid of its group's: refusing to start it")
         uid, gid = self.user
         limits = spec.limits
         args = [
