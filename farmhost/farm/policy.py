@@ -73,6 +73,9 @@ class _PolicySection(BaseModel):
     actionGroups: dict[FarmActionName, list[_GroupName]] = Field(default_factory=dict)
     dashboards: _DashboardsSection = Field(default_factory=_DashboardsSection)
     rules: Annotated[list[ActuatorRule], Field(max_length=MAX_RULES)] = Field(default_factory=list)
+    # Services opened beyond the closed surface (globs, e.g. "scene.*"): accepted now, enforced by issue 32's
+    # closed service surface; what they open is still held by the rules on effects (farm/effect_rules.py).
+    allowServices: list[_ServicePattern] | None = None
 
 
 class _ValidationSection(BaseModel):
