@@ -143,6 +143,7 @@ class App:
                 db=self.db,
                 profile_path=self.settings.profile_path,
                 audit=audit,
+                started_at=self.identity.started_at,
                 wake_outbox=self._wake_outbox,
                 on_violation=self.collector.raise_violation if self.collector is not None else None,
             )

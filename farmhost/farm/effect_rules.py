@@ -94,6 +94,7 @@ class EffectRules:
         db: Database,
         profile_path: Path,
         audit: AuditLog,
+        started_at: datetime,
         wake_outbox: Callable[[], None] = lambda: None,
         on_violation: Callable[[str, str, datetime], Awaitable[None]] | None = None,
         clock: Callable[[], datetime] = now_utc,
@@ -103,6 +104,7 @@ class EffectRules:
         self._db = db
         self._rules = ProfileRules(profile_path, who="rules on effects")
         self._audit = audit
+        self._started_at = started_at
         self._wake = wake_outbox
         self._on_violation = on_violation
         self._clock = clock
@@ -134,11 +136,18 @@ class EffectRules:
     # ---- judging a change
 
     def _changed(self, change: StateChange) -> None:
-        if not change.agents or change.old is None:
-            return  # people's changes are theirs; a first sight (at start) has nothing to compare with
+        if not change.agents:
+            return  # people's changes are theirs
         new = change.new
-        if new.state in UNKNOWN_STATES or change.old.known_state == new.state:
+        if change.old is None:
+            # First sight at start: only a change made since this farmhost started (an agent's call before the
+            # view's first sync) is judged; an older one (an approved run before a restart) is not.
+            if new.last_changed is None or new.last_changed < self._started_at:
+                return
+        elif change.old.known_state == new.state:
             return  # a blip (a reload, a restart) that ends where it began is no change
+        if new.state in UNKNOWN_STATES:
+            return
         mine = rules_of(self._rules.current(), change.entity_id)
         if not mine or is_safe_state(change.entity_id, new.state, mine, new.attributes):
             return
@@ -216,7 +225,7 @@ class EffectRules:
         change, undo = violation.change, violation.undo
         now = self._clock()
         name = change.new.name
-        old = (change.old.known_state or change.old.state) if change.old is not None else "?"
+        old = (change.old.known_state or change.old.state) if change.old is not None else "unknown"
         if failure is None and undo is not None:
             done = f"farmhost set it back to {_shown(undo.state)} within {latency or 0:.1f} s."
         else:
