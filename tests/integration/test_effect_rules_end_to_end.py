@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from farm_daemon import audit, db_rows, farm_daemon, sent_with, wait_state
-from farmhost_testing import MAIN_JID, drop, scaled, wait_for, wait_result
+from farmhost_testing import MAIN_JID, Daemon, drop, scaled, wait_for, wait_result
 from ha_fixture import HaInstance, WsSession
 from tcp_relay import TcpRelay
 from telegram_stub import FakeTelegram
@@ -59,6 +59,11 @@ def _call(data_dir: Path, rid: str, service: str, data: dict[str, Any], *, folde
         {"type": "farm_action", "action": "ha_call_service", "requestId": rid, "params": params},
     )
     return wait_result(data_dir, folder, rid, timeout=scaled(20))
+
+
+def _following(daemon: Daemon) -> None:
+    """The live view has synced (an agents' change before it is judged too, but against no previous state)."""
+    wait_for(lambda: "following Home Assistant" in daemon.log(), timeout=scaled(20), what="the live view")
 
 
 def _violations(data_dir: Path, entity_id: str) -> list[dict[str, Any]]:
@@ -115,7 +120,8 @@ def test_scene_apply_of_the_guarded_pump_is_undone_audited_told_and_alerted(
     folder: str, data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str]
 ) -> None:
     _profile(data_dir, [PUMP_APPROVAL])
-    with farm_daemon(data_dir, ha_env, fake_telegram):
+    with farm_daemon(data_dir, ha_env, fake_telegram) as daemon:
+        _following(daemon)
         _call(data_dir, "r-scene-apply", "scene.apply", {"entities": {PUMP: "on"}}, folder=folder)
         (line,) = _wait_violations(data_dir, PUMP)
         wait_state(ha_reset, PUMP, "off")
@@ -137,7 +143,8 @@ def test_scene_create_then_turn_on_is_undone(
     data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str]
 ) -> None:
     _profile(data_dir, [PUMP_APPROVAL])
-    with farm_daemon(data_dir, ha_env, fake_telegram):
+    with farm_daemon(data_dir, ha_env, fake_telegram) as daemon:
+        _following(daemon)
         made = _call(data_dir, "r-scene-create", "scene.create", {"scene_id": "quiet", "entities": {PUMP: "on"}})
         assert made["status"] == "success", made
         assert ha_reset.get_state(PUMP)["state"] == "off"  # creating it changed nothing
@@ -154,7 +161,8 @@ def test_the_relay_helper_behind_the_pump_cannot_turn_it_on(
     folder: str, data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str]
 ) -> None:
     _profile(data_dir, [PUMP_APPROVAL])
-    with farm_daemon(data_dir, ha_env, fake_telegram):
+    with farm_daemon(data_dir, ha_env, fake_telegram) as daemon:
+        _following(daemon)
         _call(data_dir, "r-relay", "input_boolean.turn_on", {"entity_id": PUMP_RELAY}, folder=folder)
         (line,) = _wait_violations(data_dir, PUMP)
         wait_state(ha_reset, PUMP, "off")
@@ -168,7 +176,8 @@ def test_eight_relay_toggles_against_four_an_hour_count_four_effects_and_undo_th
     data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str]
 ) -> None:
     _profile(data_dir, [{"entities": [VALVE], "maxCallsPerHour": 4}])
-    with farm_daemon(data_dir, ha_env, fake_telegram):
+    with farm_daemon(data_dir, ha_env, fake_telegram) as daemon:
+        _following(daemon)
         for n in range(8):
             _call(data_dir, f"r-on-{n}", "input_boolean.turn_on", {"entity_id": VALVE_RELAY})
             _call(data_dir, f"r-off-{n}", "input_boolean.turn_off", {"entity_id": VALVE_RELAY})
@@ -189,13 +198,24 @@ def test_a_ranged_number_set_through_its_raw_helper_or_a_scene_is_set_back(
 ) -> None:
     _profile(data_dir, [{"entities": [DURATION], "valueRange": [0, 120]}])
     before = float(ha_reset.get_state(DURATION)["state"])
-    with farm_daemon(data_dir, ha_env, fake_telegram):
+    with farm_daemon(data_dir, ha_env, fake_telegram) as daemon:
+        _following(daemon)
         _call(data_dir, "r-raw", "input_number.set_value", {"entity_id": DURATION_RAW, "value": 240}, folder="field")
         (raw,) = _wait_violations(data_dir, DURATION)
-        wait_for(lambda: float(ha_reset.get_state(DURATION)["state"]) == before, timeout=scaled(10), what="set back")
-        _call(data_dir, "r-scene-number", "scene.apply", {"entities": {DURATION: 230}})
+        wait_for(
+            lambda: float(ha_reset.get_state(DURATION)["state"]) == before,
+            timeout=scaled(10),
+            what="set back",
+            seen=lambda: (ha_reset.get_state(DURATION)["state"], audit(data_dir)[-2:]),
+        )
+        _call(data_dir, "r-scene-number", "scene.apply", {"entities": {DURATION: "230"}})
         scene = _wait_violations(data_dir, DURATION, 2)[1]
-        wait_for(lambda: float(ha_reset.get_state(DURATION)["state"]) == before, timeout=scaled(10), what="set back")
+        wait_for(
+            lambda: float(ha_reset.get_state(DURATION)["state"]) == before,
+            timeout=scaled(10),
+            what="set back",
+            seen=lambda: (ha_reset.get_state(DURATION)["state"], audit(data_dir)[-2:]),
+        )
         _told(fake_telegram, "outside the farm profile's range 0..120", 2)
 
     _assert_undone(raw, ha_reset, rule="valueRange", back_to=before)
@@ -213,7 +233,7 @@ def test_a_persons_change_is_never_undone_but_max_on_seconds_still_applies(
     limit = max(6, round(scaled(6)))
     _profile(data_dir, [{"entities": [PUMP], "requireApproval": True, "maxOnSeconds": limit}])
     with farm_daemon(data_dir, ha_env, fake_telegram) as daemon:
-        wait_for(lambda: "following Home Assistant" in daemon.log(), timeout=scaled(20), what="the live view")
+        _following(daemon)
         started = time.monotonic()
         ha_reset.call_service("switch", "turn_on", {"entity_id": PUMP})  # the owner: a person at the farm
         wait_state(ha_reset, PUMP, "off", timeout=limit + scaled(15))
@@ -231,7 +251,7 @@ def test_max_on_seconds_is_not_re_timed_by_a_template_reload_loop(
     limit = max(8, round(scaled(8)))
     _profile(data_dir, [{"entities": [FAN], "maxOnSeconds": limit}])
     with farm_daemon(data_dir, ha_env, fake_telegram) as daemon:
-        wait_for(lambda: "following Home Assistant" in daemon.log(), timeout=scaled(20), what="the live view")
+        _following(daemon)
         started = time.monotonic()
         ha_reset.call_service("fan", "turn_on", {"entity_id": FAN})
         reloads = 0
@@ -254,7 +274,7 @@ def test_the_live_view_survives_an_ha_restart_and_still_undoes(
 ) -> None:
     _profile(data_dir, [PUMP_APPROVAL])
     with farm_daemon(data_dir, ha_env, fake_telegram) as daemon:
-        wait_for(lambda: "following Home Assistant" in daemon.log(), timeout=scaled(20), what="the live view")
+        _following(daemon)
         ha_reset.restart(timeout=scaled(60))
         wait_for(lambda: "event stream is back" in daemon.log(), timeout=scaled(30), what="the live view back")
         _call(data_dir, "r-after-restart", "input_boolean.turn_on", {"entity_id": PUMP_RELAY})
@@ -273,7 +293,7 @@ def test_a_change_made_while_the_websocket_was_down_is_caught_at_the_resync(
     with TcpRelay(ha_reset.port) as relay:
         env = {**ha_env, "HA_URL": relay.url}
         with farm_daemon(data_dir, env, fake_telegram) as daemon:
-            wait_for(lambda: "following Home Assistant" in daemon.log(), timeout=scaled(20), what="the live view")
+            _following(daemon)
             relay.cut()
             wait_for(lambda: "event stream is lost" in daemon.log(), timeout=scaled(20), what="the loss noticed")
             # farmhost's own HA user (what an agent's call is made as), straight to HA while farmhost is blind
