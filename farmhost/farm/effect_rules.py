@@ -227,7 +227,7 @@ class EffectRules:
         name = change.new.name
         old = (change.old.known_state or change.old.state) if change.old is not None else "unknown"
         if failure is None and undo is not None:
-            done = f"farmhost set it back to {_shown(undo.state)} within {latency or 0:.1f} s."
+            done = f"farmhost set it back to {_shown(undo.state)} within {_took(latency or 0.0)}."
         else:
             done = f"{failure}: check it now."
         text = (
@@ -325,6 +325,10 @@ def _number(value: object) -> float | None:
         return float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
+
+
+def _took(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
 
 
 def _shown(state: str | float) -> str:

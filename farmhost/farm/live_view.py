@@ -214,7 +214,9 @@ class LiveView:
                 await self._session_once()
                 problem = "the connection closed"
             except _AuthRefused:
-                logger.error("live view: Home Assistant refused farmhost's token (HA_TOKEN); trying again in 60 s")
+                logger.error(
+                    "live view: Home Assistant refused the token (HA_TOKEN); the live view tries again in 60 s"
+                )
                 self._lose()
                 await asyncio.sleep(AUTH_RETRY_SECONDS)
                 continue
@@ -408,3 +410,30 @@ def _time(value: object) -> datetime | None:
         return datetime.fromisoformat(value)
     except ValueError:
         return None
+
+
+async def current_user(ws_url: str, token: str, *, timeout: float) -> dict[str, Any]:
+    """The HA user a token belongs to (`auth/current_user`: id, name, is_owner, is_admin), over one short WebSocket.
+
+    Raises:
+        OSError: HA cannot be reached. TimeoutError: it did not answer in time.
+        ValueError: HA refused the token or the command.
+    """
+    try:
+        return await _current_user(ws_url, token, timeout=timeout)
+    except aiohttp.ClientError as err:
+        raise OSError(str(err) or type(err).__name__) from None
+
+
+async def _current_user(ws_url: str, token: str, *, timeout: float) -> dict[str, Any]:
+    async with asyncio.timeout(timeout), aiohttp.ClientSession() as session, session.ws_connect(ws_url) as ws:
+        await ws.receive_json()  # auth_required
+        await ws.send_json({"type": "auth", "access_token": token.strip()})
+        if (await ws.receive_json()).get("type") != "auth_ok":
+            raise ValueError("Home Assistant refused the token")
+        await ws.send_json({"id": 1, "type": "auth/current_user"})
+        answer = await ws.receive_json()
+        result = answer.get("result")
+        if not answer.get("success") or not isinstance(result, dict):
+            raise ValueError(f"Home Assistant refused auth/current_user: {answer.get('error')}")
+        return result
