@@ -58,6 +58,9 @@ HOUR: Final = timedelta(hours=1)
 PERMIT_SECONDS: Final = 30.0
 # farmhost's own undo is expected back from HA this long (then it is an ordinary change again).
 UNDO_SECONDS: Final = 15.0
+# An undo that fails (a pooled connection the network dropped, HA still starting) is tried again after these
+# pauses: an unapproved effect must not stand because of one transport error; about 5 s in all.
+UNDO_RETRY_PAUSES: Final = (0.1, 0.5, 1.0, 3.0)
 # Undo latencies kept for the benchmark and doctor (the last few hundred are plenty for a p99).
 LATENCIES_KEPT: Final = 512
 ON: Final = "__on__"  # a permit's target: any on-state of the entity's domain
@@ -211,14 +214,20 @@ class EffectRules:
         if undo is None:
             failure = "farmhost knows no state to set it back to (name one with safeState in the rule)"
         else:
-            self._undoing[change.entity_id] = (undo.state, time.monotonic() + UNDO_SECONDS)
-            try:
-                await self._ha.call_service(undo.domain, undo.service, {"entity_id": change.entity_id, **undo.data})
-            except HaError as err:
-                failure = f"setting it back failed: {err}"
-            else:
-                latency = time.monotonic() - change.seen_at
-                self.latencies.append(latency)
+            for attempt, pause in enumerate((*UNDO_RETRY_PAUSES, None)):
+                self._undoing[change.entity_id] = (undo.state, time.monotonic() + UNDO_SECONDS)
+                try:
+                    await self._ha.call_service(undo.domain, undo.service, {"entity_id": change.entity_id, **undo.data})
+                except HaError as err:
+                    failure = f"setting it back failed after {attempt + 1} tries: {err}"
+                    if pause is None:
+                        break
+                    await asyncio.sleep(pause)  # a connection HA (or the network) just dropped: the next one works
+                else:
+                    failure = None
+                    latency = time.monotonic() - change.seen_at
+                    self.latencies.append(latency)
+                    break
         await self._report(violation, latency=latency, failure=failure)
 
     async def _report(self, violation: Violation, *, latency: float | None, failure: str | None) -> None:

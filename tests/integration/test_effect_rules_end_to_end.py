@@ -304,6 +304,7 @@ def test_a_change_made_while_the_websocket_was_down_is_caught_at_the_resync(
             wait_state(ha_reset, PUMP, "on")
             relay.heal()
             (line,) = _wait_violations(data_dir, PUMP)
+            assert line["status"] == "success", line
             wait_state(ha_reset, PUMP, "off")
             log = daemon.log()
 

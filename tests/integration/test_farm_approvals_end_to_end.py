@@ -257,6 +257,8 @@ def test_approve_runs_it_once_audits_the_approver_tells_the_group_and_the_agents
     assert "[farmhost: since your last run]" in prompt
     assert f"approval {approval_id}" in prompt and "was done: approved by @ana and done" in prompt
     assert "[farmhost: since your last run]" not in llm_stub.requests[0].text()
+    # the approved run's own effect was permitted: the rules on effects did not undo it (issue 32)
+    assert not [line for line in audit(data_dir) if line["action"] == "violation"], audit(data_dir)
 
 
 def test_deny_runs_nothing_is_audited_and_the_group_is_told(
