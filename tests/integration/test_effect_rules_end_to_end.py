@@ -311,3 +311,43 @@ def test_a_change_made_while_the_websocket_was_down_is_caught_at_the_resync(
     _assert_undone(line, ha_reset, rule="requireApproval", back_to="off")
     assert line["resync"] is True
     assert log.count("event stream is lost") == 1 and log.count("event stream is back") == 1, log
+
+
+def test_assist_through_a_service_call_cannot_turn_the_guarded_pump_on(
+    data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str]
+) -> None:
+    _profile(data_dir, [PUMP_APPROVAL])
+    with farm_daemon(data_dir, ha_env, fake_telegram) as daemon:
+        _following(daemon)
+        _call(data_dir, "r-assist", "conversation.process", {"text": "turn on the irrigation pump"}, folder="field")
+        (line,) = _wait_violations(data_dir, PUMP)
+        wait_state(ha_reset, PUMP, "off")
+        _told(fake_telegram, "farmhost undid a change of Irrigation pump")
+
+    _assert_undone(line, ha_reset, rule="requireApproval", back_to="off")
+
+
+def test_a_fan_under_max_on_seconds_is_off_in_time_across_an_agents_ha_restart(
+    data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str]
+) -> None:
+    limit = max(20, round(scaled(20)))  # longer than the restart, so the restart happens inside the on-period
+    policy = {
+        "actionGroups": {**GROUPS, "ha_restart": ["main"]},
+        "allowServices": ALLOW,
+        "rules": [{"entities": [FAN], "maxOnSeconds": limit}],
+    }
+    (data_dir / "farm-profile.json").write_text(json.dumps({"policy": policy}))
+    with farm_daemon(data_dir, ha_env, fake_telegram) as daemon:
+        _following(daemon)
+        started = time.monotonic()
+        ha_reset.call_service("fan", "turn_on", {"entity_id": FAN})
+        drop(data_dir, "main", "actions", {"type": "farm_action", "action": "ha_restart", "requestId": "r-restart"})
+        assert wait_result(data_dir, "main", "r-restart", timeout=scaled(160))["status"] == "success"
+        wait_for(lambda: "event stream is back" in daemon.log(), timeout=scaled(30), what="the live view back")
+        if ha_reset.get_state(FAN)["state"] == "on":  # a relay that keeps its state over a restart
+            wait_state(ha_reset, FAN, "off", timeout=limit + scaled(10))
+        held = time.monotonic() - started
+
+    assert ha_reset.get_state(FAN)["state"] == "off"
+    assert held <= limit + scaled(10), f"on for {held:.1f} s against a limit of {limit} s"
+    assert not _violations(data_dir, FAN)
