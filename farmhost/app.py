@@ -21,8 +21,10 @@ from farmhost.farm.actions import approved_runner, farm_handlers
 from farmhost.farm.audit import AuditLog
 from farmhost.farm.auto_off import AutoOff
 from farmhost.farm.deps import FarmDeps
+from farmhost.farm.effect_rules import EffectRules
 from farmhost.farm.emergency_stop import EmergencyStop
 from farmhost.farm.homeassistant import HAClient
+from farmhost.farm.live_view import LiveView
 from farmhost.farm.state import StateCollector, collector_options
 from farmhost.groups.requests import HANDLERS as GROUP_HANDLERS
 from farmhost.ipc.handlers import Change, Handlers
@@ -110,6 +112,8 @@ class App:
         self.desk: ApprovalDesk | None = None
         self.emergency_stop: EmergencyStop | None = None  # /stop and /resume in the main chat
         self.auto_off: AutoOff | None = None
+        self.live_view: LiveView | None = None
+        self.effects: EffectRules | None = None
         self.sites: SiteCaller | None = None
         self.mqtt: MqttService | None = None
         self.memory: MemoryService | None = None
@@ -133,6 +137,20 @@ class App:
             await self.collector.start()  # returns at once; the first poll runs in the background
         memory = self.memory = MemoryService(self.layout)
         audit = AuditLog(self.layout.farm_state, max_bytes=self.settings.request_log_max_bytes)
+        if self.ha is not None and self.settings.ha_token:
+            self.live_view = LiveView(ws_url=self.ha.ws_url, token=self.settings.ha_token)
+            self.effects = EffectRules(
+                ha=self.ha,
+                view=self.live_view,
+                db=self.db,
+                profile_path=self.settings.profile_path,
+                audit=audit,
+                started_at=self.identity.started_at,
+                wake_outbox=self._wake_outbox,
+                on_violation=self.collector.raise_violation if self.collector is not None else None,
+            )
+            self.effects.start()
+            farm = replace(farm, effects=self.effects)
         self.sites = SiteCaller(
             db=self.db, site=self.settings.site_name, audit=audit, enabled=bool(self.settings.mqtt_url)
         )
@@ -148,9 +166,10 @@ class App:
             wake_outbox=self._wake_outbox,
         )
         await self.desk.start()
-        if self.ha is not None:
+        if self.ha is not None and self.live_view is not None:
             self.auto_off = AutoOff(
                 ha=self.ha,
+                view=self.live_view,
                 db=self.db,
                 profile_path=self.settings.profile_path,
                 audit=audit,
@@ -158,6 +177,7 @@ class App:
                 wake_outbox=self._wake_outbox,
             )
             await self.auto_off.start()
+            await self.live_view.start()  # returns at once; listeners are in place before the first sync
         self.runtime = AgentRuntime(
             settings=self.settings,
             layout=self.layout,
@@ -238,9 +258,7 @@ class App:
         if self.runtime is not None:
             await self.runtime.stop()
             self.runtime = None
-        if self.auto_off is not None:
-            await self.auto_off.stop()
-            self.auto_off = None
+        await self._stop_watchers()
         if self.desk is not None:
             await self.desk.stop()
             self.desk = None
@@ -264,6 +282,18 @@ class App:
             os.close(self._lock_fd)
             self._lock_fd = -1
         logger.info("farmhost stopped")
+
+    async def _stop_watchers(self) -> None:
+        """The automatic off, the live view of HA and the rules on effects (undos in flight finish)."""
+        if self.auto_off is not None:
+            await self.auto_off.stop()
+            self.auto_off = None
+        if self.live_view is not None:
+            await self.live_view.stop()
+            self.live_view = None
+        if self.effects is not None:
+            await self.effects.stop()
+            self.effects = None
 
     async def run(self, *, handle_signals: bool = True) -> None:
         """Run until SIGTERM/SIGINT (or cancellation), then stop cleanly."""

@@ -7,6 +7,7 @@ still going after a second says on stderr what it waits for, and none waits long
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
 import json
 import os
@@ -143,7 +144,7 @@ def _probes(settings: Settings) -> list[Probe]:
         Probe("timezone", lambda: [timezone_check(settings.tz, settings.zone)], "the time zone"),
         Probe(
             "home assistant",
-            lambda: [_home_assistant(settings)],
+            lambda: [ha := _home_assistant(settings), *_ha_user(settings, ha)],
             f"Home Assistant at {_safe_url(settings.ha_url or '')}",
             PROBE_TIMEOUT + 2,
             "check HA_URL and that Home Assistant runs",
@@ -312,6 +313,35 @@ def _home_assistant(settings: Settings) -> Check:
         "check HA_URL and that HA_TOKEN is a valid long-lived access token",
         where=_safe_url(settings.ha_url),
     )
+
+
+def _ha_user(settings: Settings, reached: Check) -> list[Check]:
+    """Whose token HA_TOKEN is: farmhost's own user, or (a warning) the owner's, whose people would count as agents."""
+    if reached.state != "ok" or settings.ha_url is None or settings.ha_token is None:
+        return []
+    from farmhost.farm.live_view import current_user  # aiohttp only when the check runs
+
+    ws_url = ("wss" if settings.ha_url.startswith("https") else "ws") + "://" + settings.ha_url.split("://", 1)[1]
+    try:
+        user = asyncio.run(
+            current_user(ws_url.rstrip("/") + "/api/websocket", settings.ha_token, timeout=PROBE_TIMEOUT)
+        )
+    except (OSError, TimeoutError, ValueError) as err:
+        return [Check("ha user", "warn", f"whose token HA_TOKEN is could not be told ({err})", _OWN_USER_FIX)]
+    name = user.get("name") or "?"
+    if user.get("is_owner"):
+        detail = (
+            f"HA_TOKEN is the owner's ({name}): whatever people do in HA with that account counts as the agents' "
+            "and is undone when a rule would have held it"
+        )
+        return [Check("ha user", "warn", detail, _OWN_USER_FIX)]
+    return [Check("ha user", "ok", f"farmhost acts as its own HA user {name!r} (not the owner)")]
+
+
+_OWN_USER_FIX: Final = (
+    "create an HA user for farmhost alone (an administrator, not the owner), make a long-lived token as that user "
+    "and set it as HA_TOKEN (docs/configuration.md)"
+)
 
 
 def _farm_profile(settings: Settings) -> Check:

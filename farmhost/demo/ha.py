@@ -2,14 +2,15 @@
 
 The local-HA harness (`farmhost/localha/harness.py`, stdlib only, shared with the test suite) stays the one
 implementation of installing HA, writing the farm configuration (`farmhost/localha/farm/`), seeding the owner's
-token and supervising `hass`. So the demo's farm is exactly the tests' farm, and a wheel install has it too.
+and farmhost's own user's tokens and supervising `hass`. So the demo's farm is exactly the tests' farm, and a wheel
+install has it too. farmhost talks to HA as its own user, so the farmer's clicks in the browser are a person's.
 
 Files in `<data>/ha/` (the harness's layout): `config/` (HA's config dir, fresh at every start), `hass.log`,
-`supervisor.pid`, `hass.pid`, `hass.rc`, and `ha.env` (HA_URL, HA_TOKEN, HA_WS_URL, HA_CONFIG_DIR; mode 0600),
-the same file `python -m farmhost.localha.harness start --dir <data>/ha` writes. A supervisor alive with a `ha.env` whose token HA
-accepts is reused instead of starting another HA; `--keep-ha` leaves the instance running for the next demo.
+`supervisor.pid`, `hass.pid`, `hass.rc`, and `ha.env` (HA_URL, HA_TOKEN: farmhost's own user's, HA_OWNER_TOKEN,
+HA_WS_URL, HA_CONFIG_DIR; mode 0600), the same file `python -m farmhost.localha.harness start --dir <data>/ha`
+writes. A supervisor alive with a `ha.env` whose token HA accepts is reused instead of starting another HA; `--keep-ha` leaves the instance running for the next demo.
 
-The browser login is a second HA user, `demo` (administrator, local network only), created through HA's own
+The browser login is another HA user, `demo` (administrator, local network only), created through HA's own
 WebSocket API (`config/auth/create`, `config/auth_provider/homeassistant/create`); on a reused instance its
 password is set again (`admin_change_password`), so the printed login always works.
 """
@@ -109,8 +110,13 @@ class DemoHa:
 
     @property
     def token(self) -> str:
-        """The seeded owner's long-lived token (what farmhost uses as HA_TOKEN)."""
+        """The seeded owner's long-lived token: the farmer's (a person's changes, never undone as an agent's)."""
         return str(self._running().token)
+
+    @property
+    def farmhost_token(self) -> str:
+        """The long-lived token of farmhost's own HA user (what farmhost uses as HA_TOKEN)."""
+        return str(self._running().farmhost_token)
 
     @property
     def log_path(self) -> Path:
@@ -256,8 +262,8 @@ class DemoHa:
         """Take over an instance left running in `root` (by `--keep-ha` or `harness.py start`), if HA accepts us."""
         supervisor = _pid_alive(self.root / "supervisor.pid")
         env = read_env_file(self.env_path)
-        url, token = env.get("HA_URL", ""), env.get("HA_TOKEN", "")
-        if supervisor is None or not url.startswith("http://127.0.0.1:") or not token:
+        url, token, owner = env.get("HA_URL", ""), env.get("HA_TOKEN", ""), env.get("HA_OWNER_TOKEN", "")
+        if supervisor is None or not url.startswith("http://127.0.0.1:") or not token or not owner:
             return False
         port = int(url.rsplit(":", 1)[1])
         if self.requested_port not in (None, 0, port):
@@ -265,7 +271,7 @@ class DemoHa:
             self._stop_adopted(supervisor)
             return False
         instance = self._harness.HaInstance(self.root, port=port, log=self._log)
-        instance.token = token
+        instance.token, instance.farmhost_token = owner, token
         try:
             instance.wait_running(timeout=30.0)  # it may be restarting; HA refusing the token never gets RUNNING
             instance.check_entities()
@@ -295,7 +301,8 @@ class DemoHa:
         instance = self._running()
         values = {
             "HA_URL": instance.url,
-            "HA_TOKEN": instance.token,
+            "HA_TOKEN": instance.farmhost_token,
+            "HA_OWNER_TOKEN": instance.token,
             "HA_WS_URL": instance.ws_url,
             "HA_CONFIG_DIR": str(instance.config_dir),
         }

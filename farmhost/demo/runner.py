@@ -141,7 +141,7 @@ class Demo:
 
         if host.ensure_main_group(data_dir):
             self.say("farmhost", f"registered the main group {host.MAIN_JID} (folder {host.MAIN_FOLDER})")
-        settings = host.demo_settings(self.base_settings, data_dir=data_dir, ha_url=ha.url, ha_token=ha.token)
+        settings = host.demo_settings(self.base_settings, data_dir=data_dir, ha_url=ha.url, ha_token=ha.farmhost_token)
         if host.install_profile(settings):
             self.say(
                 "farmhost", f"wrote the demo farm's safe profile to {settings.profile_path} (docs/farm-actions.md)"

@@ -25,6 +25,7 @@ from farmhost.farm.dashboard_actions import (
     ha_dashboard_patch,
     ha_dashboard_validate,
 )
+from farmhost.farm.effect_rules import ON
 from farmhost.farm.screenshots import ha_capture_screenshot
 from farmhost.farm.state import farm_state_refresh
 from farmhost.ipc.handlers import (
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
     from farmhost.approvals.store import ApprovalRow
     from farmhost.config import Settings
     from farmhost.farm.deps import FarmAction, FarmDeps
+    from farmhost.farm.rules import ControlCall
     from farmhost.layout import DataLayout
     from farmhost.store.db import Database
 
@@ -173,6 +175,19 @@ def approved_runner(
     return run
 
 
+def permit_target(call: ControlCall) -> str | float | None:
+    """The state an approved call asks for, as the rules on effects match it (None: whatever the call does)."""
+    if call.turns_on:
+        return ON
+    if isinstance(call.value, bool):
+        return None
+    if isinstance(call.value, int | float):
+        return float(call.value)
+    if isinstance(call.value, str):
+        return call.value
+    return None
+
+
 async def _guarded(deps: FarmDeps, ctx: RequestContext, name: str, spec: FarmActionSpec, params: dict[str, Any]) -> Any:
     loaded = policy.load_profile(deps.settings.profile_path)
     policy.authorise_group(name, folder=ctx.group.folder, is_main=ctx.group.is_main, loaded=loaded)
@@ -184,6 +199,8 @@ async def _guarded(deps: FarmDeps, ctx: RequestContext, name: str, spec: FarmAct
         asked = checked.model_dump(mode="json", exclude_none=True)
         stopped.refuse_while_paused(ctx.db, call, asked, loaded.rules)  # before anyone is asked for approval
         await gate.admit(deps, ctx, call, asked, loaded)
+        if ctx.approved is not None and deps.effects is not None:
+            deps.effects.permit(call.entities, permit_target(call))  # before HA is called: its effect is approved
     try:
         async with asyncio.timeout(spec.timeout):
             return await spec.run(deps, ctx, checked)

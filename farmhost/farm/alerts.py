@@ -34,8 +34,12 @@ class Rule(StrEnum):
     SAFETY = "safety"
     SOIL_MOISTURE_LOW = "soil_moisture_low"
     UNAVAILABLE = "unavailable"
+    VIOLATION = "violation"  # raised by an event (farm/effect_rules.py), not by a state: see EVENT_ALERT_HOLD
 
 
+# An event alert (a violation undone) stays active this long after its last occurrence, then resolves: long
+# enough for the farmer to see it on the dashboard and in MQTT, short enough not to become noise.
+EVENT_ALERT_HOLD: Final = timedelta(hours=1)
 _SEVERITY_ORDER: Final = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
 
@@ -190,6 +194,12 @@ def reconcile(
     newly_resolved: list[Alert] = []
     for old in book.active:
         new = raised.pop(old.key, None)
+        if old.rule is Rule.VIOLATION:
+            if now - old.since < EVENT_ALERT_HOLD:
+                active.append(old)
+            else:
+                newly_resolved.append(replace(old, resolved_at=now))
+            continue
         if new is not None:
             active.append(replace(old, severity=new.severity, message=new.message))
         elif old.rule is not Rule.UNAVAILABLE and current.get(old.entity_id) in NO_DATA_STATES:
@@ -199,6 +209,12 @@ def reconcile(
     active.extend(raised.values())
     resolved = (*newly_resolved, *book.resolved)[: max(keep_resolved, 0)]
     return AlertBook(active=tuple(_ordered(active)), resolved=resolved)
+
+
+def with_event_alert(book: AlertBook, alert: Alert) -> AlertBook:
+    """The book with an event alert raised (one of the same rule and entity is replaced: the latest counts)."""
+    kept = [a for a in book.active if a.key != alert.key]
+    return replace(book, active=tuple(_ordered([*kept, alert])))
 
 
 def alert_id(rule: Rule, entity_id: str, since: datetime) -> str:

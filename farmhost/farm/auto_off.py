@@ -1,12 +1,14 @@
 """Automatic off: farmhost turns off what a `maxOnSeconds` rule covers once it has been on that long.
 
-The watcher looks at Home Assistant's states every few seconds (only while the profile has such rules or an
-off is still pending), so it sees an entity switched on by anything: an agent, a scheduled task, an
-automation, a hand on the wall switch. Each on-period gets a durable row (`store/auto_off.py`) with its off
-time (`last_changed` + the limit), claimed once when the time comes; after a crash or a power cut the row is
-still there and the entity is turned off as soon as farmhost is back, and the main chat is told why late. An
-entity that goes off some other way before its time cancels its row. Home Assistant away or refusing: the
-off is tried again at the next look.
+The watcher follows Home Assistant's live view (farm/live_view.py), so it sees an entity switched on by
+anything: an agent, a scheduled task, an automation, a hand on the wall switch. The on-time counts from the
+moment farmhost first saw the entity on and is reset only when farmhost sees it off: a `template.reload`, an
+HA restart or an `unavailable` blip re-stamp HA's `last_changed` but never re-time the off (after farmhost was
+down, the count starts from HA's `last_changed` at most). Each on-period gets a durable row
+(`store/auto_off.py`) with its off time, claimed once when the time comes; after a crash or a power cut the row
+is still there and the entity is turned off as soon as farmhost is back, and the main chat is told why late. An
+entity seen going off before its time cancels its row. Home Assistant away or refusing: the off is tried again
+at the next look. Nothing polls Home Assistant: a look reads the view.
 """
 
 from __future__ import annotations
@@ -19,14 +21,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
-from farmhost.background import cancel_and_wait, every
-from farmhost.farm import policy, rules
+from farmhost.background import cancel_and_wait
+from farmhost.farm import rules
 from farmhost.farm.audit import AuditLog
 from farmhost.farm.ha_errors import HaError
 from farmhost.farm.homeassistant import HAClient
+from farmhost.farm.live_view import EntityView, LiveView, StateChange
+from farmhost.farm.profile_rules import ProfileRules
 from farmhost.farm.rules import ActuatorRule
+from farmhost.farm.safe_state import is_on
 from farmhost.protocol.codes import ErrorCode
 from farmhost.store import auto_off, groups
 from farmhost.store.auto_off import AutoOffRow
@@ -35,24 +40,27 @@ from farmhost.telegram.notices import enqueue_notice
 
 logger = logging.getLogger(__name__)
 
-# A pump on for a few seconds too long floods nothing; one /api/states call every 2 s costs HA little.
+# The longest wait between looks when no off is due sooner: a profile edit (a new or tighter limit) takes effect
+# within it. A look reads the live view and the database only, never Home Assistant.
 LOOK_SECONDS: Final = 2.0
 AUDIT_GROUP: Final = "farmhost"
 # An off HA accepts while the entity stays on is tried again at the next looks, then given up (and the chat told).
 GIVE_UP_AFTER: Final = 3
 AUDIT_ACTION: Final = "auto_off"
-# The state an entity is "on" in, and the service that ends it, by domain (everything else: turn_off on "on").
-_ON_STATES: Final = {"valve": frozenset({"open", "opening"}), "cover": frozenset({"open", "opening"})}
-_OFF_SERVICES: Final = {"valve": "close_valve", "cover": "close_cover"}
-_DEFAULT_ON: Final = frozenset({"on"})
-_UNKNOWN: Final = frozenset({"unavailable", "unknown"})
+# How long start() waits for the live view's first sync before looking anyway (offs then wait for the view).
+FIRST_SYNC_SECONDS: Final = 30.0
+
+
+# The service that ends an on-period, by domain (every other domain: turn_off).
+OFF_SERVICES: Final = {"valve": "close_valve", "cover": "close_cover"}
 
 
 @dataclass(frozen=True)
 class _Seen:
-    on: bool | None  # None: HA does not know (unavailable/unknown)
-    since: datetime | None
+    on: bool | None  # None: HA does not know (unavailable/unknown) and farmhost never saw it on or off
+    since: datetime | None  # when farmhost first saw it in that state
     name: str
+    after_off: bool  # farmhost saw it off before this on-period (else `since` is HA's last_changed at most)
 
 
 class AutoOff:
@@ -62,6 +70,7 @@ class AutoOff:
         self,
         *,
         ha: HAClient,
+        view: LiveView,
         db: Database,
         profile_path: Path,
         audit: AuditLog,
@@ -71,56 +80,69 @@ class AutoOff:
         interval: float = LOOK_SECONDS,
     ) -> None:
         self._ha = ha
+        self._view = view
         self._db = db
-        self._profile_path = profile_path
+        self._rules = ProfileRules(profile_path, who="auto-off")
         self._audit = audit
         self._started_at = started_at
         self._wake = wake_outbox
         self._clock = clock
         self._interval = interval
         self._task: asyncio.Task[None] | None = None
-        self._profile_stamp: tuple[int, int] | None = None
-        self._rules: tuple[ActuatorRule, ...] = ()
+        self._nudge = asyncio.Event()
         self._failing: set[str] = set()  # entities whose off failed last time (logged once per streak)
         self._tries: dict[tuple[str, datetime], int] = {}  # offs HA accepted but the entity stayed on
-        self._ha_away = False
 
     async def start(self) -> None:
-        """Re-arm offs a stop interrupted, then look in the background."""
+        """Re-arm offs a stop interrupted, follow the live view, then look in the background."""
         with self._db.tx() as conn:
             if released := auto_off.release_claims(conn):
                 logger.warning("auto-off: %d off(s) interrupted by a stop are tried again", released)
-        self._task = asyncio.create_task(every(self._interval, self.look, first_now=True), name="auto-off")
+        self._view.add_listener(self._changed)
+        self._task = asyncio.create_task(self._run(), name="auto-off")
 
     async def stop(self) -> None:
         """Stop looking (armed offs stay in the database for the next start)."""
         await cancel_and_wait(self._task)
         self._task = None
 
-    async def look(self) -> None:
-        """One round: arm what is on, cancel what went off, turn off what is due."""
-        limited = [rule for rule in self._current_rules() if rule.maxOnSeconds is not None]
+    async def _run(self) -> None:
+        await self._view.wait_synced(FIRST_SYNC_SECONDS)
+        while True:
+            try:
+                wait = await self.look()
+            except Exception:  # one bad round must not end the watcher for the life of the daemon
+                logger.exception("auto-off: a look failed; trying again in %g s", self._interval)
+                wait = self._interval
+            self._nudge.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._nudge.wait()
+
+    def _changed(self, change: StateChange) -> None:
+        """An observed off ends the on-period at once; an observed on is armed at once (not at the next look)."""
+        if change.new.on is False or (change.new.on and (change.old is None or change.old.on is not True)):
+            self._nudge.set()
+
+    async def look(self) -> float:
+        """One round: arm what is on, cancel what went off, turn off what is due; returns the seconds to the next."""
+        limited = [rule for rule in self._rules.current() if rule.maxOnSeconds is not None]
         with self._db.tx() as conn:
             armed = auto_off.live(conn)
-        if not limited and not armed:
-            return
-        try:
-            states = await self._ha.get_states()
-        except HaError as err:
-            if not self._ha_away:
-                logger.warning("auto-off: Home Assistant cannot be read (%s); offs wait until it can", err)
-                self._ha_away = True
-            return
-        if self._ha_away:
-            logger.info("auto-off: Home Assistant answers again")
-            self._ha_away = False
-        seen = {state["entity_id"]: _seen(state) for state in states if isinstance(state.get("entity_id"), str)}
+        if (not limited and not armed) or not self._view.connected:
+            return self._interval
+        seen = {entity_id: _seen(view) for entity_id, view in self._view.entities().items()}
         now = self._clock()
         with self._db.tx() as conn:
             self._reconcile(conn, limited, armed, seen, now)
             due = auto_off.claim_due(conn, {e for e, s in seen.items() if s.on}, at=now)
+            upcoming = [row.off_at for row in auto_off.live(conn).values() if row.status == "armed"]
         for row in due:
             await self._turn_off(row, seen[row.entity_id], now)
+        if due:
+            return 0.0  # look again at once: an off HA did not follow is retried, the next row armed
+        soonest = min(((at - self._clock()).total_seconds() for at in upcoming), default=self._interval)
+        return max(0.0, min(self._interval, soonest))
 
     def _reconcile(
         self,
@@ -137,7 +159,9 @@ class AutoOff:
             elif state is not None and state.on is False:
                 auto_off.cancel(conn, entity_id, at=now, outcome="it was turned off before its time")
                 logger.info("auto-off: %s went off before its time; nothing to do", entity_id)
-            elif state is not None and state.on and state.since is not None and state.since > row.on_since:
+            elif state is not None and state.on and state.after_off and state.since and state.since > row.on_since:
+                # farmhost saw it go off and on again since the row was armed: a new on-period. (A later
+                # last_changed alone, after farmhost was down, never re-times: a reload or a restart re-stamps it.)
                 auto_off.cancel(conn, entity_id, at=now, outcome="it went off and on again; timed anew")
         for entity_id, state in seen.items():
             if not state.on or state.since is None:
@@ -156,7 +180,7 @@ class AutoOff:
 
     async def _turn_off(self, row: AutoOffRow, state: _Seen, now: datetime) -> None:
         domain = row.entity_id.split(".", 1)[0]
-        service = _OFF_SERVICES.get(domain, "turn_off")
+        service = OFF_SERVICES.get(domain, "turn_off")
         started = self._clock()
         try:
             await self._ha.call_service(domain, service, {"entity_id": row.entity_id})
@@ -182,7 +206,7 @@ class AutoOff:
             outcome = f"{domain}.{service}: still on after {tries} tries"
         else:
             late = row.off_at < self._started_at
-            text = _told(row, state.name, service, late=late)
+            text = _told(row, state.name, service, late=late, on_for=self._clock() - row.on_since)
             outcome = f"{domain}.{service}" + (" (late)" if late else "")
         self._tries.pop((row.entity_id, row.on_since), None)
         with self._db.tx() as conn:
@@ -197,12 +221,12 @@ class AutoOff:
         logger.warning("auto-off: %s", text)
 
     async def _still_on(self, row: AutoOffRow) -> bool:
-        """HA reports the entity on, in the same on-period, right after the off (a relay that did not follow)."""
+        """HA reports the entity on right after the off HA accepted (a relay that did not follow)."""
         try:
-            after = _seen(await self._ha.get_state(row.entity_id))
+            after = await self._ha.get_state(row.entity_id)
         except HaError:
-            return False  # it answered the off; the next look sees the truth and arms a new period if needed
-        return bool(after.on) and after.since == row.on_since
+            return False  # it answered the off; the view shows the truth and a new on-period is armed if needed
+        return is_on(row.entity_id, after.get("state")) is True
 
     def _record(self, row: AutoOffRow, domain: str, service: str, started: datetime, *, failed: bool) -> None:
         self._audit.record(
@@ -216,48 +240,34 @@ class AutoOff:
             extra={"onSince": row.on_since.isoformat(), "offAt": row.off_at.isoformat()},
         )
 
-    def _current_rules(self) -> tuple[ActuatorRule, ...]:
-        """The profile's rules, parsed again only when the file changed; a broken file keeps the last good rules."""
-        try:
-            info = self._profile_path.stat()
-            stamp: tuple[int, int] | None = (info.st_mtime_ns, info.st_size)
-        except OSError:
-            stamp = None
-        if stamp == self._profile_stamp:
-            return self._rules
-        self._profile_stamp = stamp
-        loaded = policy.load_profile(self._profile_path)
-        if loaded.problem is not None:
-            logger.error("auto-off: %s; the last valid rules stay in force", loaded.problem)
-            return self._rules
-        self._rules = loaded.rules
-        return self._rules
+
+def _seen(view: EntityView) -> _Seen:
+    since = view.on_since
+    if since is not None:  # to the millisecond, as the database keeps it: the same on-period compares equal to its row
+        since = since.replace(microsecond=since.microsecond // 1000 * 1000)
+    return _Seen(on=view.on, since=since, name=view.name, after_off=view.after_off)
 
 
-def _seen(state: dict[str, Any]) -> _Seen:
-    entity_id: str = state["entity_id"]
-    domain = entity_id.split(".", 1)[0]
-    value = state.get("state")
-    name = (state.get("attributes") or {}).get("friendly_name")
-    shown = f"{name} ({entity_id})" if isinstance(name, str) and name else entity_id
-    on: bool | None = (
-        None if value in _UNKNOWN or not isinstance(value, str) else value in _ON_STATES.get(domain, _DEFAULT_ON)
-    )
-    since: datetime | None = None
-    with contextlib.suppress(TypeError, ValueError):
-        exact = datetime.fromisoformat(state["last_changed"])
-        # To the millisecond, as the database keeps it: the same on-period must compare equal to its row.
-        since = exact.replace(microsecond=exact.microsecond // 1000 * 1000)
-    return _Seen(on=on, since=since, name=shown)
+def _duration(seconds: float) -> str:
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    minutes, rest = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes} min {rest} s" if rest else f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"
 
 
-def _told(row: AutoOffRow, name: str, service: str, *, late: bool) -> str:
-    minutes = row.max_on_seconds / 60
-    limit = f"{minutes:g} min" if row.max_on_seconds >= 60 else f"{row.max_on_seconds} s"
+def _told(row: AutoOffRow, name: str, service: str, *, late: bool, on_for: timedelta) -> str:
+    limit = _duration(row.max_on_seconds)
     what = "closed" if service.startswith("close") else "turned off"
     if late:
         return (
             f"farmhost {what} {name}: it was on since {row.on_since:%H:%M} UTC and the farm profile allows {limit}. "
             f"farmhost was not running at {row.off_at:%H:%M} UTC, when it was due; it did it now that it is back."
         )
-    return f"farmhost {what} {name}: it had been on for {limit} (since {row.on_since:%H:%M} UTC), the farm profile's limit."
+    return (
+        f"farmhost {what} {name}: it had been on for {_duration(on_for.total_seconds())} "
+        f"(since {row.on_since:%H:%M:%S} UTC), and the farm profile allows {limit}."
+    )

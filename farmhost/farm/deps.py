@@ -11,6 +11,7 @@ from farmhost.farm.screenshots.ha_user import ScreenshotUser
 
 if TYPE_CHECKING:
     from farmhost.config import Settings
+    from farmhost.farm.effect_rules import EffectRules
     from farmhost.farm.homeassistant import HAClient
     from farmhost.farm.state import StateCollector
     from farmhost.ipc.handlers import RequestContext
@@ -27,6 +28,7 @@ class FarmDeps:
     dashboards_dir: Path  # the working copies of the staged dashboards (data dir), seeded from the repo's dashboards/
     state: StateCollector | None = None  # the running collector, the one writer of farm-state/ (None: HA off)
     screenshot_user: ScreenshotUser = field(default_factory=ScreenshotUser)  # the browser's read-only HA user
+    effects: EffectRules | None = None  # the rules on effects: an approved run registers its permit there
 
 
 # One farm action: validated params in, a JSON-able result out; raises FarmhostError subclasses for failures.

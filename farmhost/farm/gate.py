@@ -134,11 +134,7 @@ async def admit(
             result={"approvalId": row.id, "expiresAt": iso(row.expires_at), "alreadyPending": again},
         )
     with ctx.db.tx() as conn:
-        problem = _rate_problem(conn, matched, call, ctx.now)
-        if problem is None:
-            limited = sorted({e for rule in matched if _rated(rule) for e in rules.entities_under(rule, call)})
-            if limited:
-                actuator_calls.record(conn, limited, folder=ctx.group.folder, at=ctx.now)
+        problem = _rate_problem(conn, matched, call, ctx.now)  # the effects are counted by farm/effect_rules.py
     if problem is not None:
         raise RateLimited(await _named(deps, *problem))
 

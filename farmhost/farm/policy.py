@@ -71,7 +71,8 @@ class _PolicySection(BaseModel):
     allowedDomains: list[_DomainPattern] | None = None
     allowedServices: list[_ServicePattern] | None = None
     allowedEntities: list[_EntityPattern] | None = None
-    # Services opened beyond the closed surface (farm/service_surface.py), as `domain.service` globs.
+    # Services opened beyond the closed surface (farm/service_surface.py), as `domain.service` globs; what they
+    # open is still held by the rules on effects (farm/effect_rules.py).
     allowServices: list[_ServicePattern] = Field(default_factory=list)
     actionGroups: dict[FarmActionName, list[_GroupName]] = Field(default_factory=dict)
     dashboards: _DashboardsSection = Field(default_factory=_DashboardsSection)

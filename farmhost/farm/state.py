@@ -14,7 +14,18 @@ from zoneinfo import ZoneInfo
 from farmhost.background import cancel_and_wait
 from farmhost.errors import Unavailable
 from farmhost.farm import telemetry
-from farmhost.farm.alerts import AlertBook, AlertThresholds, evaluate, local_iso, reconcile
+from farmhost.farm.alerts import (
+    Alert,
+    AlertBook,
+    AlertThresholds,
+    Rule,
+    Severity,
+    alert_id,
+    evaluate,
+    local_iso,
+    reconcile,
+    with_event_alert,
+)
 from farmhost.farm.homeassistant import HaError, HaUnavailable
 from farmhost.farm.inventory import CALENDAR, DEVICES, entities_document, fetch_calendar, fetch_devices
 from farmhost.farm.state_store import StateStore
@@ -153,6 +164,22 @@ class StateCollector:
     def active_alerts(self) -> list[tuple[str, str, str]]:
         """The alerts active now, as (id, rule, message)."""
         return [(alert.id, alert.rule.value, alert.message) for alert in self._book.active]
+
+    async def raise_violation(self, entity_id: str, message: str, at: datetime) -> None:
+        """Raise a `violation` alert now (alerts.json at once; MQTT announces it at its next look)."""
+        async with self._lock:
+            await self._ensure_loaded()
+            alert = Alert(
+                id=alert_id(Rule.VIOLATION, entity_id, at),
+                rule=Rule.VIOLATION,
+                entity_id=entity_id,
+                severity=Severity.CRITICAL,
+                message=message,
+                since=at,
+            )
+            self._book = with_event_alert(self._book, alert)
+            files = [(ALERTS, dump_json(self._book.to_json(self.zone)))]
+            await asyncio.to_thread(self._store.write_sync, files, rewrite=False, sample=None)
 
     async def start(self) -> None:
         """Read the previous alerts and snapshot, then poll in the background (the first poll runs at once)."""

@@ -56,6 +56,8 @@ PORT_PLACEHOLDER = "__HA_PORT__"
 
 # The seeded owner and its long-lived token: fixed ids so the token is reproducible; the config dir is per run.
 ADMIN_USERNAME = "farmadmin"
+# farmhost's own HA user (admin, not owner): its token is HA_TOKEN, so people's changes are told from its own.
+FARMHOST_USER_NAME = "farmhost"
 TOKEN_LIFESPAN_S = 10 * 365 * 86400
 
 Log = Callable[[str], None]
@@ -255,28 +257,62 @@ def _write_store(storage: Path, key: str, version: int, minor: int, data: dict[s
     path.chmod(0o600)
 
 
-def seed_auth(config_dir: Path) -> str:
-    """Pre-seed `.storage` with an owner, a long-lived refresh token and finished onboarding; returns the token.
+@dataclass(frozen=True, kw_only=True)
+class SeededAuth:
+    """The two seeded users' long-lived tokens: the owner (a person at the farm) and farmhost's own user."""
 
-    The storage layout is HA's internal one (auth 1.1, onboarding 4.1) as of 2025.4.4: with it the token works on
+    owner_token: str
+    farmhost_token: str
+    farmhost_user_id: str
+
+
+def _user(user_id: str, name: str, *, owner: bool) -> dict[str, Any]:
+    return {
+        "id": user_id,
+        "group_ids": ["system-admin"],
+        "is_owner": owner,
+        "is_active": True,
+        "name": name,
+        "system_generated": False,
+        "local_only": False,
+    }
+
+
+def _refresh_token(token_id: str, user_id: str, client: str, jwt_key: str) -> dict[str, Any]:
+    return {
+        "id": token_id,
+        "user_id": user_id,
+        "client_id": None,
+        "client_name": client,
+        "client_icon": None,
+        "token_type": "long_lived_access_token",
+        "created_at": datetime.now(UTC).isoformat(),
+        "access_token_expiration": float(TOKEN_LIFESPAN_S),
+        "token": secrets.token_hex(64),
+        "jwt_key": jwt_key,
+        "last_used_at": None,
+        "last_used_ip": None,
+        "expire_at": None,
+        "credential_id": None,
+        "version": None,
+    }
+
+
+def seed_auth(config_dir: Path) -> SeededAuth:
+    """Pre-seed `.storage` with an owner, farmhost's own admin user, a long-lived token each and finished onboarding.
+
+    The owner stands for the people of the farm (the tests' `call_service`, the demo's browser); farmhost gets a
+    user of its own, as docs/security.md asks of every install, so that HA's contexts tell its changes from theirs.
+    The storage layout is HA's internal one (auth 1.1, onboarding 4.1) as of 2025.4.4: with it the tokens work on
     the first request, with no onboarding round trips and none of onboarding's side effects (met, radio_browser...).
     """
     storage = config_dir / ".storage"
     storage.mkdir(parents=True, exist_ok=True)
     user_id, credential_id, token_id = secrets.token_hex(16), secrets.token_hex(16), secrets.token_hex(16)
-    jwt_key = secrets.token_hex(64)
+    farmhost_id, farmhost_token_id = secrets.token_hex(16), secrets.token_hex(16)
+    jwt_key, farmhost_key = secrets.token_hex(64), secrets.token_hex(64)
     auth = {
-        "users": [
-            {
-                "id": user_id,
-                "group_ids": ["system-admin"],
-                "is_owner": True,
-                "is_active": True,
-                "name": "Farm admin",
-                "system_generated": False,
-                "local_only": False,
-            }
-        ],
+        "users": [_user(user_id, "Farm admin", owner=True), _user(farmhost_id, FARMHOST_USER_NAME, owner=False)],
         "groups": [
             {"id": "system-admin", "name": "Administrators"},
             {"id": "system-users", "name": "Users"},
@@ -292,29 +328,22 @@ def seed_auth(config_dir: Path) -> str:
             }
         ],
         "refresh_tokens": [
-            {
-                "id": token_id,
-                "user_id": user_id,
-                "client_id": None,
-                "client_name": "farmhost-tests",
-                "client_icon": None,
-                "token_type": "long_lived_access_token",
-                "created_at": datetime.now(UTC).isoformat(),
-                "access_token_expiration": float(TOKEN_LIFESPAN_S),
-                "token": secrets.token_hex(64),
-                "jwt_key": jwt_key,
-                "last_used_at": None,
-                "last_used_ip": None,
-                "expire_at": None,
-                "credential_id": None,
-                "version": None,
-            }
+            _refresh_token(token_id, user_id, "farmhost-tests", jwt_key),
+            _refresh_token(farmhost_token_id, farmhost_id, "farmhost", farmhost_key),
         ],
     }
     _write_store(storage, "auth", 1, 1, auth)
     _write_store(storage, "onboarding", 4, 1, {"done": ["user", "core_config", "analytics", "integration"]})
     issued = int(time.time()) - 60
-    return hs256_jwt({"iss": token_id, "iat": issued, "exp": issued + TOKEN_LIFESPAN_S}, jwt_key)
+
+    def jwt(token_id: str, key: str) -> str:
+        return hs256_jwt({"iss": token_id, "iat": issued, "exp": issued + TOKEN_LIFESPAN_S}, key)
+
+    return SeededAuth(
+        owner_token=jwt(token_id, jwt_key),
+        farmhost_token=jwt(farmhost_token_id, farmhost_key),
+        farmhost_user_id=farmhost_id,
+    )
 
 
 def write_config(config_dir: Path, port: int) -> None:
@@ -549,7 +578,8 @@ class HaInstance:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}/api/websocket"
-        self.token = ""
+        self.token = ""  # the owner's: a person's calls (call_service, set_state, the browser)
+        self.farmhost_token = ""  # farmhost's own user's: what env() gives farmhost as HA_TOKEN
         self.log_path = root / "hass.log"
         self._log = log
         self._supervisor: subprocess.Popen[bytes] | None = None
@@ -557,11 +587,12 @@ class HaInstance:
     # ---- lifecycle
 
     def prepare(self) -> None:
-        """Write a fresh config dir: the farm configuration and the seeded owner + token."""
+        """Write a fresh config dir: the farm configuration, the seeded owner and farmhost's user, with tokens."""
         shutil.rmtree(self.config_dir, ignore_errors=True)
         self.config_dir.mkdir(parents=True)
         write_config(self.config_dir, self.port)
-        self.token = seed_auth(self.config_dir)
+        seeded = seed_auth(self.config_dir)
+        self.token, self.farmhost_token = seeded.owner_token, seeded.farmhost_token
 
     def start(self, *, timeout: float = 60.0, watch_parent: bool = True) -> float:
         """Start HA under the supervisor and wait until it is RUNNING; returns the seconds it took."""
@@ -819,8 +850,8 @@ class HaInstance:
             self.set_state(entity_id, value)
 
     def env(self) -> dict[str, str]:
-        """HA_URL and HA_TOKEN for a farmhost talking to this instance."""
-        return {"HA_URL": self.url, "HA_TOKEN": self.token}
+        """HA_URL and HA_TOKEN (farmhost's own user's token, not the owner's) for a farmhost talking to this instance."""
+        return {"HA_URL": self.url, "HA_TOKEN": self.farmhost_token}
 
 
 # Driven entity -> its helper (so tests can say set_number("sensor.air_temperature", 1.0)).
@@ -968,7 +999,12 @@ def main(argv: list[str] | None = None) -> int:
         root.mkdir(parents=True, exist_ok=True)
         instance = start_session_instance(root, watch_parent=False)
         instance._supervisor = None  # detached: it outlives this command; `stop` uses supervisor.pid
-        env = {**instance.env(), "HA_WS_URL": instance.ws_url, "HA_CONFIG_DIR": str(instance.config_dir)}
+        env = {
+            **instance.env(),
+            "HA_OWNER_TOKEN": instance.token,
+            "HA_WS_URL": instance.ws_url,
+            "HA_CONFIG_DIR": str(instance.config_dir),
+        }
         (root / "ha.env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
         _stderr(f"env in {root / 'ha.env'}; log in {instance.log_path}")
         return 0

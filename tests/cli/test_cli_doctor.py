@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from farmhost_testing import clean_env, farmhost
+from ha_fixture import HaInstance
 
 PARTS = (
     "python",
@@ -214,3 +215,17 @@ def test_doctor_shows_the_actuator_rules_in_words(data_dir: Path) -> None:
     broken = farmhost("doctor", "--json", data_dir=data_dir)
     profile = next(c for c in json.loads(broken.stdout) if c["part"] == "farm profile")
     assert profile["state"] == "broken" and "policy.rules.0.maxOn: unknown key" in profile["detail"]
+
+
+def test_doctor_warns_when_ha_token_is_the_owners_and_not_farmhosts_own_user(
+    tmp_path: Path, ha_reset: HaInstance, ha_env: dict[str, str]
+) -> None:
+    data_dir = tmp_path / "data"
+    _, own = _report(data_dir, **ha_env)  # the harness gives farmhost a user of its own
+    _, owner = _report(data_dir, HA_URL=ha_reset.url, HA_TOKEN=ha_reset.token)
+
+    assert own["home assistant"]["state"] == "ok"
+    assert own["ha user"]["state"] == "ok" and "own HA user 'farmhost'" in own["ha user"]["detail"], own["ha user"]
+    assert owner["ha user"]["state"] == "warn", owner["ha user"]
+    assert "the owner's" in owner["ha user"]["detail"] and "counts as the agents'" in owner["ha user"]["detail"]
+    assert "HA_TOKEN" in owner["ha user"]["fix"]

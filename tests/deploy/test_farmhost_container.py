@@ -255,7 +255,7 @@ def test_docker_compose_up_starts_farmhost_with_the_agent_image_and_the_test_hom
     tmp_path: Path, images: tuple[str, str], ha_reset: HaInstance
 ) -> None:
     root = owned_data_dir(tmp_path)
-    project, override = compose_project(tmp_path, root, ha_reset.url, ha_reset.token)
+    project, override = compose_project(tmp_path, root, ha_reset.url, ha_reset.farmhost_token)
     name = f"farmhosttest{secrets.token_hex(4)}"
     try:
         code, output = compose(project, override, name, "up", "-d", "farmhost")

@@ -9,15 +9,18 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from farmhost.farm.alerts import (
+    EVENT_ALERT_HOLD,
     Alert,
     AlertBook,
     AlertThresholds,
     Rule,
     Severity,
+    alert_id,
     evaluate,
     local_iso,
     reconcile,
     temperature_celsius,
+    with_event_alert,
 )
 
 NOW = datetime(2026, 5, 17, 3, 0, tzinfo=UTC)
@@ -234,3 +237,26 @@ def test_entries_that_are_not_alerts_are_dropped() -> None:
     ]
     book = AlertBook.from_json({"active": [*bad, entry], "resolved": [entry]})  # active, in the resolved list
     assert book == good
+
+
+def _violation(at: datetime, message: str = "farmhost undid a change of the pump") -> Alert:
+    pump = "switch.irrigation_pump"
+    return Alert(
+        id=alert_id(Rule.VIOLATION, pump, at),
+        rule=Rule.VIOLATION,
+        entity_id=pump,
+        severity=Severity.CRITICAL,
+        message=message,
+        since=at,
+    )
+
+
+def test_a_violation_alert_stays_active_for_its_hold_whatever_the_states_then_resolves() -> None:
+    book = with_event_alert(AlertBook(), _violation(NOW))
+    again = with_event_alert(book, _violation(NOW + timedelta(minutes=5), "again"))  # the latest replaces it
+    assert [a.message for a in again.active] == ["again"]
+    held = reconcile(again, [], [], NOW + timedelta(minutes=30), keep_resolved=5)  # no state raises it: held
+    assert held.active == again.active
+    later = NOW + timedelta(minutes=5) + EVENT_ALERT_HOLD
+    gone = reconcile(held, [], [], later, keep_resolved=5)
+    assert gone.active == () and gone.resolved[0].rule is Rule.VIOLATION and gone.resolved[0].resolved_at == later

@@ -115,5 +115,5 @@ async def test_every_outcome_is_audited_and_the_token_stays_out(tmp_path: Path, 
     # neither the agent's secret nor farmhost's HA token is in any file of the data dir
     for path in (p for p in data_dir.rglob("*") if p.is_file()):
         content = path.read_bytes()
-        assert ha_reset.token.encode() not in content, path
+        assert ha_reset.farmhost_token.encode() not in content, path
         assert b"s3cr3t-value" not in content, path

@@ -247,7 +247,7 @@ def test_daemon_home_assistant_down_and_back(tmp_path: Path, ha_reset: HaInstanc
     assert sum("is unreachable" in line for line in link) == 1, log
     assert sum("is reachable again" in line for line in link) == 1, log
     assert "Traceback" not in log, log
-    assert_token_nowhere(data_dir, ha_reset.token, daemon)
+    assert_token_nowhere(data_dir, ha_reset.farmhost_token, daemon)
     ha_reset.reset()
 
 

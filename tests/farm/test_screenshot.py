@@ -180,7 +180,7 @@ def make_farm(tmp_path: Path) -> Iterator[Callable[..., Farm]]:
 @pytest.fixture
 def farm(make_farm: Callable[..., Farm], ha: HaInstance) -> Farm:
     ha.ensure_running()  # an earlier test may have stopped the session's HA
-    return make_farm(ha.url, ha.token)
+    return make_farm(ha.url, ha.farmhost_token)
 
 
 def png_header(path: Path) -> tuple[int, int]:
@@ -212,7 +212,7 @@ async def test_capture_saves_the_logged_in_dashboard_in_the_workspace(
     assert saved.stat().st_size == result["bytes"] > MIN_PNG_BYTES
     assert not [p.name for p in saved.parent.iterdir() if p.name.startswith(".")], "no temp file left behind"
     assert spy.hits == [], "the markdown card's image on another origin was blocked"
-    assert all(ha.token.encode() not in p.read_bytes() for p in files_under(farm.workspace) if p.is_file())
+    assert all(ha.farmhost_token.encode() not in p.read_bytes() for p in files_under(farm.workspace) if p.is_file())
 
 
 async def test_view_size_zoom_and_selector(farm: Farm, dashboard: str) -> None:
@@ -493,7 +493,7 @@ async def test_the_screenshot_user_is_read_only_created_once_reused_and_recreate
     refused = call_service_with(ha, first.token)
     assert refused["success"] is False and refused["error"]["code"] in {"unauthorized", "home_assistant_error"}
     assert ha.get_state("switch.irrigation_pump")["state"] == "off", "HA itself refused the screenshot token"
-    assert first.token != ha.token
+    assert first.token != ha.farmhost_token
 
     with ha.ws() as ws:  # the operator removes it in HA: the next capture makes a new one
         assert ws.command("config/auth/delete", user_id=first.user_id)["success"]
@@ -596,5 +596,5 @@ async def test_a_listed_custom_card_acting_through_the_frontend_changes_nothing(
         logged = " | ".join(r.getMessage() for r in caplog.records)
         assert "the WebSocket command 'call_service'" in logged and "a POST request" in logged, logged
     account = ha_user.load(farm.db)
-    assert account is not None and account.token != ha.token, "the browser held the screenshot user's token"
+    assert account is not None and account.token != ha.farmhost_token, "the browser held the screenshot user's token"
     assert call_service_with(ha, account.token)["success"] is False

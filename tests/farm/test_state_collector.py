@@ -61,7 +61,7 @@ def read(path: Path) -> Any:
 
 
 def settings_for(root: Path, ha: HaInstance, **extra: Any) -> Settings:
-    return Settings(_env_file=None, data_dir=root, tz=FARM_TZ, ha_url=ha.url, ha_token=ha.token, **extra)  # type: ignore[call-arg]
+    return Settings(_env_file=None, data_dir=root, tz=FARM_TZ, ha_url=ha.url, ha_token=ha.farmhost_token, **extra)  # type: ignore[call-arg]
 
 
 @pytest.fixture

@@ -69,7 +69,7 @@ def test_an_agent_turned_pump_is_turned_off_after_max_on_seconds_and_the_chat_is
     held = datetime.fromisoformat(off["last_changed"]) - datetime.fromisoformat(on["last_changed"])
     assert held.total_seconds() >= limit  # not before its time
     assert row["max_on_seconds"] == limit and row["outcome"] == "switch.turn_off"
-    assert "turned off Irrigation pump (switch.irrigation_pump)" in told[0] and f"on for {limit} s" in told[0]
+    assert "turned off Irrigation pump (switch.irrigation_pump)" in told[0] and f"allows {limit} s" in told[0]
     assert "was not running" not in told[0]
     (line,) = [a for a in audit(data_dir) if a["action"] == "auto_off"]
     assert line["group"] == "farmhost" and line["status"] == "success"

@@ -257,6 +257,8 @@ def test_approve_runs_it_once_audits_the_approver_tells_the_group_and_the_agents
     assert "[farmhost: since your last run]" in prompt
     assert f"approval {approval_id}" in prompt and "was done: approved by @ana and done" in prompt
     assert "[farmhost: since your last run]" not in llm_stub.requests[0].text()
+    # the approved run's own effect was permitted: the rules on effects did not undo it (issue 32)
+    assert not [line for line in audit(data_dir) if line["action"] == "violation"], audit(data_dir)
 
 
 def test_deny_runs_nothing_is_audited_and_the_group_is_told(
@@ -438,25 +440,38 @@ def test_max_calls_per_hour_refuses_with_rate_limited_and_a_sentence(
 ) -> None:
     _profile(data_dir, [{"entities": [PUMP], "maxCallsPerHour": 2}])
     with farm_daemon(data_dir, ha_env, fake_telegram) as daemon:
+        # Rates count effects (issue 32): each "on" counts once it happened; the offs, the safe direction, do not.
         assert _act(data_dir, "r-rate-1", {"entityId": PUMP, "value": "on"})["status"] == "success"
-        assert _act(data_dir, "r-rate-2", {"entityId": PUMP, "value": "on"})["status"] == "success"
-        assert _act(data_dir, "r-rate-off", {"entityId": PUMP, "value": "off"})["status"] == "success"  # safe: free
-        third = _act(data_dir, "r-rate-3", {"entityId": PUMP, "value": "on"})
+        _wait_counted(data_dir, PUMP, 1)
+        assert _act(data_dir, "r-rate-2", {"entityId": PUMP, "value": "off"})["status"] == "success"
+        assert _act(data_dir, "r-rate-3", {"entityId": PUMP, "value": "on"})["status"] == "success"
+        _wait_counted(data_dir, PUMP, 2)
+        ha_reset.call_service("switch", "turn_off", {"entity_id": PUMP})  # by a person
+        fifth = _act(data_dir, "r-rate-5", {"entityId": PUMP, "value": "on"})
         assert _state(ha_reset, PUMP) == "off"
         daemon.stop()
         daemon.start(timeout=30)  # the count is in the database: a restart forgets nothing
-        fourth = _act(data_dir, "r-rate-4", {"entityId": PUMP, "value": "on"})
+        sixth = _act(data_dir, "r-rate-6", {"entityId": PUMP, "value": "on"})
 
-    message = refused(third, "rate_limited")
+    message = refused(fifth, "rate_limited")
     assert message.startswith(
         "the irrigation pump (switch.irrigation_pump) was switched 2 times in the last hour; the limit is 2"
     ), message
-    assert refused(fourth, "rate_limited") == message
+    assert refused(sixth, "rate_limited") == message
     assert _state(ha_reset, PUMP) == "off"
     assert len(db_rows(data_dir, "SELECT * FROM actuator_calls WHERE entity_id = ?", PUMP)) == 2  # refusals not counted
     assert [line["errorCode"] for line in audit(data_dir) if line["action"] == "ha_set_entity"] == [
         None, None, None, "rate_limited", "rate_limited"
     ]  # fmt: skip
+
+
+def _wait_counted(data_dir: Path, entity_id: str, count: int) -> None:
+    """The effect was counted (it is counted when the live view sees it, just after the call's answer)."""
+    wait_for(
+        lambda: len(db_rows(data_dir, "SELECT * FROM actuator_calls WHERE entity_id = ?", entity_id)) == count,
+        timeout=10,
+        what=f"{count} effect(s) of {entity_id} counted",
+    )
 
 
 def test_min_seconds_between_refuses_a_second_change_too_soon(
@@ -465,6 +480,7 @@ def test_min_seconds_between_refuses_a_second_change_too_soon(
     _profile(data_dir, [{"entities": ["switch.field_*_valve"], "minSecondsBetween": 600}])
     with farm_daemon(data_dir, ha_env, fake_telegram):
         assert _act(data_dir, "r-valve-1", {"entityId": VALVE_1, "value": "on"})["status"] == "success"
+        _wait_counted(data_dir, VALVE_1, 1)
         again = _act(
             data_dir,
             "r-valve-2",
