@@ -62,3 +62,13 @@ def wait_state(ha: HaInstance, entity_id: str, state: str, timeout: float = 30.0
 def sent_with(tg: FakeTelegram, chat_id: int, needle: str) -> list[str]:
     """The texts sent to `chat_id` that contain `needle`."""
     return [text for text in tg.sent_texts(chat_id) if needle in text]
+
+
+def wait_counted(data_dir: Path, entity_id: str, count: int) -> None:
+    """`count` effects of the entity are counted (the live view counts one just after the call's answer)."""
+    wait_for(
+        lambda: len(db_rows(data_dir, "SELECT * FROM actuator_calls WHERE entity_id = ?", entity_id)) == count,
+        timeout=10,
+        what=f"{count} effect(s) of {entity_id} counted",
+        seen=lambda: len(db_rows(data_dir, "SELECT * FROM actuator_calls WHERE entity_id = ?", entity_id)),
+    )

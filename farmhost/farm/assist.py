@@ -93,14 +93,15 @@ async def exposed_entities(ha: HAClient) -> frozenset[str]:
     }
     registry = await ha.ws_command("config/entity_registry/list_for_display")
     registered = {str(e.get("ei")) for e in _list(_dict(registry).get("entities")) if isinstance(e, dict)}
+    present = {str(state.get("entity_id", "")) for state in await ha.get_states()}
     # An entity without a registry entry is exposed by its domain's default the first time Assist looks at it.
     undecided = {
         entity_id
-        for state in await ha.get_states()
-        if (entity_id := str(state.get("entity_id", ""))) not in registered
-        and entity_id.split(".", 1)[0] in DEFAULT_EXPOSED_DOMAINS
+        for entity_id in present
+        if entity_id not in registered and entity_id.split(".", 1)[0] in DEFAULT_EXPOSED_DOMAINS
     }
-    return frozenset(exposed | undecided)
+    # HA keeps the exposure of an entity that is gone (a deleted scene): Assist cannot act on what does not exist.
+    return frozenset((exposed & present) | undecided)
 
 
 def _result(answer: Any) -> dict[str, Any]:

@@ -2,9 +2,10 @@
 
 After the group is authorised and the params are valid, a control action is described as a ControlCall (its
 service, entities and value, known before anything reaches Home Assistant) and held to the rules that cover it:
-targets a rule can see, the value range, the rate (counted in the database, so a restart forgets nothing), and
-approval in the chat. A call under approval is not run: it answers pending_approval with the approval's id,
-and runs later once, when an approver presses Approve (`RequestContext.approved`). Requests that lead to the same
+targets a rule can see, the value range, the rate (the agents' effects counted in the database by
+farm/effect_rules.py, so a restart forgets nothing and a call HA refused counts nothing), and approval in the
+chat. A call under approval is not run: it answers pending_approval with the approval's id, and runs later once,
+when an approver presses Approve (`RequestContext.approved`). Requests that lead to the same
 effect share one approval, and a group has at most FARMHOST_MAX_PENDING_APPROVALS waiting.
 
 The safe direction is always open: a call that only puts the entities it names in their safe state
@@ -90,7 +91,7 @@ def describe(action: str, params: BaseModel) -> ControlCall | None:
 async def admit(
     deps: FarmDeps, ctx: RequestContext, call: ControlCall, params: dict[str, Any], loaded: LoadedProfile
 ) -> None:
-    """Hold `call` to the rules that cover it; when it may run, count it against the rates (before it runs).
+    """Hold `call` to the rules that cover it: targets, range, the rates counted so far, approval.
 
     Raises:
         NotAllowed: a target the rules cannot see, or a value outside a range.

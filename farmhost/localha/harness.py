@@ -842,7 +842,12 @@ class HaInstance:
 
     def reset(self) -> None:
         """Put every helper back to its start value (FARM_DEFAULTS), so each test sees the same farm."""
-        states = {s["entity_id"]: s["state"] for s in self.get_states()}
+        found = self.get_states()
+        # Scenes a test made with scene.create (no `id`: not from the configuration) would stay, exposed to Assist.
+        for scene in found:
+            if scene["entity_id"].startswith("scene.") and "id" not in (scene.get("attributes") or {}):
+                self.call_service("scene", "delete", {"entity_id": scene["entity_id"]})
+        states = {s["entity_id"]: s["state"] for s in found}
         for entity_id, value in FARM_DEFAULTS.items():
             current = states.get(entity_id)
             if current is not None and _same(current, value):

@@ -146,12 +146,15 @@ def test_scene_create_then_turn_on_is_undone(
     with farm_daemon(data_dir, ha_env, fake_telegram) as daemon:
         _following(daemon)
         made = _call(data_dir, "r-scene-create", "scene.create", {"scene_id": "quiet", "entities": {PUMP: "on"}})
-        assert made["status"] == "success", made
-        assert ha_reset.get_state(PUMP)["state"] == "off"  # creating it changed nothing
-        _call(data_dir, "r-scene-on", "scene.turn_on", {"entity_id": "scene.quiet"}, folder="field")
-        (line,) = _wait_violations(data_dir, PUMP)
-        wait_state(ha_reset, PUMP, "off")
-        _told(fake_telegram, "farmhost undid a change of Irrigation pump")
+        try:
+            assert made["status"] == "success", made
+            assert ha_reset.get_state(PUMP)["state"] == "off"  # creating it changed nothing
+            _call(data_dir, "r-scene-on", "scene.turn_on", {"entity_id": "scene.quiet"}, folder="field")
+            (line,) = _wait_violations(data_dir, PUMP)
+            wait_state(ha_reset, PUMP, "off")
+            _told(fake_telegram, "farmhost undid a change of Irrigation pump")
+        finally:  # the session's HA is shared: a scene left behind is exposed to Assist in later tests
+            ha_reset.call_service("scene", "delete", {"entity_id": "scene.quiet"})
 
     _assert_undone(line, ha_reset, rule="requireApproval", back_to="off")
 
@@ -316,15 +319,19 @@ def test_a_change_made_while_the_websocket_was_down_is_caught_at_the_resync(
 def test_assist_through_a_service_call_cannot_turn_the_guarded_pump_on(
     data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str]
 ) -> None:
-    _profile(data_dir, [PUMP_APPROVAL])
+    policy = {"actionGroups": GROUPS, "allowServices": [*ALLOW, "conversation.*"], "rules": [PUMP_APPROVAL]}
+    (data_dir / "farm-profile.json").write_text(json.dumps({"policy": policy}))
     with farm_daemon(data_dir, ha_env, fake_telegram) as daemon:
         _following(daemon)
-        _call(data_dir, "r-assist", "conversation.process", {"text": "turn on the irrigation pump"}, folder="field")
-        (line,) = _wait_violations(data_dir, PUMP)
-        wait_state(ha_reset, PUMP, "off")
-        _told(fake_telegram, "farmhost undid a change of Irrigation pump")
+        answer = _call(
+            data_dir, "r-assist", "conversation.process", {"text": "turn on the irrigation pump"}, folder="field"
+        )
 
-    _assert_undone(line, ha_reset, rule="requireApproval", back_to="off")
+    # conversation.* is closed whatever the profile lists (only ha_assist reaches Assist), so Assist never ran.
+    assert answer["status"] == "error" and answer["errorCode"] == "not_allowed", answer
+    assert "ha_assist" in answer["error"]
+    assert ha_reset.get_state(PUMP)["state"] == "off"
+    assert not [line for line in audit(data_dir) if line["action"] == "violation"]
 
 
 def test_a_fan_under_max_on_seconds_is_off_in_time_across_an_agents_ha_restart(

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from farm_daemon import audit, db_rows, farm_daemon, sent_with, wait_state
+from farm_daemon import audit, db_rows, farm_daemon, sent_with, wait_counted, wait_state
 from farmagent.ipc.client import IpcClient
 from farmhost_testing import FIELD_JID, MAIN_JID, drop, refused, wait_for, wait_result
 from ha_fixture import HaInstance
@@ -442,10 +442,10 @@ def test_max_calls_per_hour_refuses_with_rate_limited_and_a_sentence(
     with farm_daemon(data_dir, ha_env, fake_telegram) as daemon:
         # Rates count effects (issue 32): each "on" counts once it happened; the offs, the safe direction, do not.
         assert _act(data_dir, "r-rate-1", {"entityId": PUMP, "value": "on"})["status"] == "success"
-        _wait_counted(data_dir, PUMP, 1)
+        wait_counted(data_dir, PUMP, 1)
         assert _act(data_dir, "r-rate-2", {"entityId": PUMP, "value": "off"})["status"] == "success"
         assert _act(data_dir, "r-rate-3", {"entityId": PUMP, "value": "on"})["status"] == "success"
-        _wait_counted(data_dir, PUMP, 2)
+        wait_counted(data_dir, PUMP, 2)
         ha_reset.call_service("switch", "turn_off", {"entity_id": PUMP})  # by a person
         fifth = _act(data_dir, "r-rate-5", {"entityId": PUMP, "value": "on"})
         assert _state(ha_reset, PUMP) == "off"
@@ -465,22 +465,13 @@ def test_max_calls_per_hour_refuses_with_rate_limited_and_a_sentence(
     ]  # fmt: skip
 
 
-def _wait_counted(data_dir: Path, entity_id: str, count: int) -> None:
-    """The effect was counted (it is counted when the live view sees it, just after the call's answer)."""
-    wait_for(
-        lambda: len(db_rows(data_dir, "SELECT * FROM actuator_calls WHERE entity_id = ?", entity_id)) == count,
-        timeout=10,
-        what=f"{count} effect(s) of {entity_id} counted",
-    )
-
-
 def test_min_seconds_between_refuses_a_second_change_too_soon(
     data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str]
 ) -> None:
     _profile(data_dir, [{"entities": ["switch.field_*_valve"], "minSecondsBetween": 600}])
     with farm_daemon(data_dir, ha_env, fake_telegram):
         assert _act(data_dir, "r-valve-1", {"entityId": VALVE_1, "value": "on"})["status"] == "success"
-        _wait_counted(data_dir, VALVE_1, 1)
+        wait_counted(data_dir, VALVE_1, 1)
         again = _act(
             data_dir,
             "r-valve-2",

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from farm_daemon import audit, db_rows, farm_daemon, sent_with
+from farm_daemon import audit, db_rows, farm_daemon, sent_with, wait_counted
 from farmhost_testing import MAIN_JID, drop, refused, wait_for, wait_result
 from ha_fixture import HaInstance
 from telegram_stub import FakeTelegram
@@ -171,7 +171,12 @@ def test_the_safe_direction_is_never_held_by_a_spent_rate_or_an_approval(
         _call("switch", "turn_on", data={"entity_id": VALVE_1}),
     ]
     with farm_daemon(data_dir, ha_env, fake_telegram):
-        spent = [_run(data_dir, folder, f"r-spend-{i}", call) for i, call in enumerate(valve_on)]
+        spent = []
+        for i, call in enumerate(valve_on):  # rates count effects: an "on" of a valve that is off, counted once seen
+            spent.append(_run(data_dir, folder, f"r-spend-{i}", call))
+            wait_counted(data_dir, VALVE_1, i + 1)
+            if i < len(valve_on) - 1:
+                assert _run(data_dir, folder, f"r-spend-off-{i}", _call("switch", "turn_off", target={"entity_id": VALVE_1}))["status"] == "success"  # fmt: skip
         over = _run(data_dir, folder, "r-over", _set(VALVE_1, "on"))
         toggle = _run(data_dir, folder, "r-toggle", _call("switch", "toggle", target={"entity_id": VALVE_1}))  # fmt: skip
         off = _run(data_dir, folder, "r-off", _call("switch", "turn_off", target={"entity_id": VALVE_1}))
@@ -304,3 +309,23 @@ def test_the_bound_is_a_setting_and_a_decided_approval_frees_its_place(
     refused(from_main, "pending_approval")  # counted per group
     refused(third, "pending_approval")  # the denied one no longer waits
     assert ha_reset.get_state(PUMP)["state"] == "off" and ha_reset.get_state(VALVE_1)["state"] == "off"
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_a_call_home_assistant_refused_spends_no_budget(
+    folder: str, data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str]
+) -> None:
+    _profile(data_dir, [{"entities": ["switch.field_*_valve"], "maxCallsPerHour": 1}])
+    with farm_daemon(data_dir, ha_env, fake_telegram):
+        bogus = [
+            _run(data_dir, folder, f"r-bogus-{n}", _call("switch", "turn_on", target={"entity_id": VALVE_1}, data={"bogus": n}))
+            for n in range(3)
+        ]  # fmt: skip
+        valve_still_off = ha_reset.get_state(VALVE_1)["state"]
+        real = _run(data_dir, folder, "r-real", _set(VALVE_1, "on"))
+
+    for answer in bogus:
+        refused(answer, "invalid_request", "bogus")
+    assert valve_still_off == "off"
+    assert real["status"] == "success", real  # Home Assistant refused the three: they counted nothing
+    assert ha_reset.get_state(VALVE_1)["state"] == "on"
