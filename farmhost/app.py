@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import json
 import logging
 import os
 import resource
@@ -40,7 +41,8 @@ from farmhost.scheduler.requests import HANDLERS as TASK_HANDLERS
 from farmhost.scheduler.runs import RunReport, TaskRun
 from farmhost.scheduler.service import SchedulerService
 from farmhost.sites.caller import SiteCaller
-from farmhost.store.db import Database, now_utc
+from farmhost.store import host_state
+from farmhost.store.db import Database, iso, now_utc
 from farmhost.store.groups import Group
 from farmhost.telegram.requests import HANDLERS as MESSAGE_HANDLERS
 
@@ -138,7 +140,7 @@ class App:
         memory = self.memory = MemoryService(self.layout)
         audit = AuditLog(self.layout.farm_state, max_bytes=self.settings.request_log_max_bytes)
         if self.ha is not None and self.settings.ha_token:
-            self.live_view = LiveView(ws_url=self.ha.ws_url, token=self.settings.ha_token)
+            self.live_view = LiveView(ws_url=self.ha.ws_url, token=self.settings.ha_token, on_link=self._live_link)
             self.effects = EffectRules(
                 ha=self.ha,
                 view=self.live_view,
@@ -291,6 +293,7 @@ class App:
         if self.live_view is not None:
             await self.live_view.stop()
             self.live_view = None
+            self._live_link(False, "farmhost is not running")
         if self.effects is not None:
             await self.effects.stop()
             self.effects = None
@@ -356,6 +359,14 @@ class App:
         """The scheduler moved a task on (next_run, last_run, status): agents see it in current_tasks.json."""
         if self.ipc is not None:
             self.ipc.write_snapshots({Change.TASKS})
+
+    def _live_link(self, following: bool, detail: str) -> None:
+        """Keep the live view's state where `farmhost doctor` reads it (written only when it changes)."""
+        if self.db is None:
+            return
+        record = {"connected": following, "since": iso(now_utc()), "detail": detail}
+        with self.db.tx() as conn:
+            host_state.put(conn, host_state.HA_LIVE_VIEW, json.dumps(record))
 
     def _wake_outbox(self) -> None:
         if self.telegram is not None:

@@ -32,6 +32,7 @@ from farmhost.agents.identity import describe_ids
 from farmhost.agents.launch import sealed_memfd
 from farmhost.agents.limits import LimitsFile, default_limits, explain
 from farmhost.agents.seccomp import SeccompMode, SeccompUnavailable, build_filter_sync
+from farmhost.cli import safety_checks
 from farmhost.cli.hostchecks import (
     Check,
     State,
@@ -165,6 +166,12 @@ def _probes(settings: Settings) -> list[Probe]:
         ),
         Probe("agent limits", lambda: [_agent_limits(settings)], "agent-limits.json"),
         Probe("farm profile", lambda: [_farm_profile(settings), _actuator_rules(settings)], "the farm profile"),
+        Probe(
+            "guarded",
+            lambda: [safety_checks.guarded_entities(settings)],
+            "the guarded entities in Home Assistant",
+            safety_checks.STATES_TIMEOUT + 2,
+        ),
         Probe("mqtt", lambda: [Check("mqtt", *_mqtt_state(settings))], "the MQTT broker", PROBE_TIMEOUT + 2),
     ]
 
@@ -237,6 +244,7 @@ def _database(settings: Settings) -> list[Check]:
         stale = outbox.count_pending_since(db.conn, now_utc() - OUTBOX_STALE_AFTER)
         version = db.schema_version()
         paused = host_state.get(db.conn, host_state.AGENTS_PAUSED)
+        live = host_state.get(db.conn, host_state.HA_LIVE_VIEW)
     finally:
         db.close()
     checks = [Check("database", "ok", f"schema v{version}, WAL, outbox {box or 'empty'}")]
@@ -266,6 +274,7 @@ def _database(settings: Settings) -> list[Check]:
     if paused is not None:
         fix = "send /resume in the main chat (or switch `Agents paused` off in Home Assistant) when it is safe"
         checks.append(Check("agents", "warn", f"agent runs are paused: {paused}", fix))
+    checks.append(safety_checks.live_view(settings, live))
     return checks
 
 

@@ -102,6 +102,8 @@ class StateChange:
 
 
 Listener = Callable[[StateChange], None]
+# Told when the view starts or stops following HA: (following, a sentence: how many states, or what broke).
+LinkWatcher = Callable[[bool, str], None]
 
 
 class LiveView:
@@ -115,8 +117,10 @@ class LiveView:
         clock: Callable[[], datetime] = now_utc,
         backoff_first: float = BACKOFF_FIRST,
         backoff_max: float = BACKOFF_MAX,
+        on_link: LinkWatcher | None = None,
     ) -> None:
         self.ws_url = ws_url
+        self._on_link = on_link
         self._token = token.strip()
         self._clock = clock
         self._backoff = (backoff_first, backoff_max)
@@ -227,10 +231,15 @@ class LiveView:
             if was_synced or not lost_logged:
                 logger.warning("live view: Home Assistant's event stream is lost (%s); reconnecting", problem)
                 lost_logged = True
+                self._tell(False, problem)
             if time.monotonic() - started > self._backoff[1]:
                 delay = self._backoff[0]  # it was up for a while: this is a new outage
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._backoff[1])
+
+    def _tell(self, following: bool, detail: str) -> None:
+        if self._on_link is not None:
+            self._on_link(following, detail)
 
     def _lose(self) -> None:
         self._synced.clear()
@@ -262,6 +271,7 @@ class LiveView:
                 else:
                     logger.info("live view: following Home Assistant's events (%d states)", len(states))
                 self._synced.set()
+                self._tell(True, f"following Home Assistant's events ({len(states)} states)")
                 await reader
             finally:
                 reader.cancel()

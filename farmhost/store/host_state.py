@@ -7,6 +7,8 @@ from typing import Final
 
 # Why agent runs are paused (the MQTT switch, /stop): "stopped by /stop (@ana, ...)"; absent while they run.
 AGENTS_PAUSED: Final = "agents_paused"
+# The live view of Home Assistant, as the daemon last saw it (JSON: connected, since, detail), for the doctor.
+HA_LIVE_VIEW: Final = "ha_live_view"
 
 
 def get(conn: sqlite3.Connection, key: str) -> str | None:

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from farmhost_testing import clean_env, farmhost
+from farmhost_testing import Daemon, clean_env, farmhost, wait_for
 from ha_fixture import HaInstance
 
 PARTS = (
@@ -229,3 +229,37 @@ def test_doctor_warns_when_ha_token_is_the_owners_and_not_farmhosts_own_user(
     assert owner["ha user"]["state"] == "warn", owner["ha user"]
     assert "the owner's" in owner["ha user"]["detail"] and "counts as the agents'" in owner["ha user"]["detail"]
     assert "HA_TOKEN" in owner["ha user"]["fix"]
+
+
+def test_doctor_lists_the_guarded_entities_and_whether_the_daemon_follows_home_assistant(
+    tmp_path: Path, ha_reset: HaInstance, ha_env: dict[str, str]
+) -> None:
+    data_dir = tmp_path / "data"
+    farmhost("init", data_dir=data_dir, env=clean_env(**ha_env))
+    rules = [
+        {"entities": ["switch.irrigation_pump"], "requireApproval": True},
+        {"entities": ["number.irrigation_duration"], "valueRange": [5, 120]},
+        {"entities": ["switch.no_such_pump"], "maxOnSeconds": 60},
+    ]
+    (data_dir / "farm-profile.json").write_text(json.dumps({"policy": {"rules": rules}}))
+    _, stopped = _report(data_dir, **ha_env)
+    daemon = Daemon(data_dir, env=clean_env(**ha_env)).start(wait_group=None, timeout=30)
+    try:
+        wait_for(
+            lambda: "following" in _report(data_dir, **ha_env)[1]["live view"]["detail"],
+            timeout=30,
+            what="the doctor to see the live view following HA",
+        )
+        _, running = _report(data_dir, **ha_env)
+    finally:
+        assert daemon.stop() == 0
+    _, after = _report(data_dir, **ha_env)
+
+    guarded = stopped["guarded"]
+    assert guarded["state"] == "warn" and "nothing matches switch.no_such_pump" in guarded["detail"], guarded
+    assert "switch.irrigation_pump (off, safe off)" in guarded["detail"]
+    assert "number.irrigation_duration (" in guarded["detail"] and "safe 5)" in guarded["detail"]
+    assert stopped["live view"]["state"] == "off" and "not running" in stopped["live view"]["detail"]
+    assert running["live view"]["state"] == "ok", running["live view"]
+    assert "following Home Assistant's events" in running["live view"]["detail"]
+    assert after["live view"]["state"] == "off"
