@@ -21,6 +21,7 @@ from farmhost.errors import NotAllowed, RateLimited
 from farmhost.farm.rules import Approval
 from farmhost.store import groups
 from farmhost.telegram.notices import enqueue_notice
+from farmhost.telegram.stop import stop_keyboard
 
 Choice = Literal["y", "n"]
 CALLBACK_PREFIX: Final = "fa"
@@ -127,7 +128,8 @@ def ask(
             [
                 {"text": "Approve", "callback_data": callback_data(row.id, "y")},
                 {"text": "Deny", "callback_data": callback_data(row.id, "n")},
-            ]
+            ],
+            *stop_keyboard()["inline_keyboard"],  # every safety message carries the emergency stop
         ]
     }
     enqueue_notice(conn, key=f"approval:{row.id}", jid=main.jid, text=request_text(row), at=at, reply_markup=keyboard)

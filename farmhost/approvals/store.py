@@ -56,6 +56,12 @@ def pending_of_group(conn: sqlite3.Connection, folder: str, at: datetime) -> lis
     return [_row(row) for row in rows]
 
 
+def all_pending(conn: sqlite3.Connection) -> list[ApprovalRow]:
+    """Every pending approval of every group, oldest first (past their time too: the sweep has not expired them)."""
+    rows = conn.execute("SELECT * FROM approvals WHERE status = 'pending' ORDER BY created_at").fetchall()
+    return [_row(row) for row in rows]
+
+
 def create(conn: sqlite3.Connection, approval: ApprovalRow) -> None:
     """Store a new pending approval."""
     conn.execute(

@@ -37,6 +37,7 @@ from farmhost.store import auto_off, groups
 from farmhost.store.auto_off import AutoOffRow
 from farmhost.store.db import Database, now_utc
 from farmhost.telegram.notices import enqueue_notice
+from farmhost.telegram.stop import stop_keyboard
 
 logger = logging.getLogger(__name__)
 
@@ -215,7 +216,7 @@ class AutoOff:
             if main is not None:
                 with contextlib.suppress(sqlite3.IntegrityError):  # told already (a restart mid-way)
                     key = f"auto-off:{row.entity_id}:{row.on_since.isoformat()}"
-                    enqueue_notice(conn, key=key, jid=main.jid, text=text, at=now)
+                    enqueue_notice(conn, key=key, jid=main.jid, text=text, at=now, reply_markup=stop_keyboard())
         self._wake()
         self._record(row, domain, service, started, failed=False)
         logger.warning("auto-off: %s", text)

@@ -182,7 +182,7 @@ class EmergencyStop:
         outcome = f"denied by the emergency stop ({by}); nothing was done"
         denied: list[ApprovalRow] = []
         with self._db.tx() as conn:
-            for row in _pending(conn):
+            for row in store.all_pending(conn):
                 if not store.decide(conn, row.id, status="denied", by=by, at=at, outcome=outcome):
                     continue  # past its time: the desk's sweep expires it and says so
                 denied.append(row)
@@ -293,12 +293,6 @@ class EmergencyStop:
             duration_ms=int((time.monotonic() - started) * 1000),
             extra={"by": report.by, "via": via},
         )
-
-
-def _pending(conn: sqlite3.Connection) -> list[ApprovalRow]:
-    """Every pending approval (approvals/store.py has no listing of them yet; the lead may move this there)."""
-    ids = [row[0] for row in conn.execute("SELECT id FROM approvals WHERE status = 'pending' ORDER BY created_at")]
-    return [row for approval_id in ids if (row := store.get(conn, approval_id)) is not None]
 
 
 def _safe(entity_id: str, state: Mapping[str, Any] | None, rules: tuple[ActuatorRule, ...]) -> bool:

@@ -71,6 +71,10 @@ def test_an_agent_turned_pump_is_turned_off_after_max_on_seconds_and_the_chat_is
     assert row["max_on_seconds"] == limit and row["outcome"] == "switch.turn_off"
     assert "turned off Irrigation pump (switch.irrigation_pump)" in told[0] and f"allows {limit} s" in told[0]
     assert "was not running" not in told[0]
+    (notice,) = [c for c in fake_telegram.sent(MAIN_CHAT) if "Irrigation pump" in (c.text or "")]
+    assert notice.params["reply_markup"] == {
+        "inline_keyboard": [[{"text": "Stop everything", "callback_data": "stop:all"}]]
+    }
     (line,) = [a for a in audit(data_dir) if a["action"] == "auto_off"]
     assert line["group"] == "farmhost" and line["status"] == "success"
     assert line["params"]["entity_id"] == PUMP and line["params"]["service"] == "switch.turn_off"

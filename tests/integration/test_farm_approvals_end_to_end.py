@@ -78,7 +78,7 @@ def _asked(tg: FakeTelegram, approval_id: str) -> Call:
 
 def _press(tg: FakeTelegram, asked: Call, choice: str, *, user_id: int = ANA, username: str = "ana") -> str:
     """Press Approve (`y`) or Deny (`n`) on the approval message; returns what the press was answered."""
-    (row,) = asked.params["reply_markup"]["inline_keyboard"]
+    row, _stop = asked.params["reply_markup"]["inline_keyboard"]
     (button,) = [b for b in row if b["callback_data"].endswith(f":{choice}")]
     update = tg.callback_query(
         MAIN_CHAT, asked.result["message_id"], button["callback_data"], user_id=user_id, username=username
@@ -185,7 +185,8 @@ def test_a_control_action_under_approval_answers_pending_approval_and_asks_the_m
             [
                 {"text": "Approve", "callback_data": f"fa:{approval_id}:y"},
                 {"text": "Deny", "callback_data": f"fa:{approval_id}:n"},
-            ]
+            ],
+            [{"text": "Stop everything", "callback_data": "stop:all"}],
         ]
     }
     assert not fake_telegram.sent_texts(FIELD_CHAT)  # the asking group hears only the outcome
