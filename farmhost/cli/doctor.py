@@ -139,6 +139,7 @@ def _probes(settings: Settings) -> list[Probe]:
         Probe("python", lambda: [python_check()], "the Python check"),
         Probe("data dir", lambda: [data_dir_check(root)], f"the data dir {root}"),
         Probe("database", lambda: _database(settings), f"{db_path} (locked by a stuck writer?)"),
+        Probe("live view", lambda: [safety_checks.live_view(settings)], "the daemon's live view of Home Assistant"),
         Probe("disk", lambda: [disk_check(root)], f"the filesystem of {root}"),
         Probe("inotify", lambda: [_inotify(settings)], "the inotify limits"),
         Probe("clock", lambda: [clock_check(db_path)], "timedatectl and the clock"),
@@ -244,7 +245,6 @@ def _database(settings: Settings) -> list[Check]:
         stale = outbox.count_pending_since(db.conn, now_utc() - OUTBOX_STALE_AFTER)
         version = db.schema_version()
         paused = host_state.get(db.conn, host_state.AGENTS_PAUSED)
-        live = host_state.get(db.conn, host_state.HA_LIVE_VIEW)
     finally:
         db.close()
     checks = [Check("database", "ok", f"schema v{version}, WAL, outbox {box or 'empty'}")]
@@ -274,7 +274,6 @@ def _database(settings: Settings) -> list[Check]:
     if paused is not None:
         fix = "send /resume in the main chat (or switch `Agents paused` off in Home Assistant) when it is safe"
         checks.append(Check("agents", "warn", f"agent runs are paused: {paused}", fix))
-    checks.append(safety_checks.live_view(settings, live))
     return checks
 
 

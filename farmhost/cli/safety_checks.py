@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import urllib.error
 import urllib.request
+from contextlib import closing
 from typing import Final
 
 from farmhost.cli.health import lock_holder
@@ -13,6 +15,7 @@ from farmhost.config import Settings
 from farmhost.farm import policy
 from farmhost.farm.safe_state import guarded, guarded_patterns, matches_any, safe_target
 from farmhost.layout import DataLayout
+from farmhost.store import host_state
 
 # A doctor answers in seconds; HA's /api/states is the largest read (about 1 MB on a big install).
 STATES_TIMEOUT: Final = 5.0
@@ -60,20 +63,18 @@ def guarded_entities(settings: Settings) -> Check:
     return Check("guarded", "ok", detail)
 
 
-def live_view(settings: Settings, recorded: str | None) -> Check:
-    """Whether the running daemon follows HA's events now (what it recorded last; nothing while it is not running).
-
-    Args:
-        settings: the configuration (HA on or off).
-        recorded: the daemon's record (`host_state.HA_LIVE_VIEW`), None if it never had one.
-    """
+def live_view(settings: Settings) -> Check:
+    """Whether the running daemon follows HA's events now (what it recorded last; nothing while it is not running)."""
     if not settings.ha_enabled:
         return Check("live view", "off", "Home Assistant is off: nothing to follow", "set HA_URL and HA_TOKEN")
-    if lock_holder(DataLayout(settings.data_dir).lock_path) is None:
+    layout = DataLayout(settings.data_dir)
+    if not layout.db_path.is_file() or lock_holder(layout.lock_path) is None:
         return Check("live view", "off", "the daemon is not running", _FIX_OFF)
     try:
+        with closing(sqlite3.connect(f"file:{layout.db_path}?mode=ro", uri=True, timeout=STATES_TIMEOUT)) as conn:
+            recorded = host_state.get(conn, host_state.HA_LIVE_VIEW)
         record = json.loads(recorded) if recorded else None
-    except ValueError:
+    except (sqlite3.Error, ValueError):
         record = None
     if not isinstance(record, dict):
         return Check("live view", "warn", "the daemon has not connected to Home Assistant's events yet", _FIX_OFF)

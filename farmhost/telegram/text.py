@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from telegram import Chat, Message, User
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the safety messages' buttons import this without loading the Bot API client
+    from telegram import Chat, Message, User
 
 
 def one_line(text: str | None, limit: int = 200) -> str:

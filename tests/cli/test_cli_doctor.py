@@ -20,6 +20,7 @@ PARTS = (
     "data dir",
     "database",
     "groups",
+    "live view",
     "disk",
     "inotify",
     "clock",
@@ -31,6 +32,7 @@ PARTS = (
     "agent limits",
     "farm profile",
     "actuator rules",
+    "guarded",
     "mqtt",
 )
 STATES = {"ok", "warn", "off", "broken"}
