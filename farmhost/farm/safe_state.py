@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from farmhost.farm.rules import ActuatorRule, covers_entity
+from farmhost.farm.rules import ActuatorRule, as_number, covers_entity
 
 # Domains whose entities are on or off, and are safe off (turn_off puts them there).
 OFF_DOMAINS: Final = frozenset(
@@ -131,28 +131,15 @@ def is_safe_state(
     if target is None:
         return False
     if isinstance(target.state, float):
-        number = _float(state)
+        number = as_number(state)
         return number is not None and abs(number - target.state) < 1e-9
     return isinstance(state, str) and state.strip().lower() == target.state.lower()
 
 
 def _number_safe(named: str | float | None, mine: list[ActuatorRule], attributes: Mapping[str, Any]) -> float | None:
     if named is not None:
-        return _float(named)
+        return as_number(named)
     lows = [float(rule.valueRange[0]) for rule in mine if rule.valueRange is not None]
     if lows:
         return max(lows)  # the low end of every range the entity is under
-    return _float(attributes.get("min"))
-
-
-def _float(value: object) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
+    return as_number(attributes.get("min"))
