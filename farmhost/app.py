@@ -25,6 +25,7 @@ from farmhost.farm.effect_rules import EffectRules
 from farmhost.farm.emergency_stop import EmergencyStop
 from farmhost.farm.homeassistant import HAClient
 from farmhost.farm.live_view import LiveView
+from farmhost.farm.receipts import ReceiptBook
 from farmhost.farm.state import StateCollector, collector_options
 from farmhost.groups.requests import HANDLERS as GROUP_HANDLERS
 from farmhost.ipc.handlers import Change, Handlers
@@ -127,7 +128,14 @@ class App:
             logger.info("global memory: copied %d starting file(s) into %s", seeded, self.layout.workspace("global"))
         self.db = Database.open(self.settings.data_dir)
         self.loop_monitor.start()
-        farm = FarmDeps(settings=self.settings, layout=self.layout, ha=None, dashboards_dir=self.layout.dashboards)
+        receipts = ReceiptBook()
+        farm = FarmDeps(
+            settings=self.settings,
+            layout=self.layout,
+            ha=None,
+            dashboards_dir=self.layout.dashboards,
+            receipts=receipts,
+        )
         if self.settings.ha_url and self.settings.ha_token:
             self.ha = HAClient(url=self.settings.ha_url, token=self.settings.ha_token)
             await self.ha.start()  # never waits for HA: actions answer upstream_unavailable until it is up
@@ -150,6 +158,7 @@ class App:
                 on_violation=self.collector.raise_violation if self.collector is not None else None,
             )
             self.effects.start()
+            receipts.follow(self.live_view)
             farm = replace(farm, effects=self.effects)
         self.sites = SiteCaller(
             db=self.db, site=self.settings.site_name, audit=audit, enabled=bool(self.settings.mqtt_url)
@@ -187,6 +196,7 @@ class App:
                 folder, prompt, top_k=MEMORY_HITS_PER_RUN, sources="memory", db=self.db
             ),
             host_notes=self.desk.notes,
+            receipts=receipts,
         )
         await self.runtime.start()
         device.restore_pause(self.db, self.runtime)

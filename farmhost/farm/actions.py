@@ -144,6 +144,8 @@ def _handler(deps: FarmDeps, audit: AuditLog, name: str, spec: FarmActionSpec) -
                 duration_ms=round((time.perf_counter() - started) * 1000),
                 extra=approval_keys(ctx.approved),
             )
+            if deps.receipts is not None and ctx.approved is None:  # an approved call runs outside any agent run
+                deps.receipts.action(group=ctx.group.folder, action=name, params=params, code=code)
 
     return run
 
