@@ -14,12 +14,14 @@ from typing import TYPE_CHECKING, Any, Final
 
 from farmhost import __version__
 from farmhost.agents import AgentJob, AgentRuntime
+from farmhost.agents.limits import LimitsReader, default_limits, default_llm_budget
 from farmhost.approvals.desk import ApprovalDesk
 from farmhost.config import Settings
 from farmhost.errors import ConfigError
 from farmhost.farm.actions import approved_runner, farm_handlers
 from farmhost.farm.audit import AuditLog
 from farmhost.farm.auto_off import AutoOff
+from farmhost.farm.daily_report import DailyReport
 from farmhost.farm.deps import FarmDeps
 from farmhost.farm.effect_rules import EffectRules
 from farmhost.farm.emergency_stop import EmergencyStop
@@ -107,6 +109,7 @@ class App:
         self.ipc: IpcService | None = None
         self.ha: HAClient | None = None
         self.collector: StateCollector | None = None
+        self.daily_report: DailyReport | None = None
         self.scheduler: SchedulerService | None = None
         self.runtime: AgentRuntime | None = None
         self.telegram: TelegramService | None = None  # set in start() when TELEGRAM_BOT_TOKEN is set
@@ -243,6 +246,18 @@ class App:
         )
         self.ipc.add_change_listener(self.scheduler.ipc_changed)
         await self.scheduler.start()
+        self.daily_report = DailyReport(
+            db=self.db,
+            layout=self.layout,
+            settings=self.settings,
+            ha=self.ha,
+            limits=LimitsReader(
+                self.layout.agent_limits, default_limits(self.settings), default_llm_budget(self.settings)
+            ),
+            wake_outbox=self._wake_outbox,
+            runtime=self.runtime,
+        )
+        await self.daily_report.start()  # nothing unless FARMHOST_DAILY_REPORT is set
         logger.info(
             "farmhost %s started: data dir %s, ipc mode %s, %d group(s); Home Assistant %s, Telegram %s",
             __version__,
@@ -258,6 +273,9 @@ class App:
         if self.mqtt is not None:
             await self.mqtt.stop()
             self.mqtt = None
+        if self.daily_report is not None:
+            await self.daily_report.stop()
+            self.daily_report = None
         if self.scheduler is not None:
             await self.scheduler.stop()
             self.scheduler = None
