@@ -16,6 +16,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from farmhost_testing import MAIN_JID, clean_env, running_daemon, wait_for
 from ha_fixture import HaInstance
+from llm_stub import Reply, ScriptedLLM, ToolCall
 from telegram_stub import FakeTelegram
 
 from farmhost.farm.daily_report import report_key
@@ -104,3 +105,46 @@ def test_the_morning_report_tells_what_happened_once_a_day(
     finally:
         db.close()
     assert keys == [report_key(datetime.now(ZoneInfo(ZONE)).date().isoformat())]
+
+
+def test_an_agent_writes_the_report_from_the_facts_and_a_held_call_says_it_waits(
+    data_dir: Path, fake_telegram: FakeTelegram, llm_stub: ScriptedLLM, ha_reset: HaInstance, ha_env: dict[str, str]
+) -> None:
+    (data_dir / "farm-profile.json").write_text(
+        json.dumps({"policy": {"rules": [{"entities": [PUMP], "requireApproval": True}]}})
+    )
+    llm_stub.script(
+        ToolCall("ha_set_entity", {"entityId": PUMP, "value": "on"}),
+        Reply("I asked for the pump."),
+        Reply("Good morning! One pump run waits for your approval."),  # the report, by the agent
+    )
+    env = clean_env(
+        **ha_env,
+        TZ=ZONE,
+        TELEGRAM_BOT_TOKEN=fake_telegram.token,
+        TELEGRAM_API_BASE_URL=fake_telegram.api_root,
+        FARMHOST_TELEGRAM_POLL_TIMEOUT="1",
+        FARMHOST_AGENT_RUNTIME="bwrap",
+        FARMHOST_LLM_BASE_URL=llm_stub.base_url,
+        FARMHOST_LLM_MODEL="farm-model",
+        FARMHOST_LLM_API_KEY="sk-e2e",
+    )
+    with running_daemon(data_dir, env=env):
+        fake_telegram.user_message(MAIN_CHAT, "Turn the pump on", chat_type="private", title=None)
+        wait_for(
+            lambda: [c for c in fake_telegram.sent(MAIN_CHAT) if "I asked for the pump." in str(c.params["text"])],
+            timeout=60,
+            what="the run's reply",
+        )
+    (reply,) = [str(c.params["text"]) for c in fake_telegram.sent(MAIN_CHAT) if "I asked" in str(c.params["text"])]
+    assert reply.splitlines()[-1] == "⏳ set Irrigation pump to on waits for approval"  # the receipt: nothing changed
+    assert "✔" not in reply and ha_reset.get_state(PUMP)["state"] == "off"
+
+    before = len(fake_telegram.sent(MAIN_CHAT))
+    reported = {**env, "FARMHOST_DAILY_REPORT": "00:00", "FARMHOST_DAILY_REPORT_BY_AGENT": "true"}
+    with running_daemon(data_dir, env=reported):
+        report = fake_telegram.wait_sent(before + 1, chat_id=MAIN_CHAT, timeout=60)[-1]
+    assert report.params["text"] == "Good morning! One pump run waits for your approval."
+    prompt = llm_stub.requests[-1].text()  # the facts farmhost handed the run
+    assert "Approvals: 1 pending." in prompt and "Tasks: 0 run." in prompt and "Alerts: none raised" in prompt
+    assert f"• {PUMP}: " in prompt  # the guarded pump is reported
