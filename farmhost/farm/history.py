@@ -7,6 +7,7 @@ parameter, and HA's compressed rows (state and a float timestamp), a third of RE
 
 from __future__ import annotations
 
+import asyncio
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -63,10 +64,12 @@ async def ha_history(deps: FarmDeps, ctx: RequestContext, p: HaHistoryParams) ->
     known = {str(s.get("entity_id")) for s in await ha.get_states()}
     wanted = [e for e in dict.fromkeys(p.entityIds) if e in known]
     history = await fetch_history(ha, wanted, start, end) if wanted else {}
+    # A month of a 30 s sensor is ~0.3 s of arithmetic: off the event loop, which serves every group meanwhile.
+    entities = await asyncio.to_thread(lambda: {e: summarise(history.get(e, []), start, end, zone) for e in wanted})
     return {
         "start": _local(start, zone),
         "end": _local(end, zone),
-        "entities": {e: summarise(history.get(e, []), start, end, zone) for e in wanted},
+        "entities": entities,
         "missing": sorted(set(p.entityIds) - known),
     }
 
@@ -208,20 +211,26 @@ def _numbers(
 def _downsampled(
     valued: list[tuple[float, datetime, float]], start: datetime, end: datetime, zone: ZoneInfo
 ) -> list[list[Any]]:
-    """MAX_POINTS equal slices of the period, each the time-weighted mean of the values within it."""
-    step = (end - start) / MAX_POINTS
-    points: list[list[Any]] = []
-    for i in range(MAX_POINTS):
-        lo, hi = start + step * i, start + step * (i + 1)
-        total = weight = 0.0
-        for value, begin, seconds in valued:
-            overlap = (min(hi, begin + timedelta(seconds=seconds)) - max(lo, begin)).total_seconds()
+    """MAX_POINTS equal slices of the period, each the time-weighted mean of the values within it.
+
+    One pass: each value's span adds to the slices it overlaps (a month of a 30 s sensor is ~90,000 rows).
+    """
+    origin, step = start.timestamp(), (end - start).total_seconds() / MAX_POINTS
+    totals, weights = [0.0] * MAX_POINTS, [0.0] * MAX_POINTS
+    for value, begin, seconds in valued:
+        lo = begin.timestamp() - origin
+        hi = lo + seconds
+        first, last = max(0, int(lo // step)), min(MAX_POINTS - 1, int(hi // step))
+        for i in range(first, last + 1):
+            overlap = min(hi, (i + 1) * step) - max(lo, i * step)
             if overlap > 0:
-                total += value * overlap
-                weight += overlap
-        if weight > 0:
-            points.append([_local(lo, zone), _round(total / weight)])
-    return points
+                totals[i] += value * overlap
+                weights[i] += overlap
+    return [
+        [_local(start + timedelta(seconds=step * i), zone), _round(totals[i] / weights[i])]
+        for i in range(MAX_POINTS)
+        if weights[i] > 0
+    ]
 
 
 def _number(state: str) -> float | None:
