@@ -15,17 +15,20 @@ from typing import TYPE_CHECKING, Any, Final
 
 from farmhost import __version__
 from farmhost.agents import AgentJob, AgentRuntime
+from farmhost.agents.limits import LimitsReader, default_limits, default_llm_budget
 from farmhost.approvals.desk import ApprovalDesk
 from farmhost.config import Settings
 from farmhost.errors import ConfigError
 from farmhost.farm.actions import approved_runner, farm_handlers
 from farmhost.farm.audit import AuditLog
 from farmhost.farm.auto_off import AutoOff
+from farmhost.farm.daily_report import DailyReport
 from farmhost.farm.deps import FarmDeps
 from farmhost.farm.effect_rules import EffectRules
 from farmhost.farm.emergency_stop import EmergencyStop
 from farmhost.farm.homeassistant import HAClient
 from farmhost.farm.live_view import LiveView
+from farmhost.farm.receipts import ReceiptBook
 from farmhost.farm.state import StateCollector, collector_options
 from farmhost.groups.requests import HANDLERS as GROUP_HANDLERS
 from farmhost.ipc.handlers import Change, Handlers
@@ -108,6 +111,7 @@ class App:
         self.ipc: IpcService | None = None
         self.ha: HAClient | None = None
         self.collector: StateCollector | None = None
+        self.daily_report: DailyReport | None = None
         self.scheduler: SchedulerService | None = None
         self.runtime: AgentRuntime | None = None
         self.telegram: TelegramService | None = None  # set in start() when TELEGRAM_BOT_TOKEN is set
@@ -129,7 +133,14 @@ class App:
             logger.info("global memory: copied %d starting file(s) into %s", seeded, self.layout.workspace("global"))
         self.db = Database.open(self.settings.data_dir)
         self.loop_monitor.start()
-        farm = FarmDeps(settings=self.settings, layout=self.layout, ha=None, dashboards_dir=self.layout.dashboards)
+        receipts = ReceiptBook()
+        farm = FarmDeps(
+            settings=self.settings,
+            layout=self.layout,
+            ha=None,
+            dashboards_dir=self.layout.dashboards,
+            receipts=receipts,
+        )
         if self.settings.ha_url and self.settings.ha_token:
             self.ha = HAClient(url=self.settings.ha_url, token=self.settings.ha_token)
             await self.ha.start()  # never waits for HA: actions answer upstream_unavailable until it is up
@@ -152,6 +163,7 @@ class App:
                 on_violation=self.collector.raise_violation if self.collector is not None else None,
             )
             self.effects.start()
+            receipts.follow(self.live_view)
             farm = replace(farm, effects=self.effects)
         self.sites = SiteCaller(
             db=self.db, site=self.settings.site_name, audit=audit, enabled=bool(self.settings.mqtt_url)
@@ -189,6 +201,7 @@ class App:
                 folder, prompt, top_k=MEMORY_HITS_PER_RUN, sources="memory", db=self.db
             ),
             host_notes=self.desk.notes,
+            receipts=receipts,
         )
         await self.runtime.start()
         device.restore_pause(self.db, self.runtime)
@@ -235,6 +248,18 @@ class App:
         )
         self.ipc.add_change_listener(self.scheduler.ipc_changed)
         await self.scheduler.start()
+        self.daily_report = DailyReport(
+            db=self.db,
+            layout=self.layout,
+            settings=self.settings,
+            ha=self.ha,
+            limits=LimitsReader(
+                self.layout.agent_limits, default_limits(self.settings), default_llm_budget(self.settings)
+            ),
+            wake_outbox=self._wake_outbox,
+            runtime=self.runtime,
+        )
+        await self.daily_report.start()  # nothing unless FARMHOST_DAILY_REPORT is set
         logger.info(
             "farmhost %s started: data dir %s, ipc mode %s, %d group(s); Home Assistant %s, Telegram %s",
             __version__,
@@ -250,6 +275,9 @@ class App:
         if self.mqtt is not None:
             await self.mqtt.stop()
             self.mqtt = None
+        if self.daily_report is not None:
+            await self.daily_report.stop()
+            self.daily_report = None
         if self.scheduler is not None:
             await self.scheduler.stop()
             self.scheduler = None

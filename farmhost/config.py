@@ -149,6 +149,10 @@ class Settings(BaseSettings):
     llm_tokens_per_day: int = Field(
         default=2_000_000, ge=1, le=10_000_000_000, validation_alias="FARMHOST_LLM_TOKENS_PER_DAY"
     )
+    # The morning report: HH:MM of the farm's time zone (None: off); with `by_agent`, an agent run writes it from
+    # the same facts (the plain report is sent if that run fails).
+    daily_report: str | None = Field(default=None, validation_alias="FARMHOST_DAILY_REPORT")
+    daily_report_by_agent: bool = Field(default=False, validation_alias="FARMHOST_DAILY_REPORT_BY_AGENT")
     memory_prompt_chars: int = Field(default=2000, ge=0, le=50000, validation_alias="FARMHOST_MEMORY_PROMPT_CHARS")
     # Telegram: long-poll length, who may talk to the main chat, inbound media cap, outbox delivery attempts.
     telegram_poll_timeout: int = Field(default=30, ge=0, le=300, validation_alias="FARMHOST_TELEGRAM_POLL_TIMEOUT")
@@ -205,6 +209,16 @@ class Settings(BaseSettings):
         default="INFO", validation_alias="FARMHOST_LOG_LEVEL"
     )
     log_format: Literal["text", "json"] = Field(default="text", validation_alias="FARMHOST_LOG_FORMAT")
+
+    @field_validator("daily_report")
+    @classmethod
+    def _clock_time(cls, value: str | None) -> str | None:
+        if not value or value.strip().lower() in ("off", "false", "0", "no"):
+            return None
+        match = re.fullmatch(r"([01]?\d|2[0-3]):([0-5]\d)", value.strip())
+        if match is None:
+            raise ValueError(f"must be a time of day as HH:MM in the farm's time zone, such as 07:00 (got {value!r})")
+        return f"{int(match[1]):02d}:{match[2]}"
 
     @field_validator("tz")
     @classmethod

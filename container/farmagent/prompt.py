@@ -22,6 +22,7 @@ _TOOL_HINTS: Final = {
     "memory_write": "Remember lasting facts (fields, crops, devices, decisions, with the date) with memory_write "
     "in MEMORY.md or memory/<topic>.md.",
     "farm_state_read": "For current readings, alerts, devices or the calendar, start with farm_state_read.",
+    "ha_history": "For what happened over time (how long a pump ran, how cold it got last night), use ha_history.",
 }
 
 

@@ -298,6 +298,19 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
         run=lambda ctx, a: ctx.client.ha_get_status(a.get("entityIds"), a.get("domains")),
     ),
     ToolSpec(
+        name="ha_history",
+        hints=READS_HA,
+        result=result_schema({"missing": {"type": "array", "items": {"type": "string"}}}),
+        farm_action=True,
+        description="What entities did over a period, from Home Assistant's recorder (at most 31 days; default the "
+        "last 24 h; times without an offset are farm time): numbers as min, max, time-weighted mean, last and up to "
+        "48 points; on/off entities as onSeconds and turnedOn (how often switched on); other states as seconds per "
+        "state. Answers 'how long did the pump run yesterday?' or 'how cold did it get last night?'. Unknown ids are "
+        f"listed in 'missing'. {_MAIN_DEFAULT}",
+        parameters=action_parameters("ha_history"),
+        run=lambda ctx, a: ctx.client.ha_history(a["entityIds"], a.get("start"), a.get("end")),
+    ),
+    ToolSpec(
         name="ha_call_service",
         hints=Hints(read_only=False, destructive=True, open_world=True),
         result=result_schema(),

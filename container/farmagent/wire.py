@@ -72,6 +72,7 @@ FarmActionName = Literal[
     "ha_capture_screenshot",
     "farm_state_refresh",
     "ha_assist",
+    "ha_history",
 ]
 MemoryActionName = Literal["memory_search", "memory_get"]
 FARM_ACTIONS: Final[tuple[str, ...]] = get_args(FarmActionName)

@@ -42,6 +42,7 @@ from farmhost.agents.queue import CHAT, SCHEDULED, QueueClosed, RunQueue
 from farmhost.agents.runlog import RunRecord, log_name, write_run_log_sync
 from farmhost.agents.sandbox import after_run_sync, prepare_mounts_sync, sandbox_spec
 from farmhost.config import Settings
+from farmhost.farm.receipts import ReceiptBook
 from farmhost.layout import DataLayout
 from farmhost.store.db import now_utc
 from farmhost.store.groups import Group
@@ -86,6 +87,7 @@ class AgentRuntime:
         term_grace: float = TERM_GRACE,
         fallback: AssistFallback | None = None,
         host_notes: HostNotes | None = None,
+        receipts: ReceiptBook | None = None,
     ) -> None:
         """Build the runtime; nothing starts before `start()`.
 
@@ -101,6 +103,7 @@ class AgentRuntime:
             term_grace: seconds between SIGTERM and SIGKILL when a run times out.
             fallback: who answers a chat message when no LLM is configured or none answers (default: Assist).
             host_notes: what the host tells a group's agent before its prompt (approval outcomes), once each.
+            receipts: what farmhost saw change in HA; each outcome carries its run's receipt (None: none).
         """
         self._settings = settings
         self._layout = layout
@@ -108,6 +111,7 @@ class AgentRuntime:
         self._before_run = before_run
         self._memory_snippets = memory_snippets
         self._host_notes = host_notes
+        self._receipts = receipts
         self._command = tuple(command) if command is not None else None
         self._backend = backend
         self._backend_error: str | None = None
@@ -214,8 +218,13 @@ class AgentRuntime:
     async def _tracked(self, job: AgentJob) -> AgentOutcome:
         finished = asyncio.get_running_loop().create_future()
         self._finished.add(finished)
+        began = now_utc()
         try:
-            return await self._run(job)
+            outcome = await self._run(job)
+            if self._receipts is None:
+                return outcome
+            receipt = self._receipts.receipt(group=job.folder, start=began, end=now_utc(), zone=self._settings.zone)
+            return replace(outcome, receipt=receipt)
         finally:
             finished.set_result(None)
             self._finished.discard(finished)

@@ -38,10 +38,14 @@ DEMO_PROFILE: Final = Path(__file__).resolve().parent.parent / "localha" / "farm
 SHOT_SIZE: Final = (1280, 800)
 # The actions' own limits are 30 s (apply) and 35 s (screenshot); the answer file comes a moment after.
 ACTION_WAIT: Final = 45.0
+DEMO_DAILY_REPORT: Final = "07:00"  # the farmer's usual morning; FARMHOST_DAILY_REPORT in .env moves it
 
 
 def demo_settings(base: Settings, *, data_dir: Path, ha_url: str, ha_token: str) -> Settings:
-    """The App's settings: `.env`/environment, with the demo's data dir and HA, Telegram off, FARM_MODE demo."""
+    """The App's settings: `.env`/environment, with the demo's data dir and HA, Telegram off, FARM_MODE demo.
+
+    The morning report is on (FARMHOST_DAILY_REPORT, else 07:00).
+    """
     return base.model_copy(
         update={
             "data_dir": data_dir,
@@ -49,6 +53,8 @@ def demo_settings(base: Settings, *, data_dir: Path, ha_url: str, ha_token: str)
             "ha_token": ha_token,
             "telegram_bot_token": None,
             "farm_mode": "demo",
+            # On in the demo: started after 07:00, the console shows today's morning report at once (once a day).
+            "daily_report": base.daily_report or DEMO_DAILY_REPORT,
         }
     )
 

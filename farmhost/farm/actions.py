@@ -26,6 +26,7 @@ from farmhost.farm.dashboard_actions import (
     ha_dashboard_validate,
 )
 from farmhost.farm.effect_rules import ON
+from farmhost.farm.history import ha_history
 from farmhost.farm.screenshots import ha_capture_screenshot
 from farmhost.farm.state import farm_state_refresh
 from farmhost.ipc.handlers import (
@@ -96,6 +97,7 @@ ACTIONS: Final[dict[str, FarmActionSpec]] = {
     "farm_state_refresh": _row(farm_state_refresh, "farm_state_refresh"),
     # Three HA calls (exposed entities, registry, states) and Assist's own service calls, each within 10 s.
     "ha_assist": _row(ha_assist, "ha_assist"),
+    "ha_history": _row(ha_history, "ha_history"),
 }
 assert set(ACTIONS) == set(ACTION_NAMES), "every FarmActionName needs a row"
 
@@ -142,6 +144,8 @@ def _handler(deps: FarmDeps, audit: AuditLog, name: str, spec: FarmActionSpec) -
                 duration_ms=round((time.perf_counter() - started) * 1000),
                 extra=approval_keys(ctx.approved),
             )
+            if deps.receipts is not None and ctx.approved is None:  # an approved call runs outside any agent run
+                deps.receipts.action(group=ctx.group.folder, action=name, params=params, code=code)
 
     return run
 

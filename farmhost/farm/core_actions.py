@@ -46,7 +46,7 @@ async def ha_get_status(deps: FarmDeps, ctx: RequestContext, p: HaGetStatusParam
     Raises:
         InvalidRequest: unknown params, or an entity id / domain that is not a valid name.
     """
-    states = await _ha(deps).get_states()
+    states = await require_ha(deps).get_states()
     wanted_ids = set(p.entityIds or ())
     wanted_domains = set(p.domains or ())
     if p.entityIds is None and p.domains is None:
@@ -74,7 +74,7 @@ async def ha_call_service(deps: FarmDeps, ctx: RequestContext, p: HaCallServiceP
     """
     data, target = dict(p.data or {}), dict(p.target or {})
     try:
-        changed = await _ha(deps).call_service(p.domain, p.service, data, target=target or None)
+        changed = await require_ha(deps).call_service(p.domain, p.service, data, target=target or None)
     except HaRejected as err:  # HA refused the data: the agent's request was invalid, HA's sentence says why
         raise InvalidRequest(err.message) from None
     return {"service": f"{p.domain}.{p.service}", "changedStates": [_state(s) for s in changed]}
@@ -97,7 +97,7 @@ async def ha_set_entity(deps: FarmDeps, ctx: RequestContext, p: HaSetEntityParam
     """
     domain = p.entityId.split(".", 1)[0]
     service = set_entity_service(p)
-    ha = _ha(deps)
+    ha = require_ha(deps)
     current = await ha.get_state(p.entityId)
     data, expected = _plan(p.entityId, domain, p.value, current.get("attributes") or {})
     try:
@@ -123,7 +123,7 @@ async def ha_restart(deps: FarmDeps, ctx: RequestContext, p: NoParams) -> dict[s
     Raises:
         Unavailable: HA is not RUNNING (it would ignore the restart). HaTimeout: not back in time.
     """
-    seconds = await _ha(deps).restart(timeout=RESTART_TIMEOUT)
+    seconds = await require_ha(deps).restart(timeout=RESTART_TIMEOUT)
     return {"restarted": True, "seconds": round(seconds, 1)}
 
 
@@ -180,7 +180,8 @@ def set_entity_service(p: HaSetEntityParams) -> str:
 # helpers ---------------------------------------------------------------------------------------------
 
 
-def _ha(deps: FarmDeps) -> HAClient:
+def require_ha(deps: FarmDeps) -> HAClient:
+    """The HA client, or Unavailable with what the operator sets when HA is not configured."""
     if deps.ha is None:
         raise Unavailable("Home Assistant is not configured on this host (the operator sets HA_URL and HA_TOKEN)")
     return deps.ha

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from farmhost.config import Settings
     from farmhost.farm.effect_rules import EffectRules
     from farmhost.farm.homeassistant import HAClient
+    from farmhost.farm.receipts import ReceiptBook
     from farmhost.farm.state import StateCollector
     from farmhost.ipc.handlers import RequestContext
     from farmhost.layout import DataLayout
@@ -29,6 +30,7 @@ class FarmDeps:
     state: StateCollector | None = None  # the running collector, the one writer of farm-state/ (None: HA off)
     screenshot_user: ScreenshotUser = field(default_factory=ScreenshotUser)  # the browser's read-only HA user
     effects: EffectRules | None = None  # the rules on effects: an approved run registers its permit there
+    receipts: ReceiptBook | None = None  # each control action's outcome, for the receipt under a run's reply
 
 
 # One farm action: validated params in, a JSON-able result out; raises FarmhostError subclasses for failures.

@@ -40,6 +40,10 @@ DEFAULT_LINES: Final = 200
 MAX_LINES: Final = 2000
 # A spoken or typed command; Assist's sentence templates match a few words, and a chat message is cut to this.
 MAX_ASSIST_CHARS: Final = 1000
+# History is asked for a few entities at a time; 20 keeps HA's answer for a month of a busy sensor within reason.
+MAX_HISTORY_ENTITIES: Final = 20
+# An ISO 8601 time as an agent writes it: "2026-12-04T06:00:00+01:00", "2026-12-04 06:00" (farm time), "...Z".
+MAX_TIME_CHARS: Final = 40
 # A BCP 47 tag as Home Assistant takes it: "en", "nl", "pt-BR", "zh-Hant".
 LANGUAGE_RE: Final = re.compile(r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8}){0,2}$")
 
@@ -231,6 +235,31 @@ class HaAssistParams(ActionParams):
         return self
 
 
+class HaHistoryParams(ActionParams):
+    """What entities did over a period, from Home Assistant's recorder (at most 31 days; default the last 24 h)."""
+
+    entityIds: Annotated[
+        list[EntityId],
+        Field(min_length=1, max_length=MAX_HISTORY_ENTITIES, description="e.g. ['switch.irrigation_pump']"),
+    ]
+    start: (
+        Annotated[
+            str,
+            StringConstraints(min_length=1, max_length=MAX_TIME_CHARS),
+            Field(description="ISO 8601 time, e.g. '2026-12-04T18:00'; without an offset: farm time (default end-24h)"),
+        ]
+        | None
+    ) = None
+    end: (
+        Annotated[
+            str,
+            StringConstraints(min_length=1, max_length=MAX_TIME_CHARS),
+            Field(description="ISO 8601 time; without an offset: farm time (default now)"),
+        ]
+        | None
+    ) = None
+
+
 # memory actions ----------------------------------------------------------------------------------
 
 
@@ -278,6 +307,7 @@ ACTION_PARAMS: Final[dict[str, type[ActionParams]]] = {
     "ha_capture_screenshot": HaCaptureScreenshotParams,
     "farm_state_refresh": NoParams,
     "ha_assist": HaAssistParams,
+    "ha_history": HaHistoryParams,
     "memory_search": MemorySearchParams,
     "memory_get": MemoryGetParams,
 }

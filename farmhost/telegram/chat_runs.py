@@ -122,6 +122,8 @@ class ChatRuns:
                         run.update_id, outcome.error)  # fmt: skip
             return
         text, status = reply_text(outcome)
+        if outcome.receipt:  # farmhost's own account, under the agent's words (alone when it said nothing)
+            text = f"{text}\n\n{outcome.receipt}" if text else outcome.receipt
         with self._db.tx() as conn:
             if telegram_state.finish_run(conn, run.update_id, status=status, note=outcome.status) and text:
                 key, at = f"reply:{outcome.run_id}", self._clock()

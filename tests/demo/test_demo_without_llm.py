@@ -37,7 +37,7 @@ FIELD_1_RAW = "input_number.field_1_soil_moisture_raw"
 def test_without_an_llm_the_demo_explains_the_farm_lives_on_and_a_kept_ha_is_reused(tmp_path: Path) -> None:
     require_cached_ha()
     data_dir = tmp_path / "demo-data"
-    env = clean_env(FARMHOST_AGENT_RUNTIME="bwrap")
+    env = clean_env(FARMHOST_AGENT_RUNTIME="bwrap", FARMHOST_DAILY_REPORT="00:00")  # always passed: shown at start
     try:
         _no_llm_then_reuse(data_dir, env)
     finally:
@@ -67,6 +67,7 @@ def _no_llm_then_reuse(data_dir: Path, env: dict[str, str]) -> None:
 
         # The demo farm's safe profile is in force, and Assist is kept away from what it limits.
         assert "wrote the demo farm's safe profile" in text
+        run.wait_line("Good morning. The farm from", timeout=15)  # the morning report, in the terminal chat
         rules = json.loads((data_dir / "farm-profile.json").read_text())["policy"]["rules"]
         assert {"entities": ["switch.irrigation_pump"], "maxOnSeconds": 1800} in rules
         hidden = run.wait_line("not exposed to Assist (the farm profile limits them)")

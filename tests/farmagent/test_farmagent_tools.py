@@ -82,6 +82,7 @@ CALLS: list[tuple[str, dict[str, Any], str]] = [
     ("ha_capture_screenshot", {"view": "overview", "width": 800, "height": 600}, "upstream_unavailable"),
     ("farm_state_refresh", {}, "upstream_unavailable"),
     ("ha_assist", {"text": "turn on the irrigation pump", "language": None}, "upstream_unavailable"),
+    ("ha_history", {"entityIds": ["switch.irrigation_pump"], "start": None}, "upstream_unavailable"),
 ]
 
 

@@ -37,9 +37,11 @@ def test_instance_is_running_the_pinned_release(ha_reset: HaInstance) -> None:
     assert config["version"] == HA_VERSION
     assert config["time_zone"] == "Europe/Amsterdam"
     assert config["unit_system"]["temperature"] == "°C"
-    # minimal configuration: none of default_config's integrations
-    assert not {"cloud", "zeroconf", "bluetooth", "mobile_app", "recorder"} & set(config["components"])
-    assert {"template", "input_number", "lovelace", "local_calendar", "fan"} <= set(config["components"])
+    # minimal configuration: none of default_config's integrations but the recorder and its history (ha_history)
+    assert not {"cloud", "zeroconf", "bluetooth", "mobile_app"} & set(config["components"])
+    assert {"template", "input_number", "lovelace", "local_calendar", "fan", "recorder", "history"} <= set(
+        config["components"]
+    )
 
 
 def test_the_token_works_over_rest_and_a_wrong_one_is_refused(ha_reset: HaInstance) -> None:

@@ -54,7 +54,7 @@ def test_without_an_llm_assist_answers_the_chat_and_switches_the_pump(
 
     assert str(notice.params["text"]).startswith(NOTICE_START)
     assert "An LLM would add" in str(notice.params["text"]) and "FARMHOST_LLM_BASE_URL" in str(notice.params["text"])
-    assert reply.params["text"] == "Turned on the switch"
+    assert str(reply.params["text"]).startswith("Turned on the switch\n\nSeen in Home Assistant:\n")  # a receipt
     assert _texts(fake_telegram, MAIN_CHAT)[2] == "No, off"  # the notice came once
 
     # the notice is remembered across a restart: the next answer comes alone
@@ -75,7 +75,8 @@ def test_without_an_llm_assist_answers_the_chat_and_switches_the_pump(
         assert chat_notices.given(db.conn, MAIN_JID) == ["assist-fallback"]
     finally:
         db.close()
-    assert ("in", "turn on the irrigation pump") in stored and ("out", "Turned on the switch") in stored
+    assert ("in", "turn on the irrigation pump") in stored
+    assert any(d == "out" and t.startswith("Turned on the switch\n\nSeen in Home Assistant:") for d, t in stored)
 
 
 def test_a_group_without_permission_is_refused_by_the_same_policy(
@@ -94,7 +95,7 @@ def test_a_group_without_permission_is_refused_by_the_same_policy(
     assert text.startswith("I couldn't finish that: no LLM is configured"), text
     assert "Assist could not answer either: ha_assist is only allowed from the main group (unauthorized)" in text
     assert str(notice.params["text"]).startswith(NOTICE_START)
-    assert done.params["text"] == "Turned on the switch"
+    assert str(done.params["text"]).startswith("Turned on the switch\n\nSeen in Home Assistant:\n")
     assert ha_reset.get_state(PUMP)["state"] == "on"
     audit = [json.loads(line) for line in (data_dir / "farm-state" / "audit.ndjson").read_text().splitlines()]
     assert [(a["group"], a["errorCode"], a["params"]["text"]) for a in audit] == [

@@ -67,9 +67,9 @@ def test_a_dead_first_endpoint_and_the_second_answers_the_run(
     assert ha_reset.get_state(PUMP)["state"] == "on"
     local = llm_stub.base_url.removeprefix("http://").removesuffix("/v1")
     hosted = dead.removeprefix("http://").removesuffix("/v1")
-    assert reply.params["text"] == (
+    assert str(reply.params["text"]).startswith(
         "Done: the irrigation pump is on.\n\n(answered by the fallback LLM endpoint 2, farm-model at "
-        f"{local}: endpoint 1, hosted-model at {hosted}, did not answer)"
+        f"{local}: endpoint 1, hosted-model at {hosted}, did not answer)\n\nSeen in Home Assistant:\n"
     )
     assert [r.model for r in llm_stub.requests] == ["farm-model", "farm-model"]
     assert "authorization" not in llm_stub.requests[0].headers  # endpoint 2 has no key; endpoint 1's is not sent
@@ -96,5 +96,5 @@ def test_when_no_endpoint_answers_assist_answers_the_chat(
         "Answers in this chat come from Home Assistant's own assistant (Assist), because no configured LLM "
         "endpoint answered."
     )
-    assert reply.params["text"] == "Turned on the switch"
+    assert str(reply.params["text"]).startswith("Turned on the switch\n\nSeen in Home Assistant:\n")  # a receipt
     assert ha_reset.get_state(PUMP)["state"] == "on"

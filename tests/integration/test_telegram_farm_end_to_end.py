@@ -56,7 +56,8 @@ def test_a_chat_message_turns_the_pump_on_in_home_assistant_and_the_reply_reache
         assert "Traceback" not in daemon.log()
 
     assert ha_reset.get_state(PUMP)["state"] == "on"  # the agent really switched it, through farmhost
-    assert reply.params["text"] == "Done: the irrigation pump is on."
+    answer, receipt = reply.params["text"].split("\n\n", 1)  # farmhost's receipt under the agent's words
+    assert answer == "Done: the irrigation pump is on." and "✔ Irrigation pump off → on, " in receipt
     assert typing and typing[0].params["action"] == "typing"
     first = llm_stub.requests[0]
     assert "irrigation pump" in first.text() and first.headers["authorization"] == "Bearer sk-e2e"
@@ -65,4 +66,5 @@ def test_a_chat_message_turns_the_pump_on_in_home_assistant_and_the_reply_reache
         stored = [(m.direction, m.text) for m in latest(db.conn, [MAIN_JID])]
     finally:
         db.close()
-    assert stored == [("in", "Please turn the irrigation pump on"), ("out", "Done: the irrigation pump is on.")]
+    assert stored[0] == ("in", "Please turn the irrigation pump on")
+    assert stored[1][0] == "out" and stored[1][1].startswith("Done: the irrigation pump is on.\n\nSeen in")

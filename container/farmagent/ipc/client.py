@@ -165,6 +165,10 @@ class IpcClient(IpcCore):
         """Current states, filtered by entity ids and/or domains; `{states, count, missing}`."""
         return self.farm_action("ha_get_status", _present(entityIds=entity_ids, domains=domains))
 
+    def ha_history(self, entity_ids: list[str], start: str | None = None, end: str | None = None) -> dict[str, Any]:
+        """What the entities did over a period (at most 31 days; default the last 24 h); `{start, end, entities, missing}`."""
+        return self.farm_action("ha_history", _present(entityIds=entity_ids, start=start, end=end))
+
     def ha_call_service(
         self,
         domain: str,
