@@ -224,7 +224,8 @@ class WhenWatcher:
                 f"cooldown: {_what(watched)} again {_age(due - state.last_fired)} after the last run (cooldown "
                 f"{watched.condition.cooldown:g} s); not run"
             )
-            if not task_runs.has_run(conn, task.id, due):
+            # Two alerts of the rule at once (one per entity) share a due time: the first one's claim owns it.
+            if iso(due) != iso(state.last_fired) and not task_runs.has_run(conn, task.id, due):
                 task_runs.insert_run(conn, task_id=task.id, due_at=due, at=now, status="skipped", detail=note)
             when_state.put(conn, consumed, at=now)
             logger.info("task %s: %s", task.id, note, extra={"taskId": task.id})
