@@ -189,9 +189,7 @@ def test_an_alert_condition_fires_on_a_new_alert(data_dir: Path, ha_reset: HaIns
     with when_daemon(data_dir, ha_env, FARMHOST_STATE_POLL_SECONDS="1"):
         task_id = ok(schedule(data_dir, "main", "w-frost", {"alert": "frost"}))["taskId"]
         ha_reset.set_state(AIR, 1.0)  # frost on the air sensor and on the frost-risk sensor, in one pass
-        wait_for(
-            lambda: any(r["status"] == "ok" for r in runs(data_dir, task_id)), timeout=30, what="the frost run"
-        )
+        wait_for(lambda: any(r["status"] == "ok" for r in runs(data_dir, task_id)), timeout=30, what="the frost run")
         rows = runs(data_dir, task_id)
     (run,) = [r for r in rows if r["status"] != "skipped"]
     assert run["status"] == "ok" and "new frost alert" in run["detail"], run
