@@ -215,6 +215,7 @@ def test_the_requests_around_a_when_task(data_dir: Path, ha_reset: HaInstance, h
 
         task_id = known["taskId"]
         wait_baseline(data_dir, task_id)
+        wait_baseline(data_dir, for_field["taskId"])
         for rid, kind in (("p1", "pause_task"), ("r1", "resume_task")):
             drop(data_dir, "main", "tasks", {"type": kind, "requestId": rid, "taskId": task_id})
             assert ok(wait_result(data_dir, "main", rid))["nextRun"] is None
@@ -231,8 +232,10 @@ def test_the_requests_around_a_when_task(data_dir: Path, ha_reset: HaInstance, h
         assert ok(wait_result(data_dir, "main", "c1"))["status"] == "cancelled"
         ha_reset.set_state(SOIL, 40)
         ha_reset.set_state(SOIL, 20)
-        wait_runs(data_dir, for_field["taskId"], 2)  # a fence: field's task saw both crossings after the cancel
+        # A fence: field's task has seen all three crossings (one run, then two inside its cooldown).
+        fenced = wait_runs(data_dir, for_field["taskId"], 3)
         listed = json.loads((data_dir / "ipc" / "main" / "current_tasks.json").read_text())
     assert run["status"] == "ok"
+    assert [r["status"] for r in fenced] == ["ok", "skipped", "skipped"], fenced
     assert task_id not in [t["id"] for t in listed]
     assert len(runs(data_dir, task_id)) == 1
