@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 from farm_daemon import db_rows
-from farmhost_testing import Daemon, clean_env, drop, ok, refused, scaled, wait_for, wait_result
+from farmhost_testing import Daemon, clean_env, drop, farmhost, ok, refused, scaled, wait_for, wait_result
 from ha_fixture import HaInstance
+from llm_stub import Reply, ScriptedLLM
 
 pytestmark = pytest.mark.slow  # seconds each: real HA, real runs
 
@@ -120,6 +121,12 @@ def test_soil_below_25_fires_once_per_crossing_and_again_after_recovery_past_the
         ha_reset.set_state(SOIL, 22)  # past the cooldown: runs
         rows = wait_runs(data_dir, task_id, 3)
         task = json.loads((data_dir / "ipc" / "main" / "current_tasks.json").read_text())
+        listed_cli = farmhost("task", "list", "--json", data_dir=data_dir)
+        table = farmhost("task", "list", data_dir=data_dir)
+    assert listed_cli.returncode == 0, listed_cli.stderr
+    (cli_task,) = [t for t in json.loads(listed_cli.stdout) if t["id"] == task_id]
+    assert cli_task["schedule_type"] == "when" and cli_task["next_run"] is None and cli_task["lastRunStatus"] == "ok"
+    assert "on its event" in table.stdout
     assert [r["status"] for r in rows] == ["ok", "skipped", "ok"], rows
     assert "to '20.0'" in first["detail"] and "from '45.0'" in first["detail"], first["detail"]
     assert "farm time" in first["detail"] and "below 25" in first["detail"]
@@ -239,3 +246,29 @@ def test_the_requests_around_a_when_task(data_dir: Path, ha_reset: HaInstance, h
     assert [r["status"] for r in fenced] == ["ok", "skipped", "skipped"], fenced
     assert task_id not in [t["id"] for t in listed]
     assert len(runs(data_dir, task_id)) == 1
+
+
+def test_the_built_in_agent_is_woken_with_the_event_in_its_prompt(
+    data_dir: Path, ha_reset: HaInstance, ha_env: dict[str, str], llm_stub: ScriptedLLM
+) -> None:
+    llm_stub.script(Reply("Field 1 is at 20 %: I told the crew to irrigate."))
+    env = clean_env(
+        **ha_env,
+        FARMHOST_AGENT_RUNTIME="bwrap",
+        FARMHOST_LLM_BASE_URL=llm_stub.base_url,
+        FARMHOST_LLM_MODEL="farm-model",
+        FARMHOST_LLM_API_KEY="sk-when-e2e",
+    )
+    daemon = Daemon(data_dir, env=env).start(timeout=30)
+    try:
+        task_id = ok(schedule(data_dir, "main", "w-llm", {"entity": SOIL, "below": 25}))["taskId"]
+        wait_baseline(data_dir, task_id)
+        ha_reset.set_state(SOIL, 20)
+        (run,) = wait_runs(data_dir, task_id, 1, timeout=60)
+        assert "Traceback" not in daemon.log()
+    finally:
+        assert daemon.stop() == 0
+    assert run["status"] == "ok" and "told the crew" in run["detail"], run
+    (request,) = llm_stub.requests
+    prompt = request.text()
+    assert "[farm event]" in prompt and "from '45.0' to '20.0'" in prompt and "Check the field" in prompt
