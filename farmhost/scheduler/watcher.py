@@ -7,9 +7,9 @@ time like any other (claims.claim_due: once, never twice, within the grace). So 
 scheduler's: an edge recorded before a crash is claimed at start; an edge claimed before it is never repeated.
 
 Decisions (docs/scheduler.md):
-- The event's time is Home Assistant's `last_changed` of the change that made the condition true (plus `for`),
-  not the moment farmhost saw it: after a restart the same crossing gets the same due time, which the claim's
-  UNIQUE (task, due time) makes impossible to run twice, and a crossing older than the grace is `skipped`.
+- The event's time (the due time, plus `for`) is when farmhost saw the change live; a change found at a start or
+  a reconnect is dated by Home Assistant's `last_changed`, so a crossing older than the grace is `skipped`. The
+  edge and the due time are one transaction: a restart finds the edge either claimable or already fired.
 - A condition already true when the task is created does not fire: it waits for the next time it becomes true.
 - `unavailable`/`unknown` decide nothing (the condition keeps its truth): a sensor blip is not a new crossing.
 - An edge within the cooldown of the last fire, or while the task is paused, is consumed: recorded `skipped` in
@@ -131,7 +131,8 @@ class WhenWatcher:
     def _changed(self, change: StateChange) -> None:
         for watched in self._by_entity.get(change.entity_id, ()):
             try:
-                self._evaluate(watched, old=change.old, new=change.new, seen_at=change.seen_at)
+                seen_at = None if change.resync else change.seen_at
+                self._evaluate(watched, old=change.old, new=change.new, seen_at=seen_at)
             except Exception:
                 logger.exception("task %s: evaluating its when condition failed", watched.task_id)
 
@@ -179,7 +180,9 @@ class WhenWatcher:
             if state.fired:
                 return
             if state.true_since is None:
-                since = min(new.last_changed or now, now)
+                # Seen live: now (within milliseconds of HA's change, and immune to a skew between the two
+                # clocks). Found at a (re)sync: HA's last_changed says when it happened while nobody looked.
+                since = now if seen_at is not None and old is not None else min(new.last_changed or now, now)
                 state = replace(state, true_since=since)
                 when_state.put(conn, state, at=now)
             assert state.true_since is not None
