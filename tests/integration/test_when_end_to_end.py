@@ -272,3 +272,37 @@ def test_the_built_in_agent_is_woken_with_the_event_in_its_prompt(
     (request,) = llm_stub.requests
     prompt = request.text()
     assert "[farm event]" in prompt and "from '45.0' to '20.0'" in prompt and "Check the field" in prompt
+
+
+def test_a_hold_in_progress_survives_a_kill_9_and_runs_once_when_it_ends(
+    data_dir: Path, ha_reset: HaInstance, ha_env: dict[str, str]
+) -> None:
+    hold = max(4, round(scaled(4)))
+    daemon = start_daemon(data_dir, ha_env)
+    try:
+        task_id = ok(schedule(data_dir, "main", "w-hold-kill", {"entity": SOIL, "below": 25, "for": hold}))["taskId"]
+        wait_baseline(data_dir, task_id)
+        ha_reset.set_state(SOIL, 20)
+        row = wait_for(
+            lambda: r if (r := edge_state(data_dir, task_id)) and r["true_since"] else None,
+            timeout=20,
+            what="the hold to start",
+        )
+        daemon.kill()  # during the hold: nothing has run, the hold's start is on disk
+        assert runs(data_dir, task_id) == []
+        since = datetime.fromisoformat(row["true_since"])
+        wait_for(lambda: datetime.now(UTC) > since + timedelta(seconds=hold), timeout=hold + 5, what="the hold")
+        daemon = start_daemon(data_dir, ha_env)
+        (run,) = wait_runs(data_dir, task_id, 1)
+        daemon.stop()
+        daemon = start_daemon(data_dir, ha_env)  # still low: it fired, it does not fire again
+        fence = ok(schedule(data_dir, "main", "w-hold-fence", {"entity": SOIL, "below": 19.5}))["taskId"]
+        wait_baseline(data_dir, fence)
+        ha_reset.set_state(SOIL, 19)
+        wait_runs(data_dir, fence, 1)
+        assert len(runs(data_dir, task_id)) == 1
+    finally:
+        if daemon.proc is not None:
+            daemon.stop()
+    assert run["status"] == "ok" and f"held for {hold} s" in run["detail"], run
+    assert datetime.fromisoformat(run["due_at"]) == since + timedelta(seconds=hold)
