@@ -168,6 +168,11 @@ class WhenWatcher:
         now = self._clock()
         with self._db.tx() as conn:
             state = when_state.get(conn, watched.task_id)
+            before = condition.holds(old.state) if old is not None else None
+            if state is None and before is not None:
+                # First look at a new task, on a change (the view was away when it was created): the state before
+                # the change is its starting point, so this change can be its first edge.
+                state = WhenState(task_id=watched.task_id, fired=before)
             if state is None:  # first look at a new task: true now is not an edge, it waits for the next one
                 since = (new.last_changed or now) if truth else None
                 when_state.put(conn, WhenState(task_id=watched.task_id, true_since=since, fired=truth), at=now)

@@ -306,3 +306,20 @@ def test_a_hold_in_progress_survives_a_kill_9_and_runs_once_when_it_ends(
             daemon.stop()
     assert run["status"] == "ok" and f"held for {hold} s" in run["detail"], run
     assert datetime.fromisoformat(run["due_at"]) == since + timedelta(seconds=hold)
+
+
+def test_a_task_created_while_home_assistant_is_away_fires_on_its_first_crossing(
+    data_dir: Path, ha_reset: HaInstance, ha_env: dict[str, str]
+) -> None:
+    with when_daemon(data_dir, ha_env):
+        ha_reset.stop()
+        try:
+            created = ok(schedule(data_dir, "main", "w-away", {"entity": SOIL, "below": 25}))
+        finally:
+            ha_reset.ensure_running()
+        assert "could not ask Home Assistant" in created["warning"]
+        task_id = created["taskId"]
+        wait_for(lambda: ha_reset.get_state(SOIL)["state"] == "45.0", timeout=30, what="the sensor back at 45 %")
+        ha_reset.set_state(SOIL, 20)
+        (run,) = wait_runs(data_dir, task_id, 1, timeout=60)
+    assert run["status"] == "ok" and "to '20.0'" in run["detail"], run
