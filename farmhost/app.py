@@ -40,11 +40,13 @@ from farmhost.loop_monitor import LoopMonitor
 from farmhost.memory.search import MemoryService, memory_handlers
 from farmhost.mqtt import device
 from farmhost.mqtt.service import MqttService
-from farmhost.scheduler.requests import HANDLERS as TASK_HANDLERS
+from farmhost.scheduler.requests import task_handlers
 from farmhost.scheduler.runs import RunReport, TaskRun
 from farmhost.scheduler.service import SchedulerService
+from farmhost.scheduler.watcher import WhenWatcher, event_prompt
+from farmhost.scheduler.when import ConditionError, load_condition
 from farmhost.sites.caller import SiteCaller
-from farmhost.store import host_state
+from farmhost.store import host_state, when_state
 from farmhost.store.db import Database, iso, now_utc
 from farmhost.store.groups import Group
 from farmhost.telegram.requests import HANDLERS as MESSAGE_HANDLERS
@@ -92,7 +94,7 @@ def build_handlers(
         **(sites.handlers() if sites is not None else {}),
         **ping_handlers(identity),
         **MESSAGE_HANDLERS,
-        **TASK_HANDLERS,
+        **task_handlers(farm.ha),
         **GROUP_HANDLERS,
         **farm_handlers(farm, audit=audit),
         **memory_handlers(memory or MemoryService(farm.layout)),
@@ -119,6 +121,7 @@ class App:
         self.emergency_stop: EmergencyStop | None = None  # /stop and /resume in the main chat
         self.auto_off: AutoOff | None = None
         self.live_view: LiveView | None = None
+        self.when: WhenWatcher | None = None  # farm events that wake `when` tasks
         self.effects: EffectRules | None = None
         self.sites: SiteCaller | None = None
         self.mqtt: MqttService | None = None
@@ -191,6 +194,11 @@ class App:
                 wake_outbox=self._wake_outbox,
             )
             await self.auto_off.start()
+        self.when = WhenWatcher(db=self.db, zone=self.settings.zone, view=self.live_view, wake=self._wake_scheduler)
+        self.when.start()
+        if self.collector is not None:
+            self.collector.add_raised_listener(self.when.alert_raised)
+        if self.live_view is not None:
             await self.live_view.start()  # returns at once; listeners are in place before the first sync
         self.runtime = AgentRuntime(
             settings=self.settings,
@@ -244,7 +252,11 @@ class App:
             self.ipc.add_change_listener(self.telegram.ipc_changed)
             await self.telegram.start()
         self.scheduler = SchedulerService(
-            db=self.db, settings=self.settings, dispatch=self._dispatch_task, on_tasks_changed=self._tasks_changed
+            db=self.db,
+            settings=self.settings,
+            dispatch=self._dispatch_task,
+            on_tasks_changed=self._tasks_changed,
+            on_sync=self.when.refresh,
         )
         self.ipc.add_change_listener(self.scheduler.ipc_changed)
         await self.scheduler.start()
@@ -318,6 +330,9 @@ class App:
         if self.auto_off is not None:
             await self.auto_off.stop()
             self.auto_off = None
+        if self.when is not None:
+            self.when.stop()
+            self.when = None
         if self.live_view is not None:
             await self.live_view.stop()
             self.live_view = None
@@ -350,7 +365,7 @@ class App:
         task = run.task
         job = AgentJob(
             folder=task.group_folder,
-            prompt=task.prompt,
+            prompt=self._task_prompt(run),
             scheduled=True,
             task_id=task.id,
             context_mode=task.context_mode,
@@ -358,6 +373,25 @@ class App:
         outcome = await self.runtime.submit(job)
         status = "interrupted" if outcome.status == "cancelled" else outcome.status
         return RunReport(status=status, summary=outcome.answer if outcome.status == "ok" else outcome.error)
+
+    def _task_prompt(self, run: TaskRun) -> str:
+        """A task's prompt; a when task's run gets the event that woke it first."""
+        task = run.task
+        if task.schedule_type != "when" or self.db is None:
+            return task.prompt
+        event = when_state.event_for(self.db.conn, task.id, run.due_at)
+        if event is None:
+            return task.prompt
+        try:
+            condition = load_condition(task.schedule_value).describe()
+        except ConditionError:
+            condition = task.schedule_value
+        return f"{event_prompt(event, condition)}\n\n{task.prompt}"
+
+    def _wake_scheduler(self) -> None:
+        """A when event set a task's next run: the scheduler fires it now (it starts after the watcher)."""
+        if self.scheduler is not None:
+            self.scheduler.sync()
 
     async def _status(self) -> dict[str, Any]:
         """The app's part of `/status` (the Telegram side adds agents, outbox and tasks)."""

@@ -122,11 +122,25 @@ TOOLS: Final[tuple[ToolSpec, ...]] = (
     ToolSpec(
         name="schedule_task",
         hints=Hints(read_only=False),
-        result=result_schema({"taskId": {"type": "string"}, "nextRun": {"type": ["string", "null"]}}, "taskId"),
+        result=result_schema(
+            {
+                "taskId": {"type": "string"},
+                "nextRun": {"type": ["string", "null"]},
+                "condition": {"type": "object"},
+                "warning": {"type": "string"},
+            },
+            "taskId",
+        ),
         description="Schedule a prompt to run as an agent later. schedule_type 'cron' (5 fields, farm's time zone, "
         "e.g. '0 6 * * *'), 'interval' (milliseconds, as text or number) or 'once' (ISO-8601, farm's local time "
-        "unless an offset is given). Only main may set groupFolder to schedule for another group. "
-        "Returns {taskId, nextRun}.",
+        "unless an offset is given). Or 'when', to be woken by a farm event: schedule_value is then a JSON object "
+        '(not a string), {"entity": "sensor.field_1_soil_moisture", "below": 25, "for": 600} (above/below a '
+        'number, or "state": "on"; "for": seconds it must hold first) or {"alert": "frost"} (a new alert of that '
+        'rule), plus "cooldown" seconds (default 3600, min 5). It runs once each time the condition becomes true '
+        "(not while it stays true, not if it is already true now), at most once per cooldown, and the run's "
+        "prompt starts with the event (entity, old and new state, when). An entity Home Assistant does not know "
+        "is accepted with a warning. Only main may set groupFolder to schedule for another group. "
+        "Returns {taskId, nextRun} (nextRun null for a when task; plus condition and any warning).",
         parameters=request_parameters(
             "schedule_task", "prompt", "schedule_type", "schedule_value", "context_mode", "groupFolder", "taskId"
         ),

@@ -117,8 +117,9 @@ def task_list(args: argparse.Namespace, settings: Settings) -> int:
     print(f"{'ID':<34} {'GROUP':<16} {'STATUS':<10} {'SCHEDULE':<28} {'NEXT RUN':<29} {'LAST RUN':<11} PROMPT")
     for t in rows:
         schedule = f"{t.schedule_type} {t.schedule_value}"
+        waiting = "on its event" if t.schedule_type == "when" else "-"  # a when task has no due time until then
         print(
-            f"{t.id:<34} {t.group_folder:<16} {t.status:<10} {schedule:<28} {iso(t.next_run) or '-':<29} "
+            f"{t.id:<34} {t.group_folder:<16} {t.status:<10} {schedule:<28} {iso(t.next_run) or waiting:<29} "
             f"{last.get(t.id, '-'):<11} {_short(t.prompt)}"
         )
     return 0

@@ -144,6 +144,7 @@ class StateCollector:
         self._down_since = 0.0
         self._last_failure = ""
         self._problems: dict[str, str] = {}
+        self._raised_listeners: list[Callable[[Alert], None]] = []
 
     @classmethod
     def from_deps(cls, deps: FarmDeps, **options: Any) -> StateCollector:
@@ -161,6 +162,21 @@ class StateCollector:
         """The background task is running."""
         return self._task is not None and not self._task.done()
 
+    def add_raised_listener(self, listener: Callable[[Alert], None]) -> None:
+        """Call `listener` with each alert newly raised from now on (on the loop; it must not block)."""
+        self._raised_listeners.append(listener)
+
+    def _announce_raised(self, before: AlertBook) -> None:
+        known = {alert.id for alert in before.active}
+        for alert in self._book.active:
+            if alert.id in known:
+                continue
+            for listener in list(self._raised_listeners):
+                try:
+                    listener(alert)
+                except Exception:  # one listener's bug must not stop the collector
+                    logger.exception("farm state: an alert listener failed on %s", alert.id)
+
     def active_alerts(self) -> list[tuple[str, str, str]]:
         """The alerts active now, as (id, rule, message)."""
         return [(alert.id, alert.rule.value, alert.message) for alert in self._book.active]
@@ -177,9 +193,10 @@ class StateCollector:
                 message=message,
                 since=at,
             )
-            self._book = with_event_alert(self._book, alert)
+            before, self._book = self._book, with_event_alert(self._book, alert)
             files = [(ALERTS, dump_json(self._book.to_json(self.zone)))]
             await asyncio.to_thread(self._store.write_sync, files, rewrite=False, sample=None)
+        self._announce_raised(before)
 
     async def start(self) -> None:
         """Read the previous alerts and snapshot, then poll in the background (the first poll runs at once)."""
@@ -231,6 +248,7 @@ class StateCollector:
             files: list[tuple[str, bytes]] = []
             if error is None:
                 self._on_connected()
+                before = self._book
                 self._book = reconcile(
                     self._book, evaluate(states, self.thresholds, now), states, now, keep_resolved=self.resolved_keep
                 )
@@ -249,6 +267,8 @@ class StateCollector:
             if sample and error is None:
                 line = (now, telemetry.sample_line(now, telemetry.numeric_values(states), self.zone))
             written = await asyncio.to_thread(self._store.write_sync, files, rewrite=rewrite, sample=line)
+            if error is None:
+                self._announce_raised(before)
             return RefreshSummary(
                 entities=len(self._snapshot.entities),
                 active_alerts=len(self._book.active),

@@ -118,7 +118,7 @@ class FileRequest(_Request):
 
 
 class ScheduleTaskRequest(_Request):
-    """Create a cron/interval/once task."""
+    """Create a cron/interval/once/when task."""
 
     type: Literal["schedule_task"]
     prompt: Annotated[
@@ -127,10 +127,20 @@ class ScheduleTaskRequest(_Request):
         NoNul,
         Field(description="what the agent is asked when the task runs"),
     ]
-    schedule_type: Annotated[Literal["cron", "interval", "once"], Field(description="kind of schedule")]
+    schedule_type: Annotated[
+        Literal["cron", "interval", "once", "when"],
+        Field(description="kind of schedule: a clock (cron, interval, once) or a farm event (when)"),
+    ]
     schedule_value: Annotated[
-        Annotated[str, StringConstraints(min_length=1, max_length=200), NoNul] | int,
-        Field(description="cron expression (5 fields), interval in ms (at least 1000), or ISO-8601 time"),
+        Annotated[str, StringConstraints(min_length=1, max_length=200), NoNul] | int | Params,
+        Field(
+            description=(
+                "cron expression (5 fields), interval in ms (at least 1000), or ISO-8601 time; for when, a JSON "
+                'object (not a string): {"entity": "sensor.field_1_soil_moisture", "below": 25, "for": 600} '
+                '(above/below/state, optional for seconds) or {"alert": "frost"}, plus optional cooldown seconds '
+                "(default 3600)"
+            )
+        ),
     ]
     context_mode: Annotated[
         Literal["isolated", "group"],

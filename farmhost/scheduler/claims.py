@@ -63,7 +63,7 @@ def claim_due(
     if due_at > now:
         return Claim(note="not due yet")
     upcoming = _upcoming(task, zone=zone, due_at=due_at, now=now)
-    status: TaskStatus = "active" if upcoming is not None else "completed"
+    status = _status_after(task, upcoming)
     why_not = _why_not_run(conn, task, late=now - due_at, grace=grace, upcoming=upcoming)
     try:
         run_id = task_runs.insert_run(
@@ -119,8 +119,7 @@ def record_end(
     # IntegrityError: the clock stepped back onto a recorded due time; moving on is all that is left to do.
     with contextlib.suppress(sqlite3.IntegrityError):
         task_runs.insert_run(conn, task_id=task.id, due_at=task.next_run, at=now, status="skipped", detail=note)
-    status: TaskStatus = "active" if upcoming is not None else "completed"
-    tasks.advance(conn, task.id, status=status, next_run=upcoming, last_run=None)
+    tasks.advance(conn, task.id, status=_status_after(task, upcoming), next_run=upcoming, last_run=None)
     return RunEnd(recorded=True, alerted=alerted, task_changed=True, note=note)
 
 
@@ -138,6 +137,13 @@ def _upcoming(task: Task, *, zone: tzinfo, due_at: datetime, now: datetime) -> d
     """The first due time on the task's grid after both `now` and `MIN_SPACING` after `due_at`."""
     spec = ScheduleSpec(type=ScheduleType(task.schedule_type), value=task.schedule_value)
     return next_run_after(spec, tz=zone, anchor=task.anchor, now=max(now, due_at + MIN_SPACING - _TICK))
+
+
+def _status_after(task: Task, upcoming: datetime | None) -> TaskStatus:
+    """A task with no next due time is completed, except a when task: it waits for its next event."""
+    if upcoming is not None or task.schedule_type == ScheduleType.WHEN:
+        return "active"
+    return "completed"
 
 
 def _why_not_run(

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import secrets
 import sqlite3
 import time
 from datetime import datetime
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from farmhost.errors import Conflict, InvalidRequest, NotAllowed, NotFound, Unauthorized
+from farmhost.farm.ha_errors import HaError, HaNotFound
 from farmhost.ipc.handlers import Change, Effect, Handlers, HandlerSpec, RequestContext
 from farmhost.protocol.envelope import Outcome
 from farmhost.protocol.requests import AnyRequest, ScheduleTaskRequest, TaskIdRequest
@@ -20,9 +23,48 @@ from farmhost.scheduler.specs import (
     next_run_after,
     parse_schedule,
 )
+from farmhost.scheduler.when import ConditionError, parse_condition
 from farmhost.store import groups, tasks
 from farmhost.store.db import iso
 from farmhost.store.tasks import Task
+
+if TYPE_CHECKING:
+    from farmhost.farm.homeassistant import HAClient
+
+# A when task's entity is looked up in HA before the task is stored; a slow HA only loses the warning.
+ENTITY_CHECK_SECONDS: Final = 3.0
+
+
+class _EntityCheck:
+    """The preparer of schedule_task: for a when task on an entity, asks Home Assistant whether it knows it."""
+
+    def __init__(self, ha: HAClient | None) -> None:
+        self._ha = ha
+
+    async def __call__(self, ctx: RequestContext, request: AnyRequest) -> object:
+        """Return a warning sentence for the result, or None; an invalid schedule is left to `apply` to refuse."""
+        assert isinstance(request, ScheduleTaskRequest)
+        if request.schedule_type != "when":
+            return None
+        try:
+            condition = parse_condition(request.schedule_value)
+        except ConditionError:
+            return None
+        if condition.entity is None:
+            return None
+        if self._ha is None:
+            return f"Home Assistant is not configured on this host; {condition.entity} cannot be followed until it is"
+        try:
+            async with asyncio.timeout(ENTITY_CHECK_SECONDS):
+                await self._ha.get_state(condition.entity)
+        except HaNotFound:
+            return (
+                f"Home Assistant does not know {condition.entity} (yet); the task waits for it to appear and fires "
+                "when its condition becomes true"
+            )
+        except (HaError, TimeoutError):
+            return f"could not ask Home Assistant whether it knows {condition.entity} now; the task is kept"
+        return None
 
 
 def apply_schedule(ctx: RequestContext, request: AnyRequest, conn: sqlite3.Connection) -> Outcome:
@@ -65,7 +107,12 @@ def apply_schedule(ctx: RequestContext, request: AnyRequest, conn: sqlite3.Conne
     )
     tasks.insert_task(conn, task)
     ctx.changes.add(Change.TASKS)
-    return Outcome(result={"taskId": task_id, "nextRun": iso(next_run)})
+    result: dict[str, object] = {"taskId": task_id, "nextRun": iso(next_run)}
+    if spec.type == ScheduleType.WHEN:
+        result["condition"] = json.loads(spec.value)
+        if isinstance(ctx.prepared, str):
+            result["warning"] = ctx.prepared
+    return Outcome(result=result)
 
 
 def apply_task_change(ctx: RequestContext, request: AnyRequest, conn: sqlite3.Connection) -> Outcome:
@@ -96,18 +143,26 @@ def apply_task_change(ctx: RequestContext, request: AnyRequest, conn: sqlite3.Co
     return Outcome(result={"taskId": task.id, "status": status, "nextRun": iso(next_run)})
 
 
-def _resumed_next_run(ctx: RequestContext, task: Task) -> datetime:
+def _resumed_next_run(ctx: RequestContext, task: Task) -> datetime | None:
     if task.next_run is not None and task.next_run > ctx.now:
         return task.next_run
+    if task.schedule_type == ScheduleType.WHEN:
+        return None  # it waits for its next event; an edge while it was paused is not replayed
     spec = ScheduleSpec(type=ScheduleType(task.schedule_type), value=task.schedule_value)
     upcoming = next_run_after(spec, tz=ctx.settings.zone, anchor=task.anchor, now=ctx.now)
     # A once task whose time passed while it was paused runs as soon as it is resumed.
     return upcoming if upcoming is not None else ctx.now
 
 
-HANDLERS: Final[Handlers] = {
-    "schedule_task": HandlerSpec(effect=Effect.STATE, apply=apply_schedule),
-    "pause_task": HandlerSpec(effect=Effect.STATE, apply=apply_task_change),
-    "resume_task": HandlerSpec(effect=Effect.STATE, apply=apply_task_change),
-    "cancel_task": HandlerSpec(effect=Effect.STATE, apply=apply_task_change),
-}
+def task_handlers(ha: HAClient | None) -> Handlers:
+    """The tasks/ handlers; `ha` answers whether a when task's entity exists (a warning, never a refusal)."""
+    return {
+        "schedule_task": HandlerSpec(effect=Effect.STATE, apply=apply_schedule, prepare=_EntityCheck(ha)),
+        "pause_task": HandlerSpec(effect=Effect.STATE, apply=apply_task_change),
+        "resume_task": HandlerSpec(effect=Effect.STATE, apply=apply_task_change),
+        "cancel_task": HandlerSpec(effect=Effect.STATE, apply=apply_task_change),
+    }
+
+
+# Without Home Assistant (tests of the IPC core, a host with HA off).
+HANDLERS: Final[Handlers] = task_handlers(None)

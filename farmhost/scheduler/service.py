@@ -57,6 +57,7 @@ class SchedulerService:
         dispatch: Dispatch,
         on_tasks_changed: Callable[[], None],
         clock: Callable[[], datetime] = now_utc,
+        on_sync: Callable[[], None] | None = None,
     ) -> None:
         """Build the service; nothing runs before `start()`.
 
@@ -67,6 +68,7 @@ class SchedulerService:
             on_tasks_changed: Called after the scheduler changed a task (next_run, last_run, status), so the
                 `current_tasks.json` snapshots are rewritten.
             clock: The current time (aware); tests inject one to walk across DST changes.
+            on_sync: Called at each sync, after the jobs match the table (the when watcher re-reads its tasks).
         """
         self._db = db
         self._settings = settings
@@ -74,6 +76,7 @@ class SchedulerService:
         self._dispatch = dispatch
         self._on_tasks_changed = on_tasks_changed
         self._clock = clock
+        self._on_sync = on_sync
         self._scheduler: AsyncIOScheduler | None = None
         self._inflight: dict[str, tuple[TaskRun, asyncio.Task[None]]] = {}  # task id -> its run in flight
         self._poller: asyncio.Task[None] | None = None
@@ -160,6 +163,11 @@ class SchedulerService:
                 coalesce=True,
                 max_instances=_JOB_INSTANCES,
             )
+        if self._on_sync is not None:
+            try:
+                self._on_sync()
+            except Exception:
+                logger.exception("the scheduler's sync listener failed")
 
     def ipc_changed(self, changes: set[Change]) -> None:
         """IpcService change listener: a request paused, resumed, cancelled or created a task."""

@@ -1,4 +1,4 @@
-"""Schedule specs: validate cron/interval/once schedules and compute their run times (pure: time is passed in).
+"""Schedule specs: validate cron/interval/once/when schedules and compute their run times (pure: time is passed in).
 
 Cron follows standard crontab semantics in the farm timezone: weekday 0 and 7 are Sunday, and when both
 day-of-month and day-of-week are restricted a day matches if either does. Across DST changes a local time
@@ -13,12 +13,15 @@ search stops at ``SEARCH_HORIZON``; a schedule whose first run lies beyond it is
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta, tzinfo
 from enum import StrEnum
 from typing import Any, Final
 
 from apscheduler.triggers.cron import CronTrigger
+
+from farmhost.scheduler.when import ConditionError, parse_condition
 
 _MIN_INTERVAL_MS = 1  # the contract: any whole number of milliseconds > 0
 _MAX_INTERVAL_MS = 366 * 24 * 3600 * 1000
@@ -38,6 +41,7 @@ class ScheduleType(StrEnum):
     CRON = "cron"
     INTERVAL = "interval"
     ONCE = "once"
+    WHEN = "when"  # a farm event (scheduler/when.py): no due time until the condition becomes true
 
 
 class ScheduleError(ValueError):
@@ -55,12 +59,13 @@ class ScheduleSpec:
     value: str
 
 
-def parse_schedule(schedule_type: str, schedule_value: str | int, *, tz: tzinfo) -> ScheduleSpec:
+def parse_schedule(schedule_type: str, schedule_value: object, *, tz: tzinfo) -> ScheduleSpec:
     """Validate a schedule as given to ``schedule_task`` and normalise its value.
 
     Args:
-        schedule_type: ``cron``, ``interval`` or ``once``.
-        schedule_value: 5-field crontab, interval in milliseconds, or ISO-8601 date-time.
+        schedule_type: ``cron``, ``interval``, ``once`` or ``when``.
+        schedule_value: 5-field crontab, interval in milliseconds, ISO-8601 date-time, or a when condition (a JSON
+            object, stored as canonical JSON).
         tz: The farm's timezone (cron evaluation, naive once times).
 
     Returns:
@@ -69,23 +74,32 @@ def parse_schedule(schedule_type: str, schedule_value: str | int, *, tz: tzinfo)
     Raises:
         ScheduleError: If the type or value is invalid.
     """
+    if schedule_type == ScheduleType.WHEN:
+        try:
+            return ScheduleSpec(type=ScheduleType.WHEN, value=parse_condition(schedule_value).canonical())
+        except ConditionError as err:
+            raise ScheduleError(str(err)) from None
+    if isinstance(schedule_value, Mapping):
+        raise ScheduleError(f"schedule_value of a {schedule_type} task must be a string or a number, not an object")
     if schedule_type == ScheduleType.CRON:
         return ScheduleSpec(type=ScheduleType.CRON, value=_parse_cron(schedule_value, tz))
     if schedule_type == ScheduleType.INTERVAL:
         return ScheduleSpec(type=ScheduleType.INTERVAL, value=str(_parse_interval(schedule_value)))
     if schedule_type == ScheduleType.ONCE:
         return ScheduleSpec(type=ScheduleType.ONCE, value=_parse_once(schedule_value, tz).isoformat())
-    raise ScheduleError(f"schedule_type must be one of cron, interval, once; got {schedule_type!r}")
+    raise ScheduleError(f"schedule_type must be one of cron, interval, once, when; got {schedule_type!r}")
 
 
-def first_run(spec: ScheduleSpec, *, tz: tzinfo, now: datetime) -> datetime:
-    """Return when a newly created task first runs (aware, UTC).
+def first_run(spec: ScheduleSpec, *, tz: tzinfo, now: datetime) -> datetime | None:
+    """Return when a newly created task first runs (aware, UTC); None for a when task (it waits for its event).
 
     Raises:
         ScheduleError: If a once time is not strictly after ``now`` or a cron never fires again.
         ValueError: If ``now`` is naive.
     """
     now_utc = _aware_utc(now, "now")
+    if spec.type == ScheduleType.WHEN:
+        return None
     if spec.type == ScheduleType.INTERVAL:
         return now_utc + timedelta(milliseconds=_parse_interval(spec.value))
     if spec.type == ScheduleType.ONCE:
@@ -107,13 +121,14 @@ def next_run_after(spec: ScheduleSpec, *, tz: tzinfo, anchor: datetime, now: dat
     """Return the next due time strictly after ``now`` (aware, UTC), or None if there is none.
 
     Cron: the next fire time after ``now`` (None beyond ``SEARCH_HORIZON``). Interval: ``anchor + k * interval`` for the smallest ``k >= 1``
-    that is after ``now`` (no drift). Once: None, a once task has no next run.
+    that is after ``now`` (no drift). Once: None, a once task has no next run. When: None, its due times come
+    from its events (scheduler/watcher.py).
 
     Raises:
         ValueError: If ``anchor`` or ``now`` is naive.
     """
     anchor_utc, now_utc = _aware_utc(anchor, "anchor"), _aware_utc(now, "now")
-    if spec.type == ScheduleType.ONCE:
+    if spec.type in (ScheduleType.ONCE, ScheduleType.WHEN):
         return None
     if spec.type == ScheduleType.INTERVAL:
         step = timedelta(milliseconds=_parse_interval(spec.value))
@@ -143,7 +158,7 @@ def _once_utc(at: datetime, value: str) -> datetime:
         ) from None
 
 
-def _parse_interval(value: str | int) -> int:
+def _parse_interval(value: object) -> int:
     if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         ms = int(value.strip())
     elif isinstance(value, int) and not isinstance(value, bool):
@@ -157,7 +172,7 @@ def _parse_interval(value: str | int) -> int:
     return ms
 
 
-def _parse_once(value: str | int, tz: tzinfo) -> datetime:
+def _parse_once(value: object, tz: tzinfo) -> datetime:
     example = "such as '2026-05-01T09:00' (farm time) or '2026-05-01T08:00Z'"
     if not isinstance(value, str):
         raise ScheduleError(f"once time must be an ISO-8601 date-time string {example}, got {value!r}")
@@ -176,7 +191,7 @@ def _parse_once(value: str | int, tz: tzinfo) -> datetime:
     return at
 
 
-def _parse_cron(value: str | int, tz: tzinfo) -> str:
+def _parse_cron(value: object, tz: tzinfo) -> str:
     if not isinstance(value, str):
         raise ScheduleError(
             f"cron expression must be a string of 5 fields (minute hour day month weekday), got {value!r}"

@@ -249,4 +249,17 @@ MIGRATIONS: Final[tuple[str, ...]] = (
         allocated_at TEXT NOT NULL
     ) WITHOUT ROWID
     """,
+    # 12: the edge state of each `when` task (scheduler/watcher.py): whether its condition is true and since when,
+    # whether this true period fired, the last fire (cooldown) and the event handed to the run it claimed
+    """
+    CREATE TABLE when_state (
+        task_id TEXT PRIMARY KEY,
+        true_since TEXT,
+        fired INTEGER NOT NULL DEFAULT 0,
+        last_fired TEXT,
+        event_due TEXT,
+        event TEXT,
+        updated_at TEXT NOT NULL
+    ) WITHOUT ROWID
+    """,
 )

@@ -127,3 +127,9 @@ def last_statuses(conn: sqlite3.Connection) -> dict[str, str]:
         "(SELECT id FROM task_runs WHERE task_id = r.task_id ORDER BY due_at DESC, id DESC LIMIT 1)"
     )
     return {row[0]: row[1] for row in rows}
+
+
+def has_run(conn: sqlite3.Connection, task_id: str, due_at: datetime) -> bool:
+    """Whether a due time of a task has a row already (claimed, finished or skipped)."""
+    row = conn.execute("SELECT 1 FROM task_runs WHERE task_id = ? AND due_at = ?", (task_id, iso(due_at))).fetchone()
+    return row is not None

@@ -268,7 +268,7 @@ def test_once_too_far_ahead_is_refused() -> None:
 
 @pytest.mark.parametrize("schedule_type", ["daily", "CRON", ""])
 def test_unknown_schedule_type(schedule_type: str) -> None:
-    with pytest.raises(ScheduleError, match="schedule_type must be one of cron, interval, once; got"):
+    with pytest.raises(ScheduleError, match="schedule_type must be one of cron, interval, once, when; got"):
         parse_schedule(schedule_type, "0 6 * * *", tz=LISBON)
 
 

@@ -17,7 +17,7 @@ from farmagent.ipc.core import IpcCore
 from farmagent.wire import ACTION_TIMEOUTS, FARM_ACTIONS, SITE_RE, SITE_TIMEOUT
 
 ContextMode = Literal["isolated", "group"]
-ScheduleType = Literal["cron", "interval", "once"]
+ScheduleType = Literal["cron", "interval", "once", "when"]
 MemorySources = Literal["memory", "sessions", "all"]
 
 
@@ -60,13 +60,13 @@ class IpcClient(IpcCore):
         self,
         prompt: str,
         schedule_type: ScheduleType,
-        schedule_value: str | int,
+        schedule_value: str | int | dict[str, Any],
         *,
         context_mode: ContextMode | None = None,
         group_folder: str | None = None,
         task_id: str | None = None,
     ) -> dict[str, Any]:
-        """Create a cron / interval (ms) / once (ISO-8601) task; `{taskId, nextRun}`."""
+        """Create a cron / interval (ms) / once (ISO-8601) / when (a condition object) task; `{taskId, nextRun}`."""
         payload = {
             "type": "schedule_task",
             "prompt": prompt,
