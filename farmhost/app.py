@@ -18,6 +18,7 @@ from farmhost.approvals.desk import ApprovalDesk
 from farmhost.config import Settings
 from farmhost.errors import ConfigError
 from farmhost.farm.actions import approved_runner, farm_handlers
+from farmhost.farm.alert_notify import SUBSCRIPTIONS_FILE, AlertNotifier, notify_settings
 from farmhost.farm.audit import AuditLog
 from farmhost.farm.auto_off import AutoOff
 from farmhost.farm.deps import FarmDeps
@@ -113,6 +114,7 @@ class App:
         self.emergency_stop: EmergencyStop | None = None  # /stop and /resume in the main chat
         self.auto_off: AutoOff | None = None
         self.live_view: LiveView | None = None
+        self.alerts: AlertNotifier | None = None  # farm alerts told to the chats
         self.effects: EffectRules | None = None
         self.sites: SiteCaller | None = None
         self.mqtt: MqttService | None = None
@@ -134,11 +136,20 @@ class App:
             farm = replace(farm, ha=self.ha)
             self.collector = StateCollector.from_deps(farm, **collector_options(self.settings))
             farm = replace(farm, state=self.collector)
+            self.alerts = AlertNotifier(
+                db=self.db,
+                settings=notify_settings(self.settings),
+                subscriptions_path=self.settings.data_dir / SUBSCRIPTIONS_FILE,
+                wake_outbox=self._wake_outbox,
+            )
+            if self.settings.ha_token:
+                self.live_view = LiveView(ws_url=self.ha.ws_url, token=self.settings.ha_token)
+            self.collector.attach(notifier=self.alerts, view=self.live_view)
+            await self.alerts.start()
             await self.collector.start()  # returns at once; the first poll runs in the background
         memory = self.memory = MemoryService(self.layout)
         audit = AuditLog(self.layout.farm_state, max_bytes=self.settings.request_log_max_bytes)
-        if self.ha is not None and self.settings.ha_token:
-            self.live_view = LiveView(ws_url=self.ha.ws_url, token=self.settings.ha_token)
+        if self.ha is not None and self.live_view is not None:
             self.effects = EffectRules(
                 ha=self.ha,
                 view=self.live_view,
@@ -225,6 +236,7 @@ class App:
                 on_groups_changed=self.ipc.reload_groups,
                 desk=self.desk,
                 stop=self.emergency_stop,
+                alerts=self.alerts,
             )
             self.ipc.add_change_listener(self.telegram.ipc_changed)
             await self.telegram.start()
@@ -271,6 +283,9 @@ class App:
         if self.collector is not None:
             await self.collector.stop()
             self.collector = None
+        if self.alerts is not None:  # after the collector that feeds it
+            await self.alerts.stop()
+            self.alerts = None
         if self.ha is not None:
             await self.ha.close()
             self.ha = None

@@ -6,9 +6,10 @@ change the view attributes to the agents (farmhost's HA user, or caused by it) o
 change is held when it needs an approval none was given for (an approved run registers a short permit for its
 entity and target before it calls HA), when it breaks the rate (counted here, on effects: a call HA refused
 counts nothing) or when it leaves the range. A held change is undone at once (the entity set back: off,
-closed, the previous number or option) and reported: an audit line `violation`, a message to the main chat and
-a `violation` alert. A change to the entity's safe state is never held, never counted; people's changes are
-never undone (the automatic off still applies to them, farm/auto_off.py).
+closed, the previous number or option) and reported: an audit line `violation`, a message to the main chat (with
+the Stop everything button) and a `violation` alert. The message is the one the chat gets: farm/alert_notify.py
+does not tell violation alerts again. A change to the entity's safe state is never held, never counted; people's
+changes are never undone (the automatic off still applies to them, farm/auto_off.py).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from farmhost.protocol.codes import ErrorCode
 from farmhost.store import actuator_calls, groups
 from farmhost.store.db import Database, now_utc
 from farmhost.telegram.notices import enqueue_notice
+from farmhost.telegram.stop import stop_keyboard
 
 logger = logging.getLogger(__name__)
 
@@ -248,7 +250,7 @@ class EffectRules:
             main = groups.main_group(conn)
             if main is not None:
                 with contextlib.suppress(sqlite3.IntegrityError):  # told already
-                    enqueue_notice(conn, key=key, jid=main.jid, text=text, at=now)
+                    enqueue_notice(conn, key=key, jid=main.jid, text=text, at=now, reply_markup=stop_keyboard())
         self._wake()
         self._audit.record(
             at=now,
