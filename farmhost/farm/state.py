@@ -149,6 +149,7 @@ class StateCollector:
         self._notifier: AlertNotifier | None = None
         self._view: LiveView | None = None
         self._changed = asyncio.Event()
+        self._dirty: set[str] = set()  # entities changed since the live view was last judged
         self._live_task: asyncio.Task[None] | None = None
 
     @classmethod
@@ -184,6 +185,7 @@ class StateCollector:
             view.add_listener(self._on_change)
 
     def _on_change(self, change: StateChange) -> None:
+        self._dirty.add(change.entity_id)
         self._changed.set()
 
     async def raise_violation(self, entity_id: str, message: str, at: datetime) -> None:
@@ -261,8 +263,15 @@ class StateCollector:
             return  # the poll judges (the view's states are incomplete before its first sync)
         async with self._lock:
             await self._ensure_loaded()
-            states = [_raw_state(entity) for entity in view.entities().values()]
+            entities = view.entities()
+            dirty, self._dirty = self._dirty, set()
             now = self.clock()
+            changed = [_raw_state(entities[e]) for e in dirty if e in entities]
+            raised = {alert.key for alert in evaluate(changed, self.thresholds, now)}
+            known = {a.key for a in self._book.active if a.entity_id in dirty and a.rule is not Rule.VIOLATION}
+            if raised == known and len(changed) == len(dirty):
+                return  # no alert comes or goes (a value within an alert is brought up to date by the next poll)
+            states = [_raw_state(entity) for entity in entities.values()]
             book = reconcile(
                 self._book, evaluate(states, self.thresholds, now), states, now, keep_resolved=self.resolved_keep
             )
