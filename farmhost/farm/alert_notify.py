@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 # "Sent again ... at most 3 times" (SPEC §1): four messages in all for a critical alert nobody acknowledges.
 MAX_REPEATS: Final = 3
+# The button says "Snooze 1 h" (SPEC §1): long enough to finish a job in the field, short enough for a frost night.
 SNOOZE: Final = timedelta(hours=1)
 # The loop looks at least this often even when nothing is due (a clock jump, a row changed by another process).
 IDLE_LOOK_SECONDS: Final = 30.0
@@ -284,8 +285,13 @@ class AlertNotifier:
             alert_notices.reopen(conn, notice.id, due_at=self._repeat_at(notice, now) if critical else None)
         elif notice.status == "held" and critical:
             alert_notices.postpone(conn, notice.id, due_at=now)  # escalated: critical never waits
-        elif notice.status == "open" and critical and notice.due_at is None:
-            alert_notices.postpone(conn, notice.id, due_at=self._repeat_at(notice, now))  # escalated
+        elif (
+            notice.status == "open"
+            and critical
+            and notice.due_at is None
+            and (repeat := self._repeat_at(notice, now)) is not None
+        ):
+            alert_notices.postpone(conn, notice.id, due_at=repeat)  # escalated from a warning
 
     def _repeat_at(self, notice: AlertNotice, now: datetime) -> datetime | None:
         if notice.acked_by is not None or notice.sends > MAX_REPEATS:

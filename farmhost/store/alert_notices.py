@@ -5,14 +5,13 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final, Literal
+from typing import Literal
 
 from farmhost.store.db import iso, parse_iso
 
-NoticeStatus = Literal["held", "open", "resolving", "closed"]
 # held: not told yet (a warning in quiet hours); open: told, `due_at` is the next repeat or the snooze's end;
 # resolving: the alert is gone, its resolution line goes at `due_at` unless it returns first; closed: done.
-LIVE: Final = ("held", "open", "resolving")
+NoticeStatus = Literal["held", "open", "resolving", "closed"]
 
 
 @dataclass(frozen=True, kw_only=True)

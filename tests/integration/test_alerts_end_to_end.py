@@ -95,7 +95,12 @@ def test_frost_is_told_once_repeated_until_acknowledged_and_resolved_with_one_re
         assert (first.text or "").startswith("CRITICAL: Frost risk: Air temperature is -0.5 °C, below 2 °C. Since ")
         data = _buttons(first)
         assert data[0].endswith(":ack") and data[1].endswith(":snooze") and data[2] == "stop:all", data
-        _wait_about(fake_telegram, FIELD_CHAT, AIR, 1)  # the subscribed group's chat is told too
+        (in_field,) = _wait_about(fake_telegram, FIELD_CHAT, AIR, 1)[:1]  # the subscribed group's chat is told too
+        # The main chat's button data pressed in another chat does nothing.
+        fake_telegram.callback_query(FIELD_CHAT, in_field.result["message_id"], data[0])
+        (refused,) = fake_telegram.wait_calls("answerCallbackQuery", 1)
+        assert refused.params["text"] == "This alert is not from this chat."
+        assert _notice(data_dir, AIR)["acked_by"] is None
 
         # Not acknowledged: told again after the repeat interval, as a reply to the first message.
         reminder = _wait_about(fake_telegram, MAIN_CHAT, AIR, 2)[1]
