@@ -159,6 +159,7 @@ class App:
                 started_at=self.identity.started_at,
                 wake_outbox=self._wake_outbox,
                 on_violation=self.collector.raise_violation if self.collector is not None else None,
+                alerts=self.alerts,
             )
             self.effects.start()
             farm = replace(farm, effects=self.effects)

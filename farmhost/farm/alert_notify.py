@@ -188,12 +188,12 @@ class AlertNotifier:
 
     def observe(self, active: Iterable[Alert], now: datetime) -> None:
         """Bring the notices in line with the alerts active now, and queue what is due at once."""
-        # A violation is told by farm/effect_rules.py's own notice (one per undone change, keyed by its context,
-        # with Stop everything): its alert is for alerts.json and MQTT only, never a second message.
+        # A violation is told once per undone change by `tell_event` (farm/effect_rules.py): its alert in the book
+        # is for alerts.json and MQTT, never a second message, and its notices do not follow the book.
         current = {subject_of(alert): alert for alert in active if alert.rule is not Rule.VIOLATION}
         with self._db.tx() as conn:
             targets = self._targets(conn)
-            known = alert_notices.live(conn)
+            known = [n for n in alert_notices.live(conn) if n.rule != Rule.VIOLATION.value]
             seen = {(n.subject, n.chat_jid): n for n in known}
             for notice in known:
                 alert = current.get(notice.subject)
@@ -203,7 +203,7 @@ class AlertNotifier:
                     self._still(conn, notice, alert, now)
             for subject, alert in current.items():
                 for jid, rules in targets.items():
-                    if (subject, jid) in seen or not (rules is None or alert.rule.value in rules or "*" in rules):
+                    if (subject, jid) in seen or not _wants(rules, alert.rule.value):
                         continue
                     alert_notices.add(
                         conn,
@@ -221,6 +221,33 @@ class AlertNotifier:
             told = self._due(conn, now)
         if told:
             self._wake_outbox()
+        self._wake.set()
+
+    def tell_event(self, conn: sqlite3.Connection, *, key: str, entity_id: str, text: str, at: datetime) -> None:
+        """Tell a violation (farm/effect_rules.py) as a critical alert, in the caller's transaction, exactly once.
+
+        `key` names the undone change (its context): a second call with it queues nothing. The message is
+        `text` with Acknowledge, Snooze 1 h and Stop everything; reminders as for any critical alert; no
+        resolution line (the change was undone already). The caller wakes the outbox after its commit.
+        """
+        subject = f"{Rule.VIOLATION.value}:{key}"
+        for jid, rules in self._targets(conn).items():
+            if not _wants(rules, Rule.VIOLATION.value) or alert_notices.exists(conn, subject, jid):
+                continue
+            alert_notices.add(
+                conn,
+                subject=subject,
+                chat_jid=jid,
+                alert_id=key,
+                rule=Rule.VIOLATION.value,
+                entity_id=entity_id,
+                severity=Severity.CRITICAL.value,
+                text=text,
+                since=at,
+                due_at=at,
+                at=at,
+            )
+        self._due(conn, at)
         self._wake.set()
 
     def acknowledge(self, notice_id: int, jid: str | None, who: str) -> str:
@@ -312,15 +339,21 @@ class AlertNotifier:
                 alert_notices.close(conn, notice.id)
                 queued += 1
                 continue
+            event = notice.rule == Rule.VIOLATION.value  # nothing to resolve: closed when nothing more is due
             if notice.acked_by is not None:
-                alert_notices.postpone(conn, notice.id, due_at=None)
+                if event:
+                    alert_notices.close(conn, notice.id)
+                else:
+                    alert_notices.postpone(conn, notice.id, due_at=None)
                 continue
             sends = notice.sends + 1
             text = self._text(notice, sends)
             markup = keyboard(notice.id, critical=critical)
             self._enqueue(conn, notice, f"alert:{notice.id}:{sends}", text, now, markup=markup)
-            after = replace(notice, sends=sends)
-            alert_notices.told(conn, notice.id, sends=sends, due_at=self._repeat_at(after, now) if critical else None)
+            following = self._repeat_at(replace(notice, sends=sends), now) if critical else None
+            alert_notices.told(conn, notice.id, sends=sends, due_at=following)
+            if event and following is None:
+                alert_notices.close(conn, notice.id)
             queued += 1
         return queued
 
@@ -383,6 +416,11 @@ class AlertNotifier:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
                     await self._wake.wait()
+
+
+def _wants(rules: frozenset[str] | None, rule: str) -> bool:
+    """Whether a chat told about `rules` (None: all, the main chat) is told about `rule`."""
+    return rules is None or rule in rules or "*" in rules
 
 
 def notify_settings(settings: Any) -> NotifySettings:

@@ -6,10 +6,12 @@ change the view attributes to the agents (farmhost's HA user, or caused by it) o
 change is held when it needs an approval none was given for (an approved run registers a short permit for its
 entity and target before it calls HA), when it breaks the rate (counted here, on effects: a call HA refused
 counts nothing) or when it leaves the range. A held change is undone at once (the entity set back: off,
-closed, the previous number or option) and reported: an audit line `violation`, a message to the main chat (with
-the Stop everything button) and a `violation` alert. The message is the one the chat gets: farm/alert_notify.py
-does not tell violation alerts again. A change to the entity's safe state is never held, never counted; people's
-changes are never undone (the automatic off still applies to them, farm/auto_off.py).
+closed, the previous number or option) and reported: an audit line `violation`, a message to the main chat and
+a `violation` alert. The message is told by farm/alert_notify.py (`tell_event`, in the transaction of the
+report, once per undone change) as a critical alert with Acknowledge, Snooze 1 h and Stop everything; the
+notifier never tells the `violation` alert of alerts.json again. A change to the entity's safe state is never
+held, never counted; people's changes are never undone (the automatic off still applies to them,
+farm/auto_off.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
+from farmhost.farm.alert_notify import AlertNotifier
 from farmhost.farm.audit import AuditLog
 from farmhost.farm.ha_errors import HaError
 from farmhost.farm.homeassistant import HAClient
@@ -102,6 +105,7 @@ class EffectRules:
         started_at: datetime,
         wake_outbox: Callable[[], None] = lambda: None,
         on_violation: Callable[[str, str, datetime], Awaitable[None]] | None = None,
+        alerts: AlertNotifier | None = None,
         clock: Callable[[], datetime] = now_utc,
     ) -> None:
         self._ha = ha
@@ -112,6 +116,7 @@ class EffectRules:
         self._started_at = started_at
         self._wake = wake_outbox
         self._on_violation = on_violation
+        self._alerts = alerts  # tells the chats (None: a plain notice to the main chat)
         self._clock = clock
         self._permits: dict[str, list[tuple[str | float | None, float]]] = {}
         self._undoing: dict[str, tuple[str | float, float]] = {}
@@ -248,7 +253,9 @@ class EffectRules:
         key = f"violation:{change.entity_id}:{change.context.id or change.new.last_updated}"
         with self._db.tx() as conn:
             main = groups.main_group(conn)
-            if main is not None:
+            if self._alerts is not None:
+                self._alerts.tell_event(conn, key=key, entity_id=change.entity_id, text=text, at=now)
+            elif main is not None:
                 with contextlib.suppress(sqlite3.IntegrityError):  # told already
                     enqueue_notice(conn, key=key, jid=main.jid, text=text, at=now, reply_markup=stop_keyboard())
         self._wake()

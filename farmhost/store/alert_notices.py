@@ -47,6 +47,14 @@ def get(conn: sqlite3.Connection, notice_id: int) -> AlertNotice | None:
     return None if row is None else _notice(row)
 
 
+def exists(conn: sqlite3.Connection, subject: str, chat_jid: str) -> bool:
+    """Whether the chat has ever had a notice of this subject (closed ones included)."""
+    row = conn.execute(
+        "SELECT 1 FROM alert_notices WHERE subject = ? AND chat_jid = ? LIMIT 1", (subject, chat_jid)
+    ).fetchone()
+    return row is not None
+
+
 def add(
     conn: sqlite3.Connection,
     *,

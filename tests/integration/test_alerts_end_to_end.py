@@ -114,9 +114,9 @@ def test_frost_is_told_once_repeated_until_acknowledged_and_resolved_with_one_re
         # The frost-risk binary sensor's alert, not acknowledged, runs out its three reminders meanwhile:
         # four messages and then none (its next step is cleared).
         _wait_notice(data_dir, FROST_RISK, "out of reminders", lambda row: row["sends"] == 4 and row["due_at"] is None)
-        assert len(_about(fake_telegram, MAIN_CHAT, FROST_RISK)) == 4
+        assert len(_wait_about(fake_telegram, MAIN_CHAT, FROST_RISK, 4)) == 4  # delivered, and no fifth
         assert _notice(data_dir, AIR)["sends"] == acked["sends"]  # no reminder after the Acknowledge
-        assert len(_about(fake_telegram, MAIN_CHAT, AIR)) == acked["sends"]
+        assert len(_wait_about(fake_telegram, MAIN_CHAT, AIR, acked["sends"])) == acked["sends"]
 
         ha_reset.set_state(AIR, 12.0)
         _wait_notice(data_dir, AIR, "closed", lambda row: row["status"] == "closed")
