@@ -196,7 +196,7 @@ class ConsoleChat:
                             message_key=f"outbox:{entry.id}",
                         )
                 source = f" (from {entry.source_folder})" if entry.source_folder else ""
-                self._say(f"{BOT} [message{source}]: {text}")
+                self._say(f"{BOT} [message{source}]: {text}{_alert_buttons(entry)}")
                 delivered += 1
 
     async def deliver_forever(self) -> None:
@@ -210,7 +210,7 @@ def _entry_text(entry: OutboxEntry) -> str:
     chunk = f" ({entry.chunk_index + 1}/{entry.chunk_count})" if entry.chunk_count > 1 else ""
     if entry.kind == "file":
         return f"[file {entry.file_path}]{chunk} {entry.body or ''}".rstrip()
-    return f"{entry.body or ''}{chunk}{_alert_buttons(entry)}"
+    return f"{entry.body or ''}{chunk}"
 
 
 def _alert_buttons(entry: OutboxEntry) -> str:
