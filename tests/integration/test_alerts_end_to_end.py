@@ -202,10 +202,10 @@ def _wait_sent(data_dir: Path, entity_id: str) -> dict[str, Any]:
     return found[0]
 
 
-def test_an_alert_raised_while_telegram_is_unreachable_arrives_when_it_is_back(
+def test_an_alert_raised_while_telegram_is_unreachable_arrives_when_it_is_back_and_can_be_snoozed(
     data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str]
 ) -> None:
-    with farm_daemon(data_dir, ha_env, fake_telegram) as daemon:
+    with farm_daemon(data_dir, ha_env, fake_telegram, FARMHOST_TELEGRAM_MAIN_SENDERS="42") as daemon:
         _following(daemon)
         fake_telegram.fail("sendMessage", drop_connection=True, times=3)
         ha_reset.set_state(AIR, 1.5)
@@ -215,3 +215,16 @@ def test_an_alert_raised_while_telegram_is_unreachable_arrives_when_it_is_back(
         assert len(failed) >= 3
         entry = _wait_sent(data_dir, AIR)
         assert len(_alert_outbox(data_dir, AIR)) == 1 and entry["attempts"] <= 3
+
+        # Someone the main chat does not hear cannot answer it; Snooze 1 h by Ana tells it again in an hour.
+        snooze = _buttons(told)[1]
+        fake_telegram.callback_query(MAIN_CHAT, told.result["message_id"], snooze, user_id=43, username="eve")
+        (refused,) = fake_telegram.wait_calls("answerCallbackQuery", 1)
+        assert refused.params["text"] == "You are not allowed to answer alerts in this chat."
+        assert _notice(data_dir, AIR)["due_at"] is None
+        pressed = datetime.now(UTC)
+        fake_telegram.callback_query(MAIN_CHAT, told.result["message_id"], snooze)
+        answered = fake_telegram.wait_calls("answerCallbackQuery", 2)[1]
+        assert answered.params["text"] == "Snoozed: you will be reminded in 1 h if it is still active."
+        due = datetime.fromisoformat(_notice(data_dir, AIR)["due_at"])
+        assert 3500 < (due - pressed).total_seconds() < 3700
