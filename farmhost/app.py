@@ -20,6 +20,7 @@ from farmhost.approvals.desk import ApprovalDesk
 from farmhost.config import Settings
 from farmhost.errors import ConfigError
 from farmhost.farm.actions import approved_runner, farm_handlers
+from farmhost.farm.alert_notify import SUBSCRIPTIONS_FILE, AlertNotifier, notify_settings
 from farmhost.farm.audit import AuditLog
 from farmhost.farm.auto_off import AutoOff
 from farmhost.farm.daily_report import DailyReport
@@ -122,6 +123,7 @@ class App:
         self.auto_off: AutoOff | None = None
         self.live_view: LiveView | None = None
         self.when: WhenWatcher | None = None  # farm events that wake `when` tasks
+        self.alerts: AlertNotifier | None = None  # farm alerts told to the chats
         self.effects: EffectRules | None = None
         self.sites: SiteCaller | None = None
         self.mqtt: MqttService | None = None
@@ -150,11 +152,20 @@ class App:
             farm = replace(farm, ha=self.ha)
             self.collector = StateCollector.from_deps(farm, **collector_options(self.settings))
             farm = replace(farm, state=self.collector)
+            self.alerts = AlertNotifier(
+                db=self.db,
+                settings=notify_settings(self.settings),
+                subscriptions_path=self.settings.data_dir / SUBSCRIPTIONS_FILE,
+                wake_outbox=self._wake_outbox,
+            )
+            if self.settings.ha_token:
+                self.live_view = LiveView(ws_url=self.ha.ws_url, token=self.settings.ha_token, on_link=self._live_link)
+            self.collector.attach(notifier=self.alerts, view=self.live_view)
+            await self.alerts.start()
             await self.collector.start()  # returns at once; the first poll runs in the background
         memory = self.memory = MemoryService(self.layout)
         audit = AuditLog(self.layout.farm_state, max_bytes=self.settings.request_log_max_bytes)
-        if self.ha is not None and self.settings.ha_token:
-            self.live_view = LiveView(ws_url=self.ha.ws_url, token=self.settings.ha_token, on_link=self._live_link)
+        if self.ha is not None and self.live_view is not None:
             self.effects = EffectRules(
                 ha=self.ha,
                 view=self.live_view,
@@ -164,6 +175,7 @@ class App:
                 started_at=self.identity.started_at,
                 wake_outbox=self._wake_outbox,
                 on_violation=self.collector.raise_violation if self.collector is not None else None,
+                alerts=self.alerts,
             )
             self.effects.start()
             receipts.follow(self.live_view)
@@ -248,6 +260,7 @@ class App:
                 on_groups_changed=self.ipc.reload_groups,
                 desk=self.desk,
                 stop=self.emergency_stop,
+                alerts=self.alerts,
             )
             self.ipc.add_change_listener(self.telegram.ipc_changed)
             await self.telegram.start()
@@ -284,18 +297,7 @@ class App:
 
     async def stop(self) -> None:
         """Stop in reverse order; `host_status.json` says `stopped` afterwards."""
-        if self.mqtt is not None:
-            await self.mqtt.stop()
-            self.mqtt = None
-        if self.daily_report is not None:
-            await self.daily_report.stop()
-            self.daily_report = None
-        if self.scheduler is not None:
-            await self.scheduler.stop()
-            self.scheduler = None
-        if self.telegram is not None:
-            await self.telegram.stop()
-            self.telegram = None
+        await self._stop_starters()
         self.emergency_stop = None
         if self.runtime is not None:
             await self.runtime.stop()
@@ -313,6 +315,9 @@ class App:
         if self.collector is not None:
             await self.collector.stop()
             self.collector = None
+        if self.alerts is not None:  # after the collector that feeds it
+            await self.alerts.stop()
+            self.alerts = None
         if self.ha is not None:
             await self.ha.close()
             self.ha = None
@@ -324,6 +329,21 @@ class App:
             os.close(self._lock_fd)
             self._lock_fd = -1
         logger.info("farmhost stopped")
+
+    async def _stop_starters(self) -> None:
+        """What starts agent runs or talks to the outside: MQTT, the morning report, the scheduler, Telegram."""
+        if self.mqtt is not None:
+            await self.mqtt.stop()
+            self.mqtt = None
+        if self.daily_report is not None:
+            await self.daily_report.stop()
+            self.daily_report = None
+        if self.scheduler is not None:
+            await self.scheduler.stop()
+            self.scheduler = None
+        if self.telegram is not None:
+            await self.telegram.stop()
+            self.telegram = None
 
     async def _stop_watchers(self) -> None:
         """The automatic off, the live view of HA and the rules on effects (undos in flight finish)."""

@@ -205,6 +205,10 @@ class Settings(BaseSettings):
     )
     alert_unavailable_minutes: float = Field(default=10.0, ge=0, validation_alias="FARMHOST_ALERT_UNAVAILABLE_MINUTES")
     alert_ignore_entities: str | None = Field(default=None, validation_alias="FARMHOST_ALERT_IGNORE_ENTITIES")
+    # alerts told to the chats (docs/telegram.md#farm-alerts)
+    alert_repeat_minutes: float = Field(default=15.0, gt=0, le=1440, validation_alias="FARMHOST_ALERT_REPEAT_MINUTES")
+    alert_flap_minutes: float = Field(default=10.0, ge=0, le=1440, validation_alias="FARMHOST_ALERT_FLAP_MINUTES")
+    quiet_hours: str | None = Field(default=None, validation_alias="FARMHOST_QUIET_HOURS")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", validation_alias="FARMHOST_LOG_LEVEL"
     )
@@ -233,6 +237,16 @@ class Settings(BaseSettings):
         except (ZoneInfoNotFoundError, ValueError):
             raise ValueError("unknown time zone (use an IANA name such as Europe/Lisbon)") from None
         return name
+
+    @field_validator("quiet_hours")
+    @classmethod
+    def _quiet_hours(cls, value: str | None) -> str | None:
+        if not value or not value.strip():
+            return None
+        match = re.fullmatch(r"\s*([0-9]{1,2})\s*-\s*([0-9]{1,2})\s*", value)
+        if match is None or int(match[1]) > 23 or int(match[2]) > 23:
+            raise ValueError("write two hours 0-23 of the farm's time zone as HH-HH, e.g. 22-06")
+        return value.strip()
 
     @field_validator("ha_url", "telegram_api_base_url", "llm_base_url", "llm_2_base_url", "llm_3_base_url")
     @classmethod

@@ -10,6 +10,9 @@
 - Without an LLM (or when no LLM endpoint answers) Home Assistant's Assist answers through the farm action
   `ha_assist` (farmhost/agents/fallback.py); the first such answer in the chat comes with a notice saying so and
   what an LLM would add (given once per chat, remembered in the database).
+- Farm alerts (farm/alert_notify.py) reach this chat through the outbox like any host message; their buttons are
+  printed as the commands that press them: `ack N` (Acknowledge) and `snooze N` (Snooze 1 h), answered by the
+  host itself, never by an agent run.
 
 stdin is read by a daemon thread with `os.read` (no Python buffer lock, so a blocked read never holds up the
 exit); end of input is reported as None.
@@ -20,12 +23,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import threading
 from collections.abc import Callable
 from typing import Final
 
 from farmhost.agents import AgentJob, AgentOutcome, AgentRuntime
 from farmhost.agents.fallback import ASSISTANT_NAME, NOTICE_KEY, assist_notice
+from farmhost.farm import alert_notify
+from farmhost.farm.alert_notify import AlertNotifier
 from farmhost.store import chat_notices, chats, outbox, transcripts
 from farmhost.store.db import Database, now_utc
 from farmhost.store.outbox import OutboxEntry
@@ -36,6 +42,9 @@ SENDER_IN: Final = "you"
 SENDER_OUT: Final = "farmhost"
 OUTBOX_POLL: Final = 0.5
 MAX_LINE_CHARS: Final = 16384
+# The terminal's stand-in for an alert's buttons: `ack 12` / `snooze 12` (the notice id the message names).
+_ALERT_COMMAND: Final = re.compile(r"^(ack|snooze)\s+([1-9][0-9]{0,11})$", re.IGNORECASE)
+ALERT_PRESSER: Final = "you (terminal)"
 
 Say = Callable[[str], None]
 
@@ -86,6 +95,7 @@ class ConsoleChat:
         llm_configured: bool,
         say: Say,
         no_llm_hint: str,
+        alerts: AlertNotifier | None = None,
     ) -> None:
         self._db = db
         self._runtime = runtime
@@ -94,6 +104,7 @@ class ConsoleChat:
         self._llm_configured = llm_configured
         self._say = say
         self._no_llm_hint = no_llm_hint
+        self._alerts = alerts
         self._deliver_lock = asyncio.Lock()
         self._submits: set[asyncio.Future[AgentOutcome]] = set()
         self.answered = 0
@@ -105,6 +116,14 @@ class ConsoleChat:
             return
         if echo:
             self._say(f"{SENDER_IN}: {text}")
+        if (command := _ALERT_COMMAND.fullmatch(text)) is not None and self._alerts is not None:
+            notice_id = int(command[2])
+            if command[1].lower() == alert_notify.ACK:
+                answer = self._alerts.acknowledge(notice_id, self._jid, ALERT_PRESSER)
+            else:
+                answer = self._alerts.snooze(notice_id, self._jid, ALERT_PRESSER)
+            self._say(f"{BOT}: {answer}")
+            return
         now = now_utc()
         with self._db.tx() as conn:
             chats.upsert_chat(conn, jid=self._jid, name="Farm office (terminal)", channel=CHANNEL, seen_at=now)
@@ -177,7 +196,7 @@ class ConsoleChat:
                             message_key=f"outbox:{entry.id}",
                         )
                 source = f" (from {entry.source_folder})" if entry.source_folder else ""
-                self._say(f"{BOT} [message{source}]: {text}")
+                self._say(f"{BOT} [message{source}]: {text}{_alert_buttons(entry)}")
                 delivered += 1
 
     async def deliver_forever(self) -> None:
@@ -192,3 +211,16 @@ def _entry_text(entry: OutboxEntry) -> str:
     if entry.kind == "file":
         return f"[file {entry.file_path}]{chunk} {entry.body or ''}".rstrip()
     return f"{entry.body or ''}{chunk}"
+
+
+def _alert_buttons(entry: OutboxEntry) -> str:
+    """An alert's Acknowledge / Snooze buttons as the terminal commands that press them ("" for other messages)."""
+    markup = entry.options.get("reply_markup")
+    rows = markup.get("inline_keyboard") if isinstance(markup, dict) else None
+    for row in rows if isinstance(rows, list) else []:
+        for button in row if isinstance(row, list) else []:
+            parsed = alert_notify.parse_callback(button.get("callback_data") if isinstance(button, dict) else None)
+            if parsed is not None:
+                notice_id = parsed[0]
+                return f"\n  (type `ack {notice_id}` to acknowledge, `snooze {notice_id}` to be reminded in 1 h)"
+    return ""

@@ -40,12 +40,18 @@ SHOT_SIZE: Final = (1280, 800)
 ACTION_WAIT: Final = 45.0
 DEMO_DAILY_REPORT: Final = "07:00"  # the farmer's usual morning; FARMHOST_DAILY_REPORT in .env moves it
 
+# A farm hour passes in 10 s: a 15 min reminder or a 10 min flap window would never show in a demo. A reminder
+# every minute (six farm hours) and a resolution line 30 s (three farm hours) after the frost ends do.
+DEMO_ALERT_TIMINGS: Final = {"alert_repeat_minutes": 1.0, "alert_flap_minutes": 0.5}
+
 
 def demo_settings(base: Settings, *, data_dir: Path, ha_url: str, ha_token: str) -> Settings:
     """The App's settings: `.env`/environment, with the demo's data dir and HA, Telegram off, FARM_MODE demo.
 
-    The morning report is on (FARMHOST_DAILY_REPORT, else 07:00).
+    The morning report is on (FARMHOST_DAILY_REPORT, else 07:00). The alerts' reminders and flap window follow the
+    simulator's compressed day (DEMO_ALERT_TIMINGS) unless the operator set them.
     """
+    timings = {name: value for name, value in DEMO_ALERT_TIMINGS.items() if name not in base.model_fields_set}
     return base.model_copy(
         update={
             "data_dir": data_dir,
@@ -55,6 +61,7 @@ def demo_settings(base: Settings, *, data_dir: Path, ha_url: str, ha_token: str)
             "farm_mode": "demo",
             # On in the demo: started after 07:00, the console shows today's morning report at once (once a day).
             "daily_report": base.daily_report or DEMO_DAILY_REPORT,
+            **timings,
         }
     )
 

@@ -228,6 +228,7 @@ class Demo:
             llm_configured=settings.llm_enabled,
             say=self._write,
             no_llm_hint=NO_LLM_SHORT,
+            alerts=app.alerts,
         )
         lines = StdinLines(asyncio.get_running_loop()).start()
         echo = not os.isatty(0)

@@ -7,8 +7,11 @@ change is held when it needs an approval none was given for (an approved run reg
 entity and target before it calls HA), when it breaks the rate (counted here, on effects: a call HA refused
 counts nothing) or when it leaves the range. A held change is undone at once (the entity set back: off,
 closed, the previous number or option) and reported: an audit line `violation`, a message to the main chat and
-a `violation` alert. A change to the entity's safe state is never held, never counted; people's changes are
-never undone (the automatic off still applies to them, farm/auto_off.py).
+a `violation` alert. The message is told by farm/alert_notify.py (`tell_event`, in the transaction of the
+report, once per undone change) as a critical alert with Acknowledge, Snooze 1 h and Stop everything; the
+notifier never tells the `violation` alert of alerts.json again. A change to the entity's safe state is never
+held, never counted; people's changes are never undone (the automatic off still applies to them,
+farm/auto_off.py).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
+from farmhost.farm.alert_notify import AlertNotifier
 from farmhost.farm.audit import AuditLog
 from farmhost.farm.ha_errors import HaError
 from farmhost.farm.homeassistant import HAClient
@@ -45,6 +49,7 @@ from farmhost.protocol.codes import ErrorCode
 from farmhost.store import actuator_calls, groups
 from farmhost.store.db import Database, now_utc
 from farmhost.telegram.notices import enqueue_notice
+from farmhost.telegram.stop import stop_keyboard
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +105,7 @@ class EffectRules:
         started_at: datetime,
         wake_outbox: Callable[[], None] = lambda: None,
         on_violation: Callable[[str, str, datetime], Awaitable[None]] | None = None,
+        alerts: AlertNotifier | None = None,
         clock: Callable[[], datetime] = now_utc,
     ) -> None:
         self._ha = ha
@@ -110,6 +116,7 @@ class EffectRules:
         self._started_at = started_at
         self._wake = wake_outbox
         self._on_violation = on_violation
+        self._alerts = alerts  # tells the chats (None: a plain notice to the main chat)
         self._clock = clock
         self._permits: dict[str, list[tuple[str | float | None, float]]] = {}
         self._undoing: dict[str, tuple[str | float, float]] = {}
@@ -246,9 +253,11 @@ class EffectRules:
         key = f"violation:{change.entity_id}:{change.context.id or change.new.last_updated}"
         with self._db.tx() as conn:
             main = groups.main_group(conn)
-            if main is not None:
+            if self._alerts is not None:
+                self._alerts.tell_event(conn, key=key, entity_id=change.entity_id, text=text, at=now)
+            elif main is not None:
                 with contextlib.suppress(sqlite3.IntegrityError):  # told already
-                    enqueue_notice(conn, key=key, jid=main.jid, text=text, at=now)
+                    enqueue_notice(conn, key=key, jid=main.jid, text=text, at=now, reply_markup=stop_keyboard())
         self._wake()
         self._audit.record(
             at=now,

@@ -33,8 +33,10 @@ from farmhost.ipc.writer import dump_json
 
 if TYPE_CHECKING:
     from farmhost.config import Settings
+    from farmhost.farm.alert_notify import AlertNotifier
     from farmhost.farm.deps import FarmDeps
     from farmhost.farm.homeassistant import HAClient
+    from farmhost.farm.live_view import EntityView, LiveView, StateChange
     from farmhost.ipc.handlers import RequestContext
     from farmhost.layout import DataLayout
     from farmhost.protocol.params import NoParams
@@ -145,6 +147,11 @@ class StateCollector:
         self._last_failure = ""
         self._problems: dict[str, str] = {}
         self._raised_listeners: list[Callable[[Alert], None]] = []
+        self._notifier: AlertNotifier | None = None
+        self._view: LiveView | None = None
+        self._changed = asyncio.Event()
+        self._dirty: set[str] = set()  # entities changed since the live view was last judged
+        self._live_task: asyncio.Task[None] | None = None
 
     @classmethod
     def from_deps(cls, deps: FarmDeps, **options: Any) -> StateCollector:
@@ -181,6 +188,22 @@ class StateCollector:
         """The alerts active now, as (id, rule, message)."""
         return [(alert.id, alert.rule.value, alert.message) for alert in self._book.active]
 
+    def attach(self, *, notifier: AlertNotifier | None = None, view: LiveView | None = None) -> None:
+        """Tell `notifier` the active alerts after every evaluation; with `view`, evaluate within a second of a change.
+
+        Between polls the alerts follow the live view: each change (coalesced while one evaluation runs) is judged
+        against every entity as the view shows it, so a frost is raised when the thermometer crosses, not at the
+        next poll. Call before `start`.
+        """
+        self._notifier = notifier
+        if view is not None:
+            self._view = view
+            view.add_listener(self._on_change)
+
+    def _on_change(self, change: StateChange) -> None:
+        self._dirty.add(change.entity_id)
+        self._changed.set()
+
     async def raise_violation(self, entity_id: str, message: str, at: datetime) -> None:
         """Raise a `violation` alert now (alerts.json at once; MQTT announces it at its next look)."""
         async with self._lock:
@@ -196,6 +219,8 @@ class StateCollector:
             before, self._book = self._book, with_event_alert(self._book, alert)
             files = [(ALERTS, dump_json(self._book.to_json(self.zone)))]
             await asyncio.to_thread(self._store.write_sync, files, rewrite=False, sample=None)
+            if self._notifier is not None:
+                self._notifier.observe(self._book.active, at)
         self._announce_raised(before)
 
     async def start(self) -> None:
@@ -205,11 +230,15 @@ class StateCollector:
         async with self._lock:
             await self._ensure_loaded()
         self._task = asyncio.create_task(self._run(), name="farm-state-collector")
+        if self._view is not None:
+            self._live_task = asyncio.create_task(self._follow(), name="farm-state-live")
 
     async def stop(self) -> None:
         """Cancel the background task and wait for it (a write in progress finishes: it runs in a thread)."""
         task, self._task = self._task, None
         await cancel_and_wait(task)
+        live, self._live_task = self._live_task, None
+        await cancel_and_wait(live)
 
     async def refresh_now(self, *, telemetry: bool = False) -> RefreshSummary:
         """Poll HA now and rewrite every file (devices and calendar included); optionally take a telemetry sample."""
@@ -235,6 +264,43 @@ class StateCollector:
                 next_inventory = _advance(next_inventory, self.inventory_seconds, now)
             await asyncio.sleep(max(0.0, min(next_poll, next_sample, next_inventory) - loop.time()))
 
+    async def _follow(self) -> None:
+        """Judge the alerts again on each change the live view shows (alerts.json is written when they change)."""
+        while True:
+            await self._changed.wait()
+            self._changed.clear()
+            try:
+                await self._evaluate_live()
+            except Exception as err:  # noqa: BLE001 - a bug or full disk must not end the loop; logged once per failure
+                self._log_failure(err)
+
+    async def _evaluate_live(self) -> None:
+        view = self._view
+        if view is None or not view.connected:
+            return  # the poll judges (the view's states are incomplete before its first sync)
+        async with self._lock:
+            await self._ensure_loaded()
+            entities = view.entities()
+            dirty, self._dirty = self._dirty, set()
+            now = self.clock()
+            changed = [_raw_state(entities[e]) for e in dirty if e in entities]
+            raised = {alert.key for alert in evaluate(changed, self.thresholds, now)}
+            known = {a.key for a in self._book.active if a.entity_id in dirty and a.rule is not Rule.VIOLATION}
+            if raised == known and len(changed) == len(dirty):
+                return  # no alert comes or goes (a value within an alert is brought up to date by the next poll)
+            states = [_raw_state(entity) for entity in entities.values()]
+            book = reconcile(
+                self._book, evaluate(states, self.thresholds, now), states, now, keep_resolved=self.resolved_keep
+            )
+            before = self._book
+            if book.active != self._book.active or book.resolved != self._book.resolved:
+                self._book = book
+                files = [(ALERTS, dump_json(book.to_json(self.zone)))]
+                await asyncio.to_thread(self._store.write_sync, files, rewrite=False, sample=None)
+            if self._notifier is not None:
+                self._notifier.observe(self._book.active, now)
+        self._announce_raised(before)
+
     async def _refresh(self, *, inventory: bool, sample: bool, rewrite: bool) -> RefreshSummary:
         async with self._lock:
             await self._ensure_loaded()
@@ -252,6 +318,8 @@ class StateCollector:
                 self._book = reconcile(
                     self._book, evaluate(states, self.thresholds, now), states, now, keep_resolved=self.resolved_keep
                 )
+                if self._notifier is not None:
+                    self._notifier.observe(self._book.active, now)
                 self._snapshot = _Snapshot(
                     entities=entities_document(states, self.zone),
                     context=self._context(config),
@@ -445,6 +513,14 @@ async def farm_state_refresh(deps: FarmDeps, ctx: RequestContext, params: NoPara
         err = summary.error
         raise type(err)(f"{err.message}; farm-state was rewritten with haConnected false", code=err.code)
     return summary.to_json()
+
+
+def _raw_state(entity: EntityView) -> dict[str, Any]:
+    """The live view's entity as the HA state document the alert rules read."""
+    doc: dict[str, Any] = {"entity_id": entity.entity_id, "state": entity.state, "attributes": entity.attributes}
+    if entity.last_changed is not None:
+        doc["last_changed"] = entity.last_changed.isoformat()
+    return doc
 
 
 def _advance(deadline: float, period: float, now: float) -> float:

@@ -262,4 +262,30 @@ MIGRATIONS: Final[tuple[str, ...]] = (
         updated_at TEXT NOT NULL
     ) WITHOUT ROWID
     """,
+    # 13: farm alerts told to chats (farmhost/farm/alert_notify.py): one row per alert occurrence and chat, so an
+    # alert is told once across restarts, its repeats and its resolution line are timed, and who acknowledged it
+    # is kept. `subject` is what makes two alerts the same (rule and entity; a violation's own id): at most one
+    # row of a subject and chat is not `closed`, and an alert that returns within the flap window reopens it.
+    """
+    CREATE TABLE alert_notices (
+        id INTEGER PRIMARY KEY,
+        subject TEXT NOT NULL,
+        chat_jid TEXT NOT NULL,
+        alert_id TEXT NOT NULL,
+        rule TEXT NOT NULL,
+        entity_id TEXT NOT NULL,
+        severity TEXT NOT NULL,
+        text TEXT NOT NULL,
+        since TEXT NOT NULL,
+        status TEXT NOT NULL,
+        due_at TEXT,
+        sends INTEGER NOT NULL DEFAULT 0,
+        acked_by TEXT,
+        acked_at TEXT,
+        resolved_at TEXT,
+        created_at TEXT NOT NULL
+    );
+    CREATE UNIQUE INDEX alert_notices_open ON alert_notices(subject, chat_jid) WHERE status != 'closed';
+    CREATE INDEX alert_notices_due ON alert_notices(status, due_at)
+    """,
 )

@@ -89,7 +89,8 @@ def enqueue(
         file_path: The file to send, for `kind="file"`.
         options: Delivery options (JSON): `reply_markup` (an inline keyboard, attached to the last chunk only),
             `format` (`plain` sends the text as is; absent or `html` converts the agent's markdown to HTML),
-            `file_name` (the name a file is sent under).
+            `file_name` (the name a file is sent under), `reply_to_key` (the message key of an earlier message
+            to the chat: sent as a reply to it, or as a plain message when that one was never sent).
 
     Raises:
         sqlite3.IntegrityError: `message_key` was queued before.
@@ -146,6 +147,16 @@ def chat_head(conn: sqlite3.Connection, chat_jid: str) -> OutboxEntry | None:
         "SELECT * FROM outbox WHERE status = 'pending' AND chat_jid = ? ORDER BY id LIMIT 1", (chat_jid,)
     ).fetchone()
     return None if row is None else _entry(row)
+
+
+def sent_message_id(conn: sqlite3.Connection, message_key: str, chat_jid: str) -> int | None:
+    """Telegram's id of the first chunk of message `message_key` to `chat_jid`, once it was sent (else None)."""
+    row = conn.execute(
+        "SELECT telegram_message_id FROM outbox WHERE message_key = ? AND chat_jid = ? AND status = 'sent'"
+        " ORDER BY chunk_index LIMIT 1",
+        (message_key, chat_jid),
+    ).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
 
 
 def mark_sent(conn: sqlite3.Connection, entry_id: int, *, telegram_message_id: int | None, at: datetime) -> bool:

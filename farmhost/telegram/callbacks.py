@@ -1,7 +1,8 @@
 """Button presses (callback queries): dispatched by the prefix of their data, one handler per kind of button.
 
-Three kinds: the chat-connection approvals (`approve:telegram:<id>` / `reject:telegram:<id>`, approvals.py), the
-farm-action approvals (`fa:<approval id>:y|n`, farmhost/approvals/) and the emergency stop (`stop:all`, stop.py).
+Four kinds: the chat-connection approvals (`approve:telegram:<id>` / `reject:telegram:<id>`, approvals.py), the
+farm-action approvals (`fa:<approval id>:y|n`, farmhost/approvals/), the emergency stop (`stop:all`, stop.py) and
+the farm alerts' Acknowledge / Snooze 1 h (`al:<notice id>:ack|snooze`, farm/alert_notify.py).
 Another kind is one more entry in HANDLERS: a prefix and an async function taking (ports, update_id, query) that
 records the update (InboundPorts.finish or its own transaction with the offset) and answers the press. Data no
 handler knows is recorded as ignored and answered "This button is not used any more."
@@ -20,6 +21,7 @@ from telegram.error import TelegramError
 from farmhost.approvals import asking
 from farmhost.approvals.desk import Presser
 from farmhost.errors import FarmhostError
+from farmhost.farm import alert_notify
 from farmhost.store import groups, telegram_state
 from farmhost.telegram import approvals, stop
 from farmhost.telegram.bot import jid_of
@@ -162,6 +164,33 @@ async def on_stop(ports: InboundPorts, update_id: int, query: CallbackQuery) -> 
     ports.wake_outbox()
 
 
+async def on_alert(ports: InboundPorts, update_id: int, query: CallbackQuery) -> None:
+    """Acknowledge / Snooze 1 h of a farm alert: in the chat it was told to (the main chat: by its allowed senders)."""
+    parsed = alert_notify.parse_callback(query.data)
+    if parsed is None or ports.alerts is None:
+        await unknown_button(ports, update_id, query)
+        return
+    notice_id, choice = parsed
+    chat_jid = _chat_jid(query)
+    who = user_name(query.from_user)
+    main = groups.main_group(ports.db.conn)
+    if (
+        main is not None
+        and chat_jid == main.jid
+        and ports.main_senders
+        and query.from_user.id not in ports.main_senders
+    ):
+        ports.finish(update_id, chat_jid, "refused", f"alert {notice_id} {choice} by {who}: not in the main senders")
+        await ports.answer(query, "You are not allowed to answer alerts in this chat.")
+        return
+    if choice == alert_notify.ACK:
+        answer = ports.alerts.acknowledge(notice_id, chat_jid, who)
+    else:
+        answer = ports.alerts.snooze(notice_id, chat_jid, who)
+    ports.finish(update_id, chat_jid, "callback", f"alert {notice_id} {choice} by {who}: {answer}")
+    await ports.answer(query, answer)
+
+
 def _chat_jid(query: CallbackQuery) -> str | None:
     message = query.message
     return jid_of(message.chat.id) if message is not None else None
@@ -173,4 +202,5 @@ HANDLERS: Final[Mapping[str, CallbackHandler]] = {
     "reject": on_chat_connection,
     asking.CALLBACK_PREFIX: on_farm_action,
     stop.CALLBACK_PREFIX: on_stop,
+    alert_notify.CALLBACK_PREFIX: on_alert,
 }

@@ -185,7 +185,11 @@ class OutboxDelivery:
         """One try at one entry; the outcome (sent, retry later, failed) is recorded before returning."""
         try:
             delivered = await send_entry(
-                self._bot, entry, files_root=self._layout.outbox_files, remember=partial(self._remember, entry)
+                self._bot,
+                entry,
+                files_root=self._layout.outbox_files,
+                remember=partial(self._remember, entry),
+                reply_to=self._reply_to(entry),
             )
         except Undeliverable as err:
             self._give_up(entry, str(err))
@@ -194,6 +198,12 @@ class OutboxDelivery:
             self._failed(entry, classify(err))
             return
         self._confirmed(entry, delivered)
+
+    def _reply_to(self, entry: OutboxEntry) -> int | None:
+        key = entry.options.get("reply_to_key")
+        if not isinstance(key, str):
+            return None
+        return outbox.sent_message_id(self._db.conn, key, entry.chat_jid)
 
     def _remember(self, entry: OutboxEntry, options: dict[str, Any]) -> None:
         with self._db.tx() as conn:

@@ -28,6 +28,7 @@ from farmhost.agents import AgentRuntime
 from farmhost.approvals.desk import ApprovalDesk
 from farmhost.config import Settings
 from farmhost.errors import ConfigError
+from farmhost.farm.alert_notify import AlertNotifier
 from farmhost.farm.emergency_stop import EmergencyStop
 from farmhost.layout import DataLayout
 from farmhost.store import telegram_state
@@ -62,6 +63,7 @@ class TelegramInbound:
         on_groups_changed: Callable[[], None] | None = None,
         desk: ApprovalDesk | None = None,
         stop: EmergencyStop | None = None,
+        alerts: AlertNotifier | None = None,
         clock: Callable[[], datetime] = now_utc,
         typing_interval: float = TYPING_INTERVAL,
         retry_delays: tuple[float, float] = RETRY_DELAYS,
@@ -80,6 +82,7 @@ class TelegramInbound:
                 service does not see commits made on its own connection).
             desk: Decides the farm-action approval buttons (None: they answer "not used any more").
             stop: The emergency stop behind /stop, /resume and the Stop everything button (None: unavailable).
+            alerts: Records the Acknowledge and Snooze 1 h buttons of farm alerts (None: unavailable).
             clock: The current time (aware).
             typing_interval: Seconds between two typing indicators while a run goes on.
             retry_delays: The first and the longest wait after a failed poll.
@@ -102,6 +105,7 @@ class TelegramInbound:
             on_groups_changed=on_groups_changed,
             desk=desk,
             stop=stop,
+            alerts=alerts,
         )
         self._runs = ChatRuns(
             db=db,

@@ -18,8 +18,12 @@ def enqueue_notice(
     text: str,
     at: datetime,
     reply_markup: dict[str, Any] | None = None,
+    reply_to: str | None = None,
 ) -> None:
     """Queue a host notice (command answer, approval, failure) as plain text: nothing in it is markup.
+
+    `reply_to` is the key of an earlier message to the same chat: the notice goes as a reply to it once that one
+    was sent (as a plain message when it never was).
 
     Raises:
         sqlite3.IntegrityError: `key` was queued before.
@@ -27,6 +31,8 @@ def enqueue_notice(
     options: dict[str, Any] = {"format": "plain"}
     if reply_markup is not None:
         options["reply_markup"] = reply_markup
+    if reply_to is not None:
+        options["reply_to_key"] = reply_to
     outbox.enqueue(
         conn, message_key=key, chat_jid=jid, source_folder=None, chunks=split_text(text), at=at, options=options
     )

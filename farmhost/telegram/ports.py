@@ -19,6 +19,7 @@ from telegram.error import TelegramError
 
 from farmhost.approvals.desk import ApprovalDesk
 from farmhost.config import Settings
+from farmhost.farm.alert_notify import AlertNotifier
 from farmhost.farm.emergency_stop import EmergencyStop
 from farmhost.layout import DataLayout
 from farmhost.store import chats, telegram_state
@@ -49,6 +50,7 @@ class InboundPorts:
     on_groups_changed: Callable[[], None] | None
     desk: ApprovalDesk | None = None  # decides the farm-action approval buttons
     stop: EmergencyStop | None = None  # /stop, /resume and the Stop everything button
+    alerts: AlertNotifier | None = None  # the Acknowledge and Snooze 1 h buttons of farm alerts
 
     def finish(
         self,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from telegram import InlineKeyboardMarkup, Message
+from telegram import InlineKeyboardMarkup, Message, ReplyParameters
 from telegram.error import BadRequest
 
 from farmhost.telegram.bot import chat_id_of
@@ -48,7 +48,12 @@ class Delivered:
 
 
 async def send_entry(
-    bot: Bot, entry: OutboxEntry, *, files_root: Path, remember: Callable[[dict[str, Any]], None]
+    bot: Bot,
+    entry: OutboxEntry,
+    *,
+    files_root: Path,
+    remember: Callable[[dict[str, Any]], None],
+    reply_to: int | None = None,
 ) -> Delivered:
     """Send one outbox entry, falling back to a plainer form when Telegram refuses it.
 
@@ -57,6 +62,7 @@ async def send_entry(
         entry: A text chunk, or a file whose `file_path` is a private copy under `files_root`.
         files_root: Where the host keeps copies of files to send (`DataLayout.outbox_files`).
         remember: Called with the entry's new options before a fallback is sent.
+        reply_to: Telegram's id of a message of the chat this one answers (sent even if that one was deleted).
 
     Returns:
         The confirmed send.
@@ -70,12 +76,13 @@ async def send_entry(
     except ValueError as err:
         raise Undeliverable(str(err)) from None
     markup = _markup(entry, bot)
+    reply = ReplyParameters(message_id=reply_to, allow_sending_without_reply=True) if reply_to is not None else None
     content = await _read_copy(entry, files_root) if entry.kind == "file" else None
     options = dict(entry.options)
     while True:
         form = _Form(entry, options, content)
         try:
-            message = await form.send(bot, chat_id, markup)
+            message = await form.send(bot, chat_id, markup, reply)
         except BadRequest as err:
             fallback = form.fallback(err)
             if fallback is None:
@@ -135,9 +142,13 @@ class _Form:
         name = options.get("file_name")
         self.file_name = name if isinstance(name, str) and name else Path(entry.file_path or "file").name
 
-    async def send(self, bot: Bot, chat_id: int, markup: InlineKeyboardMarkup | None) -> Message:
+    async def send(
+        self, bot: Bot, chat_id: int, markup: InlineKeyboardMarkup | None, reply: ReplyParameters | None
+    ) -> Message:
         if self.content is None:
-            return await bot.send_message(chat_id, self.text, parse_mode=self.parse_mode, reply_markup=markup)
+            return await bot.send_message(
+                chat_id, self.text, parse_mode=self.parse_mode, reply_markup=markup, reply_parameters=reply
+            )
         caption = self.text or None
         mode = self.parse_mode if caption else None
         if self.as_photo:

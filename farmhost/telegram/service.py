@@ -11,6 +11,7 @@ from telegram.error import TelegramError
 from farmhost.agents import AgentRuntime
 from farmhost.approvals.desk import ApprovalDesk
 from farmhost.config import Settings
+from farmhost.farm.alert_notify import AlertNotifier
 from farmhost.farm.emergency_stop import EmergencyStop
 from farmhost.ipc.handlers import Change
 from farmhost.layout import DataLayout
@@ -36,6 +37,7 @@ class TelegramService:
         on_groups_changed: Callable[[], None],
         desk: ApprovalDesk | None = None,
         stop: EmergencyStop | None = None,
+        alerts: AlertNotifier | None = None,
     ) -> None:
         """Build the bot and both sides; nothing talks to Telegram before `start()`.
 
@@ -48,6 +50,7 @@ class TelegramService:
             on_groups_changed: Called when an approved chat was registered (the IPC service reloads).
             desk: Decides the Approve / Deny buttons of farm actions under approval.
             stop: The emergency stop behind /stop, /resume and the Stop everything button.
+            alerts: Records the Acknowledge and Snooze 1 h buttons of farm alerts.
         """
         self.bot: telegram.Bot = make_bot(settings)
         self.delivery = OutboxDelivery(db=db, settings=settings, layout=layout, bot=self.bot)
@@ -62,6 +65,7 @@ class TelegramService:
             on_groups_changed=on_groups_changed,
             desk=desk,
             stop=stop,
+            alerts=alerts,
         )
 
     async def start(self) -> None:

@@ -88,7 +88,7 @@ def test_the_shown_values_of_knobs_are_their_defaults() -> None:
         "FARMHOST_OPENCODE_BIN", "FARMHOST_LLM_2_BASE_URL", "FARMHOST_LLM_2_MODEL", "FARMHOST_LLM_2_API_KEY",
         "FARMHOST_LLM_3_BASE_URL", "FARMHOST_LLM_3_MODEL", "FARMHOST_LLM_3_API_KEY", "FARMHOST_MQTT_URL",
         "FARMHOST_SITE", "FARMHOST_SITES_TRUSTED", "FARMHOST_MQTT_CA_FILE", "FARMHOST_MQTT_CERT_FILE",
-        "FARMHOST_MQTT_KEY_FILE", "FARMHOST_DAILY_REPORT",
+        "FARMHOST_MQTT_KEY_FILE", "FARMHOST_DAILY_REPORT", "FARMHOST_QUIET_HOURS",
     }  # fmt: skip
     by_alias = {field.validation_alias: (name, field) for name, field in Settings.model_fields.items()}
     for alias, value in _assignments():

@@ -126,6 +126,11 @@ def test_scene_apply_of_the_guarded_pump_is_undone_audited_told_and_alerted(
         (line,) = _wait_violations(data_dir, PUMP)
         wait_state(ha_reset, PUMP, "off")
         (told,) = _told(fake_telegram, "farmhost undid a change of Irrigation pump")
+        # Told once as a critical alert (issue 34): Acknowledge and Snooze, Stop everything as a second row.
+        assert told.startswith("CRITICAL: farmhost undid a change of Irrigation pump"), told
+        (call,) = [c for c in fake_telegram.sent(MAIN_CHAT) if c.text == told]
+        rows = call.params["reply_markup"]["inline_keyboard"]
+        assert [[b["text"] for b in row] for row in rows] == [["Acknowledge", "Snooze 1 h"], ["Stop everything"]]
         alert = wait_for(
             lambda: next((a for a in _alerts(data_dir) if a["rule"] == "violation"), None),
             timeout=scaled(10),
