@@ -32,9 +32,9 @@ from pathlib import Path
 from farmhost.agents.jobs import AgentJob
 from farmhost.agents.runtime import AgentRuntime
 from farmhost.config import Settings
-from farmhost.groups.registry import list_groups
 from farmhost.layout import DataLayout
 from farmhost.store.db import Database
+from farmhost.store.groups import list_groups
 from farmhost_dev.testing import init_data_dir_in_process
 
 AGENT = r"""
@@ -82,7 +82,7 @@ def _runtime(data_dir: Path) -> AgentRuntime:
 
 
 async def _run(runtime: AgentRuntime, prompt: str = "") -> tuple[float, float]:
-    outcome = await runtime.submit(AgentJob(folder="field", prompt=prompt))
+    outcome = await runtime.submit(AgentJob(folder="field", prompt=prompt, scheduled=False))
     if outcome.status != "ok":
         raise SystemExit(f"the run failed: {outcome.error}")
     return outcome.phases_ms["sandbox"], outcome.phases_ms["cleanup"]

@@ -68,7 +68,7 @@ class _Dir:
     parent: Key | None
     name: str  # its name in its parent (the top: "")
     depth: int  # the top: 0
-    wd: int
+    wd: int = -1  # its inotify watch (-1: not yet watched)
     bytes: int = 0  # on disk, of its entries (not what they hold)
     files: int = 0  # its entries
     subdirs: dict[str, Key] = field(default_factory=dict)
@@ -135,8 +135,7 @@ class TreeJournal:
         try:
             info = os.fstat(fd)
             key = (info.st_dev, info.st_ino)
-            self._dirs[key] = _Dir(parent=None, name="", depth=0, wd=self._watch(fd))
-            self._by_wd[self._dirs[key].wd] = key
+            self._dirs[key] = _Dir(parent=None, name="", depth=0)
             self._scan(fd, key, visit)
         finally:
             os.close(fd)
@@ -188,6 +187,7 @@ class TreeJournal:
         self.files -= here.files
         here.bytes = here.files = 0
         here.subdirs = {}
+        before = os.fstat(fd) if here.wd < 0 else None
         new: list[tuple[str, Key]] = []
         for name in os.listdir(fd):
             try:
@@ -198,12 +198,22 @@ class TreeJournal:
             visit(fd, name, entry, here.depth + 1)
             here.bytes += entry.st_blocks * 512
             here.files += 1
+            if self._building and self.files + here.files > self._max_files:  # a first walk costs at most the limit
+                raise JournalLost(f"{self.top} holds over {self._max_files} entries")
             if stat.S_ISDIR(entry.st_mode):
                 child = (entry.st_dev, entry.st_ino)
                 here.subdirs[name] = child
                 if old_subdirs.get(name) != child or child not in self._dirs:
                     new.append((name, child))
         self.bytes += here.bytes
+        if before is not None:
+            # Watched once its entries were visited, so that the hand-over's own chowns raise no events (tens of
+            # thousands overflow the kernel's queue); an entry added or removed meanwhile shows in the times.
+            here.wd = self._watch(fd)
+            self._by_wd[here.wd] = key
+            after = os.fstat(fd)
+            if (before.st_mtime_ns, before.st_ctime_ns) != (after.st_mtime_ns, after.st_ctime_ns):
+                raise JournalLost(f"{self.top} changed while the host walked it")
         self.files += here.files
         for name, child in old_subdirs.items():
             known = self._dirs.get(child)
@@ -233,8 +243,7 @@ class TreeJournal:
             info = os.fstat(below)
             if (info.st_dev, info.st_ino) != child:
                 raise JournalLost(f"{self.top} changed while the host walked it")
-            self._dirs[child] = _Dir(parent=parent, name=name, depth=depth, wd=self._watch(below))
-            self._by_wd[self._dirs[child].wd] = child
+            self._dirs[child] = _Dir(parent=parent, name=name, depth=depth)
             self._scan(below, child, visit)
         finally:
             os.close(below)
