@@ -5,7 +5,8 @@ workspace and IPC directory against the group's limit; after it, it clears the b
 that cost seconds at hundreds of thousands of files (issue 33). A root daemon keeps a TreeJournal per tree
 (`farmhost/agents/tree_journal.py`) and re-walks only the directories the kernel saw change, with everything the
 full walk does on each of their entries. A daemon that is not root shares its uid with the agents (whose runs could
-use up that uid's inotify watches), and a tree the journal lost, keep the full walks of `sandbox.py` and
+use up that uid's inotify watches), runs without the seccomp filter (which refuses hard links, a way to write
+into a file of an unchanged directory), and a tree the journal lost keep the full walks of `sandbox.py` and
 `group_disk.py` (docs/security.md#run-set-up-and-clean-up-cost-what-changed).
 """
 
@@ -31,8 +32,12 @@ logger = logging.getLogger(__name__)
 class GroupTrees:
     """The journals of every group's writable trees (a root daemon's), kept between runs."""
 
-    def __init__(self) -> None:
-        """No tree journalled yet: each group's first run walks its trees whole."""
+    def __init__(self, *, journal: bool) -> None:
+        """No tree journalled yet: each group's first run walks its trees whole.
+
+        `journal`: runs cannot make hard links (the seccomp filter refuses them), so journals may be kept.
+        """
+        self._journal_ok = journal
         self._journals: dict[Path, TreeJournal] = {}
         # Entries the last set-up and the last clean-up visited, -1 for a full walk (for the figures and the tests).
         self.setup_walked = 0
@@ -52,7 +57,7 @@ class GroupTrees:
         Raises:
             SandboxError: over the limit on disk (OverLimit, naming what to delete).
         """
-        if identity is None or not identity.switch:
+        if identity is None or not identity.switch or not self._journal_ok:
             self.setup_walked = -1
             check_group_sync(layout, spec.folder, spec.limits.workspace_mb)
             prepare_mounts_sync(spec, identity)

@@ -122,7 +122,8 @@ class AgentRuntime:
         self._stopping = False
         self._cgroups: CgroupSupport | None = None
         self._ids: GroupIds | None = None  # who each group's runs are (set up with the backend)
-        self.trees = GroupTrees()  # each group's writable trees as the last run left them
+        # each group's writable trees as the last run left them (journals need runs refused hard links)
+        self.trees = GroupTrees(journal=settings.sandbox_seccomp == "required")
         self._paused: str | None = None
 
     @property

@@ -195,6 +195,9 @@ class TreeJournal:
             except FileNotFoundError:
                 continue
             self.walked += 1
+            if entry.st_nlink > 1 and not stat.S_ISDIR(entry.st_mode):
+                # Written through its other name, its size would change where no event names this directory.
+                raise JournalLost(f"{self.top} holds a file with more than one name (a hard link)")
             visit(fd, name, entry, here.depth + 1)
             here.bytes += entry.st_blocks * 512
             here.files += 1

@@ -216,6 +216,14 @@ for path, mb in todo.get("grow", {}).items():  # an existing file grown
     with open(path, "ab") as f:
         f.write(os.urandom(mb * 1024 * 1024))
 
+if "hardlink" in todo:  # a second name for an existing file
+    source, name = todo["hardlink"]
+    try:
+        os.link(source, name)
+        report["hardlink"] = "ok"
+    except OSError as err:
+        report["hardlink"] = why(err)
+
 for path, count in todo.get("many_files", {}).items():  # `count` new empty files in a new directory
     os.makedirs(path)
     for index in range(count):

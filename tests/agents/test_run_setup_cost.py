@@ -120,3 +120,18 @@ async def test_bytes_written_into_an_existing_file_count(root: Path, sandbox: Sa
         assert (await runtime.submit(probe_job("field"))).status == "ok", "deleted, the group runs again"
     finally:
         await runtime.stop()
+
+
+async def test_a_run_cannot_give_a_file_a_second_name(root: Path, sandbox: Sandbox) -> None:
+    """A hard link would let a run write into a file of a directory it leaves unchanged: the filter refuses it."""
+    (root / "groups" / "field" / "data").mkdir(parents=True)
+    (root / "groups" / "field" / "data" / "log").write_text("x")
+    runtime = sandbox.runtime(sandbox.settings(root))
+    await runtime.start()
+    try:
+        todo = {"hardlink": [f"{GROUP_DIR}/data/log", f"{GROUP_DIR}/other-name"]}
+        seen = report(await runtime.submit(probe_job("field", **todo)))
+    finally:
+        await runtime.stop()
+    assert seen["hardlink"] == "error:EPERM", seen["hardlink"]
+    assert not (root / "groups" / "field" / "other-name").exists()

@@ -98,3 +98,20 @@ def test_a_first_walk_over_the_limit_is_not_kept(tmp_path: Path) -> None:
         _sync(journal)
     assert not journal.kept
     assert journal.walked == 11, "it stops at the limit, even inside one directory"
+
+
+def test_a_file_with_two_names_drops_the_journal(tmp_path: Path) -> None:
+    """Written through one name, the other's directory would hear nothing: the caller walks in full instead."""
+    top = tmp_path / "tree"
+    (top / "a").mkdir(parents=True)
+    (top / "b").mkdir()
+    (top / "a" / "f").write_text("x")
+    journal = TreeJournal(top, max_depth=256, max_files=100)
+    try:
+        _sync(journal)
+        os.link(top / "a" / "f", top / "b" / "g")  # made by the operator between runs (runs cannot)
+        with pytest.raises(JournalLost, match="more than one name"):
+            _sync(journal)
+        assert not journal.kept
+    finally:
+        journal.close()
