@@ -96,20 +96,27 @@ class GroupTrees:
             self.cleanup_walked = -1
             return after_run_sync(spec)
         cleared = [0]
-        self.cleanup_walked = 0
+        walked, whole = 0, False
         for journal in journals:
             assert journal is not None
             try:
                 journal.sync(_clear(journal.top, cleared))
-                self.cleanup_walked += journal.walked
+                walked += journal.walked
+                continue
             except (JournalLost, OSError) as err:
                 logger.info("group %s: walking %s whole after the run (%s)", spec.folder, journal.top, err)
-                self.cleanup_walked = -1
-                try:
-                    cleared[0] += clear_setid_sync([journal.top])
-                except OSError as walk_err:
-                    logger.error("run %s of %s: the clean-up after it could not walk %s: %s", spec.run_id,
-                                 spec.folder, journal.top, walk_err)  # fmt: skip
+            whole = True
+            # Walked whole anew into a fresh journal (a run that churned past the event queue costs this one walk,
+            # its next set-up only what changed since), else by the plain walk, which any tree allows.
+            with contextlib.suppress(JournalLost, OSError):
+                journal.sync(_clear(journal.top, cleared))
+                continue
+            try:
+                cleared[0] += clear_setid_sync([journal.top])
+            except OSError as walk_err:
+                logger.error("run %s of %s: the clean-up after it could not walk %s: %s", spec.run_id, spec.folder,
+                             journal.top, walk_err)  # fmt: skip
+        self.cleanup_walked = -1 if whole else walked
         return cleared[0]
 
     def _journal(self, top: Path, limit: DiskLimit) -> TreeJournal:

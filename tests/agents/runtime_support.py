@@ -224,8 +224,8 @@ if "hardlink" in todo:  # a second name for an existing file
     except OSError as err:
         report["hardlink"] = why(err)
 
-for path, count in todo.get("many_files", {}).items():  # `count` new empty files in a new directory
-    os.makedirs(path)
+for path, count in todo.get("many_files", {}).items():  # `count` new empty files (in a new directory or not)
+    os.makedirs(path, exist_ok=True)
     for index in range(count):
         open(f"{path}/f{index}", "w").close()
 

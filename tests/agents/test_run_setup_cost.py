@@ -138,3 +138,28 @@ async def test_a_run_cannot_give_a_file_a_second_name(root: Path, sandbox: Sandb
         await runtime.stop()
     assert seen["hardlink"] == "error:EPERM", seen["hardlink"]
     assert not (root / "groups" / "field" / "other-name").exists()
+
+
+async def test_a_run_that_churns_past_the_kernels_event_queue_is_walked_whole_once(root: Path) -> None:
+    """20,000 files made in a directory the journal watches overflow the kernel's queue (16,384 events here).
+
+    The clean-up walks the trees whole into a fresh journal, clearing what the run left; the next set-up then
+    walks only what changed since.
+    """
+    bwrap = Sandbox("bwrap", {"FARMHOST_AGENT_RUNTIME": "bwrap"}, PROBE_COMMAND, {})
+    (root / "groups" / "field" / "busy").mkdir(parents=True)
+    runtime = bwrap.runtime(bwrap.settings(root))
+    await runtime.start()
+    try:
+        assert (await runtime.submit(probe_job("field"))).status == "ok"
+        todo = {"many_files": {f"{GROUP_DIR}/busy": 20_000}, "setid_file": f"{GROUP_DIR}/busy/sh"}
+        churned = await runtime.submit(probe_job("field", **todo))
+        assert churned.status == "ok", churned.error
+        assert runtime.trees.cleanup_walked == -1, "the events were lost: walked whole"
+        made = root / "groups" / "field" / "busy" / "sh"
+        assert stat.S_IMODE(made.lstat().st_mode) & SETID == 0, oct(made.lstat().st_mode)
+        after = await runtime.submit(probe_job("field"))
+        assert after.status == "ok", after.error
+        assert 0 <= runtime.trees.setup_walked < 100, runtime.trees.setup_walked
+    finally:
+        await runtime.stop()
