@@ -216,6 +216,15 @@ for path, mb in todo.get("grow", {}).items():  # an existing file grown
     with open(path, "ab") as f:
         f.write(os.urandom(mb * 1024 * 1024))
 
+chowns = {}
+for path, (uid, gid) in todo.get("chown", {}).items():  # give a file to another owner or group
+    try:
+        os.chown(path, uid, gid, follow_symlinks=False)
+        chowns[path] = "ok"
+    except OSError as err:
+        chowns[path] = why(err)
+report["chown"] = chowns
+
 if "hardlink" in todo:  # a second name for an existing file
     source, name = todo["hardlink"]
     try:

@@ -163,3 +163,24 @@ async def test_a_run_that_churns_past_the_kernels_event_queue_is_walked_whole_on
         assert 0 <= runtime.trees.setup_walked < 100, runtime.trees.setup_walked
     finally:
         await runtime.stop()
+
+
+async def test_a_run_cannot_give_its_files_away(root: Path, sandbox: Sandbox) -> None:
+    """The ownership of an entry cannot change inside a run: no other uid, no group but its own."""
+    (root / "groups" / "field" / "data").mkdir(parents=True)
+    for name in ("a", "b", "c"):
+        (root / "groups" / "field" / "data" / name).write_text("x")
+    runtime = sandbox.runtime(sandbox.settings(root))
+    await runtime.start()
+    try:
+        first = report(await runtime.submit(probe_job("field")))
+        uid = first["uid"]
+        todo = {"chown": {f"{GROUP_DIR}/data/a": [0, 0], f"{GROUP_DIR}/data/b": [uid + 1, -1],
+                          f"{GROUP_DIR}/data/c": [-1, 0]}}  # fmt: skip
+        seen = report(await runtime.submit(probe_job("field", **todo)))
+    finally:
+        await runtime.stop()
+    assert set(seen["chown"].values()) == {"error:EPERM"}, seen["chown"]
+    for name in ("a", "b", "c"):
+        info = (root / "groups" / "field" / "data" / name).lstat()
+        assert (info.st_uid, info.st_gid) == (uid, uid), (name, info.st_uid, info.st_gid)
