@@ -210,12 +210,12 @@ def hand_over_sync(identity: AgentIdentity | None, trees: Iterable[Path], tops: 
     sizes = [_take_tree(identity, tree) for tree in trees]
     for top in tops:
         with contextlib.suppress(FileNotFoundError):
-            _own_at(identity, None, str(top), os.lstat(top))
+            own_at(identity, None, str(top), os.lstat(top))
         with contextlib.suppress(FileNotFoundError), os.scandir(top) as entries:
             for found in entries:
                 if found.is_dir(follow_symlinks=False):
                     with contextlib.suppress(FileNotFoundError):
-                        _own_at(identity, None, found.path, found.stat(follow_symlinks=False))
+                        own_at(identity, None, found.path, found.stat(follow_symlinks=False))
     return sizes
 
 
@@ -230,14 +230,14 @@ def _take_tree(identity: AgentIdentity | None, tree: Path) -> int:
 
     def take(dir_fd: int, name: str, entry: os.stat_result) -> None:
         nonlocal size
-        _own_at(identity, dir_fd, name, entry)
+        own_at(identity, dir_fd, name, entry)
         if not stat.S_ISDIR(entry.st_mode):
             size += entry.st_blocks * 512
         if clear_setid_at(dir_fd, name, entry):
             logger.warning("%s: cleared the setuid/setgid bits an agent set on %s", tree, name)
 
     with contextlib.suppress(FileNotFoundError):
-        _own_at(identity, None, str(tree), os.lstat(tree))
+        own_at(identity, None, str(tree), os.lstat(tree))
     walk_sync(tree, take)
     return size
 
@@ -255,7 +255,7 @@ def _clear_tree(tree: Path) -> int:
     return cleared
 
 
-def _own_at(identity: AgentIdentity | None, dir_fd: int | None, name: str, entry: os.stat_result) -> None:
+def own_at(identity: AgentIdentity | None, dir_fd: int | None, name: str, entry: os.stat_result) -> None:
     """Give an entry to the agent (when it is another uid) without following links."""
     if identity is None or not identity.switch or (entry.st_uid, entry.st_gid) == (identity.uid, identity.gid):
         return

@@ -30,7 +30,7 @@ from farmhost.agents.fallback import (
     AssistFallback,
     AssistUnavailable,
 )
-from farmhost.agents.group_disk import check_group_sync
+from farmhost.agents.group_trees import GroupTrees
 from farmhost.agents.identity import GroupIds, IdentityError
 from farmhost.agents.inputs import AgentResult, agent_input, parse_result, trim_memory, with_notes
 from farmhost.agents.jobs import AgentJob, AgentOutcome, Status
@@ -40,7 +40,7 @@ from farmhost.agents.limits import LimitsReader, default_limits, default_llm_bud
 from farmhost.agents.proxy import REQUESTS_PER_TURN, LlmProxy, ProxyUsage
 from farmhost.agents.queue import CHAT, SCHEDULED, QueueClosed, RunQueue
 from farmhost.agents.runlog import RunRecord, log_name, write_run_log_sync
-from farmhost.agents.sandbox import after_run_sync, prepare_mounts_sync, sandbox_spec
+from farmhost.agents.sandbox import sandbox_spec
 from farmhost.config import Settings
 from farmhost.farm.receipts import ReceiptBook
 from farmhost.layout import DataLayout
@@ -126,6 +126,8 @@ class AgentRuntime:
         self._stopping = False
         self._cgroups: CgroupSupport | None = None
         self._ids: GroupIds | None = None  # who each group's runs are (set up with the backend)
+        # each group's writable trees as the last run left them (journals need runs refused hard links)
+        self.trees = GroupTrees(journal=settings.sandbox_seccomp == "required")
         self._paused: str | None = None
 
     @property
@@ -175,6 +177,7 @@ class AgentRuntime:
         if self._finished:
             await asyncio.wait(self._finished)
         await self._proxy.stop()
+        self.trees.close()
         self._started = False
 
     async def submit(self, job: AgentJob) -> AgentOutcome:
@@ -292,9 +295,7 @@ class AgentRuntime:
             identity = await self._ids.identity(job.folder) if self._ids is not None else None
             plan = for_identity(self._backend, identity).plan(spec)
             ensure_no_secrets(plan, self._secrets())
-            # Before the hand-over, which walks the whole workspace: a group over its limit costs only the limit.
-            await asyncio.to_thread(check_group_sync, self._layout, job.folder, limits.workspace_mb)
-            await asyncio.to_thread(prepare_mounts_sync, spec, identity)
+            await asyncio.to_thread(self.trees.prepare_sync, self._layout, spec, identity)
             allow = self._settings.agent_unenforced_limits == "allow"
             cgroup = await asyncio.to_thread(
                 open_run_cgroup_sync, self._cgroups, job.run_id, limits, allow_without=allow
@@ -327,7 +328,7 @@ class AgentRuntime:
                 await asyncio.to_thread(cgroup.close_sync)
             if plan.oom_argv is not None:  # a container: the engine held its cgroup
                 record.out_of_memory = await end_container(plan) or record.out_of_memory
-            await asyncio.to_thread(after_run_sync, spec)
+            await asyncio.to_thread(self.trees.after_run_sync, spec)
             record.phase("cleanup", since)
         return await self._after_run(job, await self._finish(record, run, started), record.usage, started)
 

@@ -71,6 +71,11 @@ DENIED: Final = (
     "acct",
     "swapon",
     "swapoff",
+    # hard links: a second name for a file lets a run write into a file of a directory it leaves unchanged, which
+    # the host's journal of the workspace would not see (docs/security.md#run-set-up-and-clean-up-cost-what-changed);
+    # programs that try one (git's objects) fall back to a rename or a copy on EPERM
+    "link",
+    "linkat",
     # the machine: reboot, kernels and modules, the clock, the kernel log, raw I/O ports, terminals
     "reboot",
     "kexec_load",

@@ -209,6 +209,35 @@ if "exec_when" in todo:  # says it is ready, waits for the host to put a program
     except Exception as err:
         report["exec"] = why(err)
 
+for path in todo.get("chmod_setid", []):  # an existing file made setuid (its directory's entries unchanged)
+    os.chmod(path, 0o6755)
+
+for path, mb in todo.get("grow", {}).items():  # an existing file grown
+    with open(path, "ab") as f:
+        f.write(os.urandom(mb * 1024 * 1024))
+
+chowns = {}
+for path, (uid, gid) in todo.get("chown", {}).items():  # give a file to another owner or group
+    try:
+        os.chown(path, uid, gid, follow_symlinks=False)
+        chowns[path] = "ok"
+    except OSError as err:
+        chowns[path] = why(err)
+report["chown"] = chowns
+
+if "hardlink" in todo:  # a second name for an existing file
+    source, name = todo["hardlink"]
+    try:
+        os.link(source, name)
+        report["hardlink"] = "ok"
+    except OSError as err:
+        report["hardlink"] = why(err)
+
+for path, count in todo.get("many_files", {}).items():  # `count` new empty files (in a new directory or not)
+    os.makedirs(path, exist_ok=True)
+    for index in range(count):
+        open(f"{path}/f{index}", "w").close()
+
 for link, target in todo.get("symlink", {}).items():
     os.symlink(target, link)
 
