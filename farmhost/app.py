@@ -184,9 +184,18 @@ class App:
             db=self.db, site=self.settings.site_name, audit=audit, enabled=bool(self.settings.mqtt_url)
         )
         handlers = build_handlers(self.identity, farm, memory, audit, self.sites)
+        # The watcher knows each when task before its schedule_task is answered (and before the live view's first
+        # sync): an event right after the answer must find its task, even while the rest of the host starts.
+        self.when = when = WhenWatcher(
+            db=self.db, zone=self.settings.zone, view=self.live_view, wake=self._wake_scheduler
+        )
+        when.start()
+        if self.collector is not None:
+            self.collector.add_raised_listener(when.alert_raised)
         self.ipc = IpcService(
             settings=self.settings, layout=self.layout, db=self.db, handlers=handlers, identity=self.identity
         )
+        self.ipc.add_change_listener(lambda changes: when.refresh() if Change.TASKS in changes else None)
         await self.ipc.start()
         self.desk = ApprovalDesk(
             db=self.db,
@@ -206,10 +215,6 @@ class App:
                 wake_outbox=self._wake_outbox,
             )
             await self.auto_off.start()
-        self.when = WhenWatcher(db=self.db, zone=self.settings.zone, view=self.live_view, wake=self._wake_scheduler)
-        self.when.start()
-        if self.collector is not None:
-            self.collector.add_raised_listener(self.when.alert_raised)
         if self.live_view is not None:
             await self.live_view.start()  # returns at once; listeners are in place before the first sync
         self.runtime = AgentRuntime(

@@ -102,7 +102,9 @@ def test_opencode_turns_the_pump_on_through_mcp_and_replies_in_the_chat(
         (reply,) = fake_telegram.wait_sent(1, chat_id=MAIN_CHAT, timeout=scaled(90))
         assert "Traceback" not in daemon.log()
     assert ha_reset.get_state(PUMP)["state"] == "on"  # OpenCode really switched it, through MCP and farmhost
-    assert reply.params["text"] == "Done: the irrigation pump is on."
+    words, receipt = reply.params["text"].split("\n\nSeen in Home Assistant:\n")
+    assert words == "Done: the irrigation pump is on."
+    assert "✔ Irrigation pump off → on, " in receipt  # what farmhost saw change, not what the agent said
     first = llm_stub.requests[0]
     assert first.body["stream"] is True and first.headers["authorization"] == "Bearer sk-opencode-e2e"
     assert any(n.endswith("ha_set_entity") for n in first.tool_names)
