@@ -4,7 +4,11 @@ Models send wrong types and invented keys; refusing them here, with a sentence n
 the model fix the call at once instead of the host quarantining a request file. Supported keywords: type,
 properties, required, additionalProperties, enum, const, anyOf, pattern, minimum, maximum, exclusiveMinimum,
 exclusiveMaximum, minLength, maxLength, items, minItems, maxItems; annotations (description, default) are
-ignored.
+ignored. It accepts and refuses what `jsonschema` does (tests/farmagent/test_argcheck_jsonschema.py compares
+the two on every tool's schema) without importing it: the runner starts in every agent run.
+
+As in JSON Schema, a float with no fraction (`8.0`) is an integer; `check` hands it on as the int, because the
+host's models are strict and refuse `8.0` where they take `8`.
 """
 
 from __future__ import annotations
@@ -37,18 +41,22 @@ def obj(properties: Mapping[str, Any], *required: str) -> dict[str, Any]:
     }
 
 
-def check(schema: Mapping[str, Any], value: Any) -> None:
-    """Raise InvalidRequestError listing every way `value` breaks `schema` (at most five)."""
-    problems = problems_of(schema, value, "arguments")
+def check(schema: Mapping[str, Any], value: Any) -> Any:
+    """`value` as checked: the same, with each integral float where `schema` wants an integer made an int.
+
+    Raises:
+        InvalidRequestError: listing every way `value` breaks `schema` (at most five).
+    """
+    value, problems = checked(schema, value, "arguments")
     if problems:
         raise InvalidRequestError(f"invalid arguments: {summary(problems)}")
+    return value
 
 
-def problems_of(schema: Mapping[str, Any], value: Any, root: str) -> list[str]:
-    """Every way `value` breaks `schema`, each a sentence naming the place from `root` down."""
+def checked(schema: Mapping[str, Any], value: Any, root: str) -> tuple[Any, list[str]]:
+    """`value` as checked (see `check`) and every way it breaks `schema`, each a sentence naming the place."""
     problems: list[str] = []
-    _check(schema, value, root, problems)
-    return problems
+    return _check(schema, value, root, problems), problems
 
 
 def summary(problems: list[str]) -> str:
@@ -59,28 +67,40 @@ def summary(problems: list[str]) -> str:
 def _is(kind: str, value: Any) -> bool:
     if isinstance(value, bool) and kind in ("integer", "number"):
         return False
+    if kind == "integer" and isinstance(value, float):
+        return value.is_integer()
     return isinstance(value, _TYPES[kind])
 
 
-def _check(schema: Mapping[str, Any], value: Any, where: str, problems: list[str]) -> None:
+def _check(schema: Mapping[str, Any], value: Any, where: str, problems: list[str]) -> Any:
+    """Append how `value` breaks `schema` to `problems`; return `value` as checked (see `check`)."""
     kinds = schema.get("type")
     if kinds is not None:
         allowed = [kinds] if isinstance(kinds, str) else list(kinds)
         if not any(_is(kind, value) for kind in allowed):
             problems.append(f"{where} must be {' or '.join(allowed)} (got {_short(value)})")
-            return
+            return value
+        if isinstance(value, float) and "integer" in allowed and "number" not in allowed:
+            value = int(value)
     branches = schema.get("anyOf")
-    if branches is not None and not _any_branch(branches, value, where, problems):
-        return
+    if branches is not None:
+        fits, value = _any_branch(branches, value, where, problems)
+        if not fits:
+            return value
     if "const" in schema and not _same(value, schema["const"]):
         problems.append(f"{where} must be {schema['const']!r} (got {_short(value)})")
     if "enum" in schema and not any(_same(value, option) for option in schema["enum"]):
         problems.append(f"{where} must be one of {', '.join(map(repr, schema['enum']))} (got {_short(value)})")
     if isinstance(value, dict):
-        _check_object(schema, value, where, problems)
-    elif isinstance(value, list):
-        _check_array(schema, value, where, problems)
-    elif isinstance(value, str):
+        return _check_object(schema, value, where, problems)
+    if isinstance(value, list):
+        return _check_array(schema, value, where, problems)
+    _check_scalar(schema, value, where, problems)
+    return value
+
+
+def _check_scalar(schema: Mapping[str, Any], value: Any, where: str, problems: list[str]) -> None:
+    if isinstance(value, str):
         _bounds(len(value), schema.get("minLength"), schema.get("maxLength"), f"{where} length", problems)
         if "pattern" in schema and not _pattern(schema["pattern"]).search(value):
             problems.append(f"{where} must match {schema['pattern']} (got {_short(value)})")
@@ -92,18 +112,21 @@ def _check(schema: Mapping[str, Any], value: Any, where: str, problems: list[str
             problems.append(f"{where} must be less than {schema['exclusiveMaximum']:g} (got {value:g})")
 
 
-def _any_branch(branches: list[Mapping[str, Any]], value: Any, where: str, problems: list[str]) -> bool:
-    """True when `value` fits one of `branches`; else the closest branch's problems are reported."""
+def _any_branch(branches: list[Mapping[str, Any]], value: Any, where: str, problems: list[str]) -> tuple[bool, Any]:
+    """Whether `value` fits one of `branches`, and `value` as the first that fits checked it.
+
+    When none fits, the closest branch's problems are reported.
+    """
     best: list[str] | None = None
     for branch in branches:
         found: list[str] = []
-        _check(branch, value, where, found)
+        checked = _check(branch, value, where, found)
         if not found:
-            return True
+            return True, checked
         if best is None or len(found) < len(best):
             best = found
     problems.extend(best or [f"{where} fits none of the allowed forms (got {_short(value)})"])
-    return False
+    return False, value
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -116,27 +139,29 @@ def _pattern(source: str) -> re.Pattern[str]:
     return re.compile(source)
 
 
-def _check_object(schema: Mapping[str, Any], value: dict[str, Any], where: str, problems: list[str]) -> None:
+def _check_object(schema: Mapping[str, Any], value: dict[str, Any], where: str, problems: list[str]) -> dict[str, Any]:
     properties: Mapping[str, Any] = schema.get("properties", {})
     for name in schema.get("required", ()):
         if name not in value:
             problems.append(f"{where}.{name} is required")
+    checked = dict(value)
     for name, item in value.items():
         if name in properties:
-            _check(properties[name], item, f"{where}.{name}", problems)
+            checked[name] = _check(properties[name], item, f"{where}.{name}", problems)
         elif schema.get("additionalProperties", True) is False:
             known = ", ".join(properties) or "none"
             problems.append(f"{where} has the unknown key {name!r} (known: {known})")
         elif isinstance(schema.get("additionalProperties"), dict):
-            _check(schema["additionalProperties"], item, f"{where}.{name}", problems)
+            checked[name] = _check(schema["additionalProperties"], item, f"{where}.{name}", problems)
+    return checked
 
 
-def _check_array(schema: Mapping[str, Any], value: list[Any], where: str, problems: list[str]) -> None:
+def _check_array(schema: Mapping[str, Any], value: list[Any], where: str, problems: list[str]) -> list[Any]:
     _bounds(len(value), schema.get("minItems"), schema.get("maxItems"), f"{where} item count", problems)
     items = schema.get("items")
-    if isinstance(items, dict):
-        for index, item in enumerate(value):
-            _check(items, item, f"{where}[{index}]", problems)
+    if not isinstance(items, dict):
+        return value
+    return [_check(items, item, f"{where}[{index}]", problems) for index, item in enumerate(value)]
 
 
 def _bounds(number: float, low: float | None, high: float | None, what: str, problems: list[str]) -> None:

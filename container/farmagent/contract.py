@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any, Final, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from farmagent.argcheck import obj, problems_of, summary
+from farmagent.argcheck import checked, obj, summary
 from farmagent.errors import FarmagentError
 from farmagent.wire import FOLDER_RE, REQUEST_ID_RE
 
@@ -106,7 +106,7 @@ def parse_input(raw: bytes) -> AgentInput:
         raise InputError(f"the AgentInput is not valid JSON: {err}") from None
     if not isinstance(document, dict):
         raise InputError("the AgentInput must be a JSON object")
-    problems = problems_of(SCHEMA, document, "AgentInput")
+    document, problems = checked(SCHEMA, document, "AgentInput")
     now: datetime | None = None
     if isinstance(document.get("now"), str):
         now, problem = _aware(document["now"])

@@ -473,7 +473,7 @@ def call_tool(context: ToolContext, name: str, arguments: Mapping[str, Any] | No
             raise InvalidRequestError(f"there is no tool {name!r}; tools: {', '.join(TOOLS_BY_NAME)}")
         # null means the default, as on the host: models often send it for an argument they leave out.
         args = {key: value for key, value in (arguments or {}).items() if value is not None}
-        check(tool.parameters, args)
+        args = check(tool.parameters, args)
         result = tool.run(context, args)
     except FarmagentError as err:
         failure = {"errorCode": err.code, "error": err.message}
