@@ -7,20 +7,14 @@ Run `farmagent-mcp` or `python -m farmagent.mcp_server`; it is configured by the
 tool error (`isError`) whose text is `{"errorCode": ..., "error": ...}`.
 
 The MCP SDK is imported only once the command line has been parsed: `--help` and `--version` answer at once.
-While a thread imports it, `farmagent.mcp_early` answers the client's `initialize` and `tools/list`, so a client
-can list the tools in a tenth of the SDK's import time.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import importlib
 import json
-import os
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +23,6 @@ from typing import TYPE_CHECKING, Any, Final
 from farmagent import __version__
 from farmagent.config import AgentSettings
 from farmagent.errors import ConfigError
-from farmagent.mcp_early import Early, Handshake, answer_until_ready
 from farmagent.mcp_stdio import Wire, claim_stdio, piped_stdio
 from farmagent.tools import Hints, ToolContext, ToolSpec, call_tool, tools_for
 
@@ -146,20 +139,8 @@ def tool_listing(tool: ToolSpec) -> dict[str, Any]:
     }
 
 
-def handshake(tools: Sequence[ToolSpec]) -> Handshake:
-    """What the early `initialize` and `tools/list` answers say (the SDK's own answers, see farmagent.mcp_early)."""
-    initialize = {
-        "capabilities": {"tools": {"listChanged": False}},
-        "instructions": INSTRUCTIONS,
-        "serverInfo": {"name": "farmagent", "version": __version__},
-    }
-    return Handshake(initialize=initialize, tools=[tool_listing(tool) for tool in tools])
-
-
-async def serve(
-    context: ToolContext, tools: Sequence[ToolSpec], wire: Wire | None = None, early: Early | None = None
-) -> None:
-    """Serve `tools` on stdin/stdout (on `wire` when claimed, after `early`) until the client closes the connection."""
+async def serve(context: ToolContext, tools: Sequence[ToolSpec], wire: Wire | None = None) -> None:
+    """Serve `tools` on stdin/stdout (on `wire` when claimed) until the client closes the connection."""
     from mcp.server.stdio import stdio_server
 
     server = build_server(context, tools)
@@ -168,37 +149,8 @@ async def serve(
         async with stdio_server() as (read_stream, write_stream):
             await server.run(read_stream, write_stream, options)
         return
-    early = early or Early()
-    async with (
-        piped_stdio(wire, replay=early.replay, drop_ids=early.drop_ids) as streams,
-        stdio_server(*streams) as (read_stream, write_stream),
-    ):
+    async with piped_stdio(wire) as streams, stdio_server(*streams) as (read_stream, write_stream):
         await server.run(read_stream, write_stream, options)
-
-
-def _import_sdk(ready: int) -> None:
-    try:
-        # An ImportError is raised again, and reported, when the main thread imports the same modules.
-        with contextlib.suppress(ImportError):
-            for module in ("anyio", "mcp.server.lowlevel", "mcp.server.stdio"):
-                importlib.import_module(module)
-    finally:
-        os.write(ready, b"!")
-
-
-def start(tools: Sequence[ToolSpec]) -> tuple[Wire | None, Early | None]:
-    """Claim the wire and answer the handshake while a thread imports the SDK (only on pipes and sockets)."""
-    wire = claim_stdio()
-    if wire is None:
-        return None, None
-    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
-    threading.Thread(target=_import_sdk, args=(ready_w,), name="farmagent-mcp-import", daemon=True).start()
-    try:
-        early = answer_until_ready(wire.fd_in, wire.fd_out, ready_r, handshake(tools))
-    finally:
-        os.close(ready_r)
-    os.close(ready_w)
-    return wire, early
 
 
 def parser() -> argparse.ArgumentParser:
@@ -226,11 +178,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(2) from None
     tools = offered_tools(settings, all_tools=args.all_tools)
     context = ToolContext.from_settings(settings)
-    wire, early = start(tools)
+    wire = claim_stdio()
     import anyio
 
     try:
-        anyio.run(serve, context, tools, wire, early)
+        anyio.run(serve, context, tools, wire)
     finally:
         if wire is not None:
             wire.restore()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import json
 import os
 import stat
 from collections.abc import AsyncIterator
@@ -72,37 +71,22 @@ class PipeIn:
 
 
 class PipeOut:
-    """`await write(text)` and `await flush()` over an asyncio pipe transport (non-blocking, flow-controlled).
+    """`await write(text)` and `await flush()` over an asyncio pipe transport (non-blocking, flow-controlled)."""
 
-    A response whose id is in `drop_ids` is not written, once: the early handshake (`farmagent.mcp_early`)
-    answered that request already.
-    """
-
-    def __init__(self, transport: asyncio.WriteTransport, protocol: _Writer, drop_ids: set[int | str]) -> None:
+    def __init__(self, transport: asyncio.WriteTransport, protocol: _Writer) -> None:
         self._transport = transport
         self._protocol = protocol
-        self._drop = drop_ids
 
     async def write(self, text: str) -> int:
         """Queue `text` on the pipe (never blocks the loop; `flush` waits while the pipe is full)."""
         if self._transport.is_closing():
             raise BrokenPipeError("the MCP client closed its end of stdout")
-        if self._drop and self._answered_early(text):
-            return len(text)
         self._transport.write(text.encode("utf-8"))
         return len(text)
 
     async def flush(self) -> None:
         """Wait until the pipe's buffer is below its high-water mark."""
         await self._protocol.drain()
-
-    def _answered_early(self, text: str) -> bool:
-        message = json.loads(text)
-        rid = message.get("id") if isinstance(message, dict) and "method" not in message else None
-        if isinstance(rid, int | str) and not isinstance(rid, bool) and rid in self._drop:
-            self._drop.discard(rid)
-            return True
-        return False
 
 
 @dataclass
@@ -134,14 +118,10 @@ def claim_stdio() -> Wire | None:
 
 
 @contextlib.asynccontextmanager
-async def piped_stdio(
-    wire: Wire, *, replay: bytes = b"", drop_ids: set[int | str] | None = None
-) -> AsyncIterator[tuple[Any, Any]]:
-    """`(stdin, stdout)` for `stdio_server` on `wire`: `replay` is read first, then the wire."""
+async def piped_stdio(wire: Wire) -> AsyncIterator[tuple[Any, Any]]:
+    """`(stdin, stdout)` for `stdio_server` on `wire`."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=_LINE_LIMIT, loop=loop)
-    if replay:
-        reader.feed_data(replay)
     # The transports own (and close) duplicates, so that `wire` can still be restored afterwards.
     read_transport, _ = await loop.connect_read_pipe(
         lambda: asyncio.StreamReaderProtocol(reader, loop=loop), os.fdopen(os.dup(wire.fd_in), "rb", buffering=0)
@@ -150,7 +130,7 @@ async def piped_stdio(
         _Writer, os.fdopen(os.dup(wire.fd_out), "wb", buffering=0)
     )
     try:
-        yield PipeIn(reader), PipeOut(write_transport, protocol, drop_ids if drop_ids is not None else set())
+        yield PipeIn(reader), PipeOut(write_transport, protocol)
     finally:
         read_transport.close()
         write_transport.close()

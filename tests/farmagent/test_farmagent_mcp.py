@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 import jsonschema
-from agent_support import Farm, fake_ipc_dir
+from agent_support import Farm, clean_env, fake_ipc_dir
 from farmagent.tools import TOOLS, TOOLS_BY_NAME
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -281,3 +281,51 @@ async def test_the_readme_mcp_configurations_start_the_server(farm: Farm, tmp_pa
                 pong = await client.call_tool("ping", {})
                 assert not pong.is_error and pong.structured_content is not None
                 assert pong.structured_content["pong"] is True
+
+
+def _lines(*messages: dict[str, Any]) -> bytes:
+    """The messages as the wire carries them: one JSON document a line."""
+    return b"".join(json.dumps(message).encode() + b"\n" for message in messages)
+
+
+def test_mcp_answers_requests_written_at_the_spawn_once_each(tmp_path: Path) -> None:
+    # Everything written at once, while the server still imports the SDK: each request gets one answer.
+    init = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    wire = _lines(
+        {"jsonrpc": "2.0", "id": "i", "method": "initialize", "params": init},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        listing,
+        {"jsonrpc": "2.0", "id": "c", "method": "tools/call", "params": {"name": "ping", "arguments": {}}},
+        listing | {"id": 4},
+    )
+    ipc = tmp_path / "ipc"
+    for queue in ("messages", "tasks", "actions", "action_results"):
+        (ipc / queue).mkdir(parents=True)
+    env = {k: v for k, v in clean_env().items() if not k.startswith("FARMAGENT_")}
+    env |= {"FARMAGENT_IPC_DIR": str(ipc), "FARMAGENT_GROUP_DIR": str(ipc), "FARMAGENT_FARM_STATE_DIR": str(ipc)}
+    with subprocess.Popen(
+        [sys.executable, "-m", "farmagent.mcp_server"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    ) as server:
+        assert server.stdin is not None and server.stdout is not None
+        server.stdin.write(wire)
+        server.stdin.flush()
+        answers: dict[Any, dict[str, Any]] = {}
+        while len(answers) < 4:
+            line = server.stdout.readline()
+            assert line, f"the server closed stdout after {answers}"
+            message = json.loads(line)
+            if "id" in message:
+                answers[message["id"]] = message
+        server.stdin.close()
+        assert server.stdout.read() == b"", "an answer came twice"
+        assert server.wait(timeout=10) == 0
+    assert set(answers) == {"i", 2, "c", 4}
+    assert answers[2]["result"] == answers[4]["result"] and answers[2]["result"]["tools"]
+    # No host ever served this directory: the call is a tool error the model can read, not a broken session.
+    assert answers["c"]["result"]["isError"] is True
+    assert json.loads(answers["c"]["result"]["content"][0]["text"])["errorCode"] == "host_unavailable"
