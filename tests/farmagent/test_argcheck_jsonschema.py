@@ -5,6 +5,7 @@ broken one way at a time (every JSON type, the booleans that are not numbers, in
 strangers, each bound and one past it, string lengths and pattern breakers, too few and too many items, a
 missing required key, an unknown key), recursing into nested objects and arrays. Both checkers judge each call;
 they must accept and refuse exactly the same ones. A random search (hypothesis) looks for what the list missed.
+The runner's AgentInput, the other schema argcheck checks, is compared the same way.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from typing import Any
 
 import pytest
 from agent_support import Farm
-from farmagent import argcheck
+from farmagent import argcheck, contract
 from farmagent.errors import InvalidRequestError
-from farmagent.tools import TOOLS, TOOLS_BY_NAME, ToolSpec, call_tool
+from farmagent.tools import TOOLS, TOOLS_BY_NAME, call_tool
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
@@ -28,6 +29,8 @@ CANDIDATES = ("farm", "telegram:1", "sensor.x", "en")
 # Breakers of a valid string `v`: anchors, whitespace, case, separators, path tricks.
 BREAKERS = ("", " ", "{v}\n", "\n{v}", "{v} ", " {v}", "{v};x", "{v}/x", "../{v}", "{V}", "é{v}", "{v}\x00")
 UNKNOWN_KEY = "zz_unknown"
+# What argcheck checks: every tool's parameters, and the AgentInput a run reads.
+SCHEMAS: dict[str, dict[str, Any]] = {tool.name: tool.parameters for tool in TOOLS} | {"AgentInput": contract.SCHEMA}
 
 
 def jsonschema_accepts(schema: Mapping[str, Any], value: Any) -> bool:
@@ -137,23 +140,23 @@ def _object_variants(schema: Mapping[str, Any]) -> Iterator[Any]:
             yield {**base, name: value}
 
 
-def _disagreements(tool: ToolSpec, calls: list[Any]) -> list[str]:
+def _disagreements(name: str, calls: list[Any]) -> list[str]:
     found = []
     for value in calls:
-        by_jsonschema = jsonschema_accepts(tool.parameters, value)
-        if argcheck_accepts(tool.parameters, value) != by_jsonschema:
+        by_jsonschema = jsonschema_accepts(SCHEMAS[name], value)
+        if argcheck_accepts(SCHEMAS[name], value) != by_jsonschema:
             verdict = "accepts" if by_jsonschema else "refuses"
-            found.append(f"{tool.name}: jsonschema {verdict} {value!r:.200}")
+            found.append(f"{name}: jsonschema {verdict} {value!r:.200}")
     return found
 
 
-@pytest.mark.parametrize("tool", TOOLS, ids=lambda tool: tool.name)
-def test_argcheck_and_jsonschema_agree_on_every_variant_of_the_tools_arguments(tool: ToolSpec) -> None:
-    Draft202012Validator.check_schema(tool.parameters)
-    calls = list(variants(tool.parameters))
-    verdicts = [jsonschema_accepts(tool.parameters, value) for value in calls]
-    assert True in verdicts and False in verdicts  # the list has both kinds, for every tool
-    assert _disagreements(tool, calls) == []
+@pytest.mark.parametrize("name", SCHEMAS)
+def test_argcheck_and_jsonschema_agree_on_every_variant(name: str) -> None:
+    Draft202012Validator.check_schema(SCHEMAS[name])
+    calls = list(variants(SCHEMAS[name]))
+    verdicts = [jsonschema_accepts(SCHEMAS[name], value) for value in calls]
+    assert True in verdicts and False in verdicts  # the list has both kinds, for every schema
+    assert _disagreements(name, calls) == []
 
 
 def _json() -> st.SearchStrategy[Any]:
@@ -163,16 +166,17 @@ def _json() -> st.SearchStrategy[Any]:
     )
 
 
-@pytest.mark.parametrize("tool", TOOLS, ids=lambda tool: tool.name)
-def test_argcheck_and_jsonschema_agree_on_random_arguments(tool: ToolSpec) -> None:
-    names = [*tool.parameters["properties"], UNKNOWN_KEY]
-    known = st.sampled_from([value for name in names[:-1] for value in variants(tool.parameters["properties"][name])])
-    values = known | _json() if len(names) > 1 else _json()
+@pytest.mark.parametrize("name", SCHEMAS)
+def test_argcheck_and_jsonschema_agree_on_random_arguments(name: str) -> None:
+    properties = SCHEMAS[name]["properties"]
+    keys = [*properties, UNKNOWN_KEY]
+    known = st.sampled_from([value for key in properties for value in variants(properties[key])])
+    values = known | _json() if properties else _json()
 
     @settings(max_examples=150, deadline=None, derandomize=True)
-    @given(st.dictionaries(st.sampled_from(names), values, max_size=len(names)))
+    @given(st.dictionaries(st.sampled_from(keys), values, max_size=len(keys)))
     def agree(arguments: dict[str, Any]) -> None:
-        assert _disagreements(tool, [arguments]) == []
+        assert _disagreements(name, [arguments]) == []
 
     agree()
 
