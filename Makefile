@@ -102,6 +102,7 @@ bench-stop: install
 schema: install
 	.venv/bin/farmhost schema -o docs/schema/ipc-v1.schema.json
 	cp docs/schema/ipc-v1.schema.json container/farmagent/ipc_contract.json
+	.venv/bin/farmhost schema --tools -o container/farmagent/tool_table.json
 
 clean:
 	rm -rf .venv .tools .mypy_cache .ruff_cache .pytest_cache

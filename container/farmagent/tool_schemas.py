@@ -1,4 +1,7 @@
-"""The tools' parameter schemas, generated from the contract the host exports (`farmagent/ipc_contract.json`).
+"""The tools that reach the host, from the two files the host exports: the contract and the tool table.
+
+`farmagent/tool_table.json` (`farmhost schema --tools`) holds one entry per row of the host's catalog
+(farmhost/protocol/catalog.py): the tool's name, text, hints, result, and the request or action it writes.
 
 `farmhost schema` writes that file from the host's pydantic models (`make schema`; a test keeps it current), so a
 bound, an enum or a description of a request or an action's params is written once, on the host, and the
@@ -15,6 +18,7 @@ from pathlib import Path
 from typing import Any, Final
 
 CONTRACT_FILE: Final = "ipc_contract.json"
+TABLE_FILE: Final = "tool_table.json"
 _DROPPED: Final = frozenset({"title", "$defs", "discriminator", "allOf"})
 _MAX_DEPTH: Final = 32
 
@@ -25,6 +29,19 @@ def contract() -> dict[str, Any]:
     # Beside this module (a wheel installs it there); read without importlib.resources, which costs a run ~10 ms.
     document: dict[str, Any] = json.loads((Path(__file__).parent / CONTRACT_FILE).read_text("utf-8"))
     return document
+
+
+@cache
+def tool_table() -> tuple[dict[str, Any], ...]:
+    """The entries of the tool table shipped with this package, in the host's order."""
+    document = json.loads((Path(__file__).parent / TABLE_FILE).read_text("utf-8"))
+    return tuple(document["tools"])
+
+
+@cache
+def farm_actions() -> dict[str, float | None]:
+    """Every farm action of the contract and the client's wait for it (None: the client's default)."""
+    return {entry["action"]: entry["timeout"] for entry in tool_table() if entry["request"] == "farm_action"}
 
 
 def action_parameters(action: str) -> dict[str, Any]:

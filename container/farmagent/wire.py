@@ -1,15 +1,17 @@
-"""The IPC wire format, for both sides: queues, request types, actions, error codes, names and deadlines.
+"""The IPC wire format, for both sides: queues, request types, error codes, names and deadlines.
 
 The closed sets of the contract (SPEC sections 4-6, docs/ipc.md) are defined here once. Standard library only:
 farmagent must not import farmhost (it would pull the host's dependencies into every agent image), so the host
-imports these from here (`farmhost.protocol.codes`) instead of writing them again.
+imports these from here (`farmhost.protocol.codes`) instead of writing them again. The actions are the exception:
+their rows live on the host (farmhost/protocol/catalog.py) and reach the sandbox in the exported contract and
+tool table (`farmagent.tool_schemas`).
 """
 
 from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Final, Literal, get_args
+from typing import Final
 
 
 class Queue(StrEnum):
@@ -60,24 +62,6 @@ QUEUE_OF_TYPE: Final[dict[str, Queue]] = {
     "memory_action": Queue.ACTIONS,
 }
 
-FarmActionName = Literal[
-    "ha_get_status",
-    "ha_call_service",
-    "ha_set_entity",
-    "ha_restart",
-    "ha_dashboard_get",
-    "ha_dashboard_validate",
-    "ha_dashboard_patch",
-    "ha_apply_dashboard",
-    "ha_capture_screenshot",
-    "farm_state_refresh",
-    "ha_assist",
-    "ha_history",
-]
-MemoryActionName = Literal["memory_search", "memory_get"]
-FARM_ACTIONS: Final[tuple[str, ...]] = get_args(FarmActionName)
-MEMORY_ACTIONS: Final[tuple[str, ...]] = get_args(MemoryActionName)
-
 QUEUE_DIRS: Final = tuple(q.value for q in Queue)
 RESULTS_DIR: Final = "action_results"
 CURRENT_TASKS: Final = "current_tasks.json"
@@ -93,10 +77,10 @@ ENTITY_ID_RE: Final = re.compile(r"^[a-z0-9_]+\.[a-z0-9_]+$")
 # A site name (FARMHOST_SITE, a farm action's `site`) is one MQTT topic level and part of HA ids: no `/`, `+`, `#`.
 SITE_RE: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
-# Client deadlines sit behind the host's own timeouts (30 s per handler, 35 s screenshots, 160 s ha_restart,
-# plus the router's 2 s margin), so the host always answers `timeout` itself before the agent gives up.
+# The client's wait for a result: behind the host's own 30 s per handler plus the router's 2 s margin, so the
+# host always answers `timeout` itself before the agent gives up. An action with a longer timeout carries its
+# own wait in the tool table (farmhost/protocol/catalog.py `client_timeout`).
 DEFAULT_TIMEOUT: Final = 40.0
-ACTION_TIMEOUTS: Final[dict[str, float]] = {"ha_capture_screenshot": 45.0, "ha_restart": 170.0}
 # A farm action for another site: the host waits for that site this long unless the request's ttl says less
 # (a site restarting comes back within it); the client waits a little longer for the host's answer.
 SITE_DEADLINE_SECONDS: Final = 120.0

@@ -84,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
         "the host writes back (committed as docs/schema/ipc-v1.schema.json).",
     )
     p.add_argument("-o", "--output", type=Path, help="write to this file instead of stdout")
+    p.add_argument(
+        "--tools",
+        action="store_true",
+        help="print the sandbox's tool table instead (shipped as container/farmagent/tool_table.json)",
+    )
     p.set_defaults(func=commands.schema)
 
     groups.add_parsers(sub, common)

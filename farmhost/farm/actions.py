@@ -1,4 +1,4 @@
-"""The farm_action table: every action's function, effect and timeout, and the handler rows built from it.
+"""The farm_action handlers: each row of the catalog (farmhost/protocol/catalog.py) bound to its function.
 
 Each handler authorises the source group (main only unless the farm profile says otherwise), applies the
 control gate (a readable profile; in production a validated one), the service policy (denied domains, the closed
@@ -10,27 +10,27 @@ happen here, where it is audited, not in the router.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from farmhost.errors import FarmhostError, NotFound
-from farmhost.farm import gate, policy, stopped
-from farmhost.farm.assist import ha_assist
-from farmhost.farm.audit import AuditLog, approval_keys
-from farmhost.farm.core_actions import check_calls, ha_call_service, ha_get_status, ha_restart, ha_set_entity
-from farmhost.farm.dashboard_actions import (
-    ha_apply_dashboard,
-    ha_dashboard_get,
-    ha_dashboard_patch,
-    ha_dashboard_validate,
+from farmhost.farm import (
+    assist,
+    core_actions,
+    dashboard_actions,
+    gate,
+    history,
+    policy,
+    screenshots,
+    state,
+    stopped,
 )
+from farmhost.farm.audit import AuditLog, approval_keys
+from farmhost.farm.core_actions import check_calls
 from farmhost.farm.effect_rules import ON
-from farmhost.farm.history import ha_history
-from farmhost.farm.screenshots import ha_capture_screenshot
-from farmhost.farm.state import farm_state_refresh
 from farmhost.ipc.handlers import (
-    DEFAULT_HANDLER_TIMEOUT,
     Approved,
     AsyncHandler,
     Effect,
@@ -38,15 +38,11 @@ from farmhost.ipc.handlers import (
     HandlerSpec,
     RequestContext,
 )
-from farmhost.protocol.codes import FARM_ACTIONS, ErrorCode
+from farmhost.protocol.catalog import FARM_ACTIONS, FARM_ROWS, ActionEffect, ActionRow
+from farmhost.protocol.codes import ErrorCode
 from farmhost.protocol.envelope import Outcome
-from farmhost.protocol.params import ACTION_PARAMS, parse_params
-from farmhost.protocol.requests import (
-    CONTROL_ACTIONS,
-    FILE_WRITING_ACTIONS,
-    AnyRequest,
-    FarmActionRequest,
-)
+from farmhost.protocol.params import parse_params
+from farmhost.protocol.requests import AnyRequest, FarmActionRequest
 from farmhost.store import groups
 from farmhost.store.db import now_utc
 
@@ -64,42 +60,48 @@ if TYPE_CHECKING:
 ACTION_NAMES: Final = FARM_ACTIONS
 # The router's own timeout sits this far behind the action's, so the action's clearer message wins.
 ROUTER_MARGIN: Final = 2.0
+# Where the implementations live: each row's function is the one of its name in exactly one of these modules.
+IMPLEMENTATION_MODULES: Final = (core_actions, dashboard_actions, assist, history, screenshots, state)
 
 
 @dataclass(frozen=True, kw_only=True)
 class FarmActionSpec:
-    """One row of the farm table."""
+    """One row of the farm table: the action's row in the catalog and the function that runs it."""
 
+    row: ActionRow
     run: FarmAction
-    effect: Effect
-    timeout: float = DEFAULT_HANDLER_TIMEOUT
+
+    @property
+    def effect(self) -> Effect:
+        """The router's effect class: anything but a read is never re-run after a crash."""
+        return Effect.READ if self.row.effect is ActionEffect.READ else Effect.EXTERNAL
+
+    @property
+    def timeout(self) -> float:
+        """The action's own timeout (the router's is ROUTER_MARGIN longer)."""
+        return self.row.timeout
 
 
-def _effect(action: str) -> Effect:
-    return Effect.EXTERNAL if action in CONTROL_ACTIONS | FILE_WRITING_ACTIONS else Effect.READ
+def implementation(name: str) -> FarmAction:
+    """The async function named `name` defined in one of the implementation modules (not merely imported there).
 
-
-def _row(run: FarmAction, name: str, timeout: float = DEFAULT_HANDLER_TIMEOUT) -> FarmActionSpec:
-    return FarmActionSpec(run=run, effect=_effect(name), timeout=timeout)
+    Raises:
+        LookupError: no module, or more than one, defines it as an async function.
+    """
+    found = [
+        function
+        for module in IMPLEMENTATION_MODULES
+        if getattr(function := getattr(module, name, None), "__module__", None) == module.__name__
+    ]
+    if len(found) != 1 or not inspect.iscoroutinefunction(found[0]):
+        modules = ", ".join(module.__name__ for module in IMPLEMENTATION_MODULES)
+        raise LookupError(f"the farm action {name} needs one async function of that name in one of {modules}")
+    return cast("FarmAction", found[0])
 
 
 ACTIONS: Final[dict[str, FarmActionSpec]] = {
-    "ha_get_status": _row(ha_get_status, "ha_get_status"),
-    "ha_call_service": _row(ha_call_service, "ha_call_service"),
-    "ha_set_entity": _row(ha_set_entity, "ha_set_entity"),
-    # HA restarts in ~7 s here, 30-90 s on a Raspberry Pi; core_actions.RESTART_TIMEOUT is 150 s.
-    "ha_restart": _row(ha_restart, "ha_restart", timeout=160.0),
-    "ha_dashboard_get": _row(ha_dashboard_get, "ha_dashboard_get"),
-    "ha_dashboard_validate": _row(ha_dashboard_validate, "ha_dashboard_validate"),
-    "ha_dashboard_patch": _row(ha_dashboard_patch, "ha_dashboard_patch"),
-    "ha_apply_dashboard": _row(ha_apply_dashboard, "ha_apply_dashboard"),
-    "ha_capture_screenshot": _row(ha_capture_screenshot, "ha_capture_screenshot", timeout=35.0),
-    "farm_state_refresh": _row(farm_state_refresh, "farm_state_refresh"),
-    # Three HA calls (exposed entities, registry, states) and Assist's own service calls, each within 10 s.
-    "ha_assist": _row(ha_assist, "ha_assist"),
-    "ha_history": _row(ha_history, "ha_history"),
+    row.name: FarmActionSpec(row=row, run=implementation(row.name)) for row in FARM_ROWS
 }
-assert set(ACTIONS) == set(ACTION_NAMES), "every FarmActionName needs a row"
 
 
 def farm_handlers(deps: FarmDeps, *, audit: AuditLog | None = None) -> Handlers:
@@ -196,7 +198,7 @@ async def _guarded(deps: FarmDeps, ctx: RequestContext, name: str, spec: FarmAct
     loaded = policy.load_profile(deps.settings.profile_path)
     policy.authorise_group(name, folder=ctx.group.folder, is_main=ctx.group.is_main, loaded=loaded)
     policy.check_control(name, farm_mode=deps.settings.farm_mode, loaded=loaded)
-    checked = parse_params(ACTION_PARAMS[name], params, name)
+    checked = parse_params(spec.row.params, params, name)
     check_calls(checked, loaded)  # what could never run is refused before the rules ask anyone for approval
     call = gate.describe(name, checked)
     if call is not None:

@@ -28,8 +28,8 @@ from farmhost.farm.ha_errors import HaError
 from farmhost.farm.policy import INDIRECT_TARGETS
 from farmhost.farm.rules import ActuatorRule, ControlCall
 from farmhost.ipc.handlers import Change
+from farmhost.protocol.catalog import CONTROL_ACTIONS
 from farmhost.protocol.params import HaCallServiceParams, HaSetEntityParams
-from farmhost.protocol.requests import CONTROL_ACTIONS
 from farmhost.store import actuator_calls
 from farmhost.store.db import iso
 

@@ -12,7 +12,7 @@ import fnmatch
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Final, get_args
+from typing import Annotated, Final
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
@@ -20,8 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from farmhost.errors import NotAllowed, Unauthorized
 from farmhost.farm.rules import MAX_RULES, ActuatorRule, covers_entity
 from farmhost.farm.service_surface import check_addressed, check_surface
-from farmhost.protocol.codes import FarmActionName
-from farmhost.protocol.requests import CONTROL_ACTIONS
+from farmhost.protocol.catalog import CONTROL_ACTIONS, FARM_ACTIONS, FarmActionName
 
 # Service domains no agent may call, whatever the profile says: they reach the host itself (shell_command,
 # python_script, pyscript, hassio), HA's own lifecycle (homeassistant: ha_restart has its own action),
@@ -31,7 +30,7 @@ DEFAULT_DENIED_DOMAINS: Final = frozenset(
 )
 MAX_PROFILE_BYTES: Final = 256 * 1024
 ALL_GROUPS: Final = "*"
-ACTION_NAMES: Final = frozenset(get_args(FarmActionName))
+ACTION_NAMES: Final = frozenset(FARM_ACTIONS)
 # Targets HA resolves to entities on its own side: under an entity allow-list they cannot be checked.
 INDIRECT_TARGETS: Final = ("device_id", "area_id", "floor_id", "label_id")
 # Entities Assist can only read (its intents answer questions about them and call no service on them): they do not

@@ -16,8 +16,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
 from farmhost.farm.safe_state import UNKNOWN_STATES
+from farmhost.protocol.catalog import CONTROL_ACTIONS
 from farmhost.protocol.codes import ErrorCode
-from farmhost.protocol.requests import CONTROL_ACTIONS
 from farmhost.store.db import now_utc
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Final, Self
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, StringConstraints, Tag, model_validator
 
 from farmhost.errors import NotAllowed
-from farmhost.protocol.codes import FarmActionName
+from farmhost.protocol.catalog import FarmActionName
 
 DEFAULT_EXPIRES_MINUTES: Final = 10
 MAX_RULES: Final = 200

@@ -1,6 +1,7 @@
 """The closed sets of the IPC contract as the host uses them: defined once, in the agent package's wire module.
 
 `farmagent.wire` is standard library only and installs with farmhost, so both sides read the same definitions.
+The action names are not among them: they come from the rows of farmhost/protocol/catalog.py.
 """
 
 from __future__ import annotations
@@ -11,10 +12,8 @@ from farmagent.wire import (
     CURRENT_TASKS,
     DASHBOARD_RE,
     ENTITY_ID_RE,
-    FARM_ACTIONS,
     FOLDER_RE,
     HOST_STATUS,
-    MEMORY_ACTIONS,
     QUEUE_DIRS,
     QUEUE_OF_TYPE,
     REQUEST_ID_RE,
@@ -23,8 +22,6 @@ from farmagent.wire import (
     SITE_DEADLINE_SECONDS,
     SITE_RE,
     ErrorCode,
-    FarmActionName,
-    MemoryActionName,
     Queue,
     Status,
     folder_problem,
@@ -36,10 +33,8 @@ __all__ = [
     "CURRENT_TASKS",
     "DASHBOARD_RE",
     "ENTITY_ID_RE",
-    "FARM_ACTIONS",
     "FOLDER_RE",
     "HOST_STATUS",
-    "MEMORY_ACTIONS",
     "QUEUE_DIRS",
     "QUEUE_OF_TYPE",
     "REQUEST_ID_RE",
@@ -48,8 +43,6 @@ __all__ = [
     "SITE_DEADLINE_SECONDS",
     "SITE_RE",
     "ErrorCode",
-    "FarmActionName",
-    "MemoryActionName",
     "Queue",
     "Status",
     "folder_problem",

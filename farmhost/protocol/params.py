@@ -1,8 +1,9 @@
 """The params of every farm and memory action: one pydantic model each, the one definition of the contract's params.
 
-The host validates with them; they are exported as JSON Schema (`farmhost schema`), and the sandbox's tool
-definitions are generated from that export. A bound, an enum, a default or a description of an action's params exists here and nowhere else. A `null`
-value means "the default" for every param, as models often send it for an argument they mean to leave out.
+Each action's row (farmhost/protocol/catalog.py) names its model; the host validates with it, it is exported as
+JSON Schema (`farmhost schema`), and the sandbox's tool definitions are generated from that export. A bound, an
+enum, a default or a description of an action's params exists here and nowhere else. A `null` value means "the
+default" for every param, as models often send it for an argument they mean to leave out.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Annotated, Any, Final, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 from farmhost.errors import InvalidRequest
-from farmhost.protocol.codes import DASHBOARD_RE, ENTITY_ID_RE, FARM_ACTIONS, FOLDER_RE, MEMORY_ACTIONS
+from farmhost.protocol.codes import DASHBOARD_RE, ENTITY_ID_RE, FOLDER_RE
 
 MAX_ENTITY_IDS: Final = 500
 MAX_DOMAINS: Final = 100
@@ -294,25 +295,6 @@ class MemoryGetParams(ActionParams):
 
 
 P = TypeVar("P", bound=ActionParams)
-
-ACTION_PARAMS: Final[dict[str, type[ActionParams]]] = {
-    "ha_get_status": HaGetStatusParams,
-    "ha_call_service": HaCallServiceParams,
-    "ha_set_entity": HaSetEntityParams,
-    "ha_restart": NoParams,
-    "ha_dashboard_get": HaDashboardGetParams,
-    "ha_dashboard_validate": HaDashboardValidateParams,
-    "ha_dashboard_patch": HaDashboardPatchParams,
-    "ha_apply_dashboard": HaApplyDashboardParams,
-    "ha_capture_screenshot": HaCaptureScreenshotParams,
-    "farm_state_refresh": NoParams,
-    "ha_assist": HaAssistParams,
-    "ha_history": HaHistoryParams,
-    "memory_search": MemorySearchParams,
-    "memory_get": MemoryGetParams,
-}
-if set(ACTION_PARAMS) != {*FARM_ACTIONS, *MEMORY_ACTIONS}:
-    raise AssertionError("every farm and memory action of the wire module needs its params model")
 
 
 def parse_params(model: type[P], params: dict[str, Any], action: str) -> P:

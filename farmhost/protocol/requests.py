@@ -7,6 +7,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
+from farmhost.protocol.catalog import FarmActionName, MemoryActionName
 from farmhost.protocol.codes import (
     CHAT_JID_RE,
     DASHBOARD_RE,
@@ -14,8 +15,6 @@ from farmhost.protocol.codes import (
     QUEUE_OF_TYPE,
     REQUEST_ID_RE,
     SITE_RE,
-    FarmActionName,
-    MemoryActionName,
     Queue,
     folder_problem,
 )
@@ -198,13 +197,6 @@ class RegisterGroupRequest(_Request):
 
 
 # actions/ ----------------------------------------------------------------------------------------
-
-# ha_assist is control: Home Assistant's Assist may switch whatever is exposed to it (farmhost/farm/assist.py).
-CONTROL_ACTIONS: Final = frozenset(
-    {"ha_call_service", "ha_set_entity", "ha_restart", "ha_apply_dashboard", "ha_dashboard_patch", "ha_assist"}
-)
-# Actions that write files (a screenshot, farm-state): not HA control, but not safe to re-run blindly after a crash.
-FILE_WRITING_ACTIONS: Final = frozenset({"ha_capture_screenshot", "farm_state_refresh"})
 
 
 class FarmActionRequest(_Request):

@@ -113,12 +113,12 @@ def test_the_wheels_carry_the_agent_package_and_the_shipped_data(installed: Inst
             for relative in files:
                 packaged = f"farmhost/shipped/{name}/{relative}"
                 assert archive.read(packaged) == (source / relative).read_bytes(), packaged
-        assert "farmagent/ipc_contract.json" in names and "farmagent/run.py" in names
+        assert {"farmagent/ipc_contract.json", "farmagent/tool_table.json", "farmagent/run.py"} <= names
         assert "farmhost/localha/farm/configuration.yaml" in names  # the demo's Home Assistant is product code
     # Development tools, tests and benchmarks are not the product.
     assert not [n for n in names if n.split("/")[0] in ("farmhost_dev", "tests", "bench", "container", "docs")]
     with zipfile.ZipFile(installed.wheel("farmagent")) as archive:
-        assert "farmagent/ipc_contract.json" in archive.namelist()
+        assert {"farmagent/ipc_contract.json", "farmagent/tool_table.json"} <= set(archive.namelist())
     # farmhost's wheel asks for nothing the index cannot give: no `farmagent` requirement, farmagent's own instead.
     farmhost_requires, farmagent_requires = (
         _requires(installed.wheel("farmhost")),

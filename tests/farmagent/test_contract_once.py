@@ -14,12 +14,14 @@ from farmagent.tools import TOOLS_BY_NAME, call_tool
 from farmhost_testing import MAIN_JID, farmhost
 
 from farmhost.protocol import codes
-from farmhost.protocol.params import ACTION_PARAMS, MAX_QUERY_CHARS, WIDTH_RANGE
+from farmhost.protocol.catalog import ACTION_PARAMS, ACTION_ROWS, FARM_ACTIONS, MEMORY_ACTIONS, REQUESTS
+from farmhost.protocol.params import MAX_QUERY_CHARS, WIDTH_RANGE
 from farmhost.protocol.requests import QUEUE_TYPES
-from farmhost.protocol.schema import contract_schema
+from farmhost.protocol.schema import contract_schema, tool_table
 
 ROOT = Path(__file__).parents[2]
 SHIPPED = ROOT / "container" / "farmagent" / tool_schemas.CONTRACT_FILE
+SHIPPED_TABLE = ROOT / "container" / "farmagent" / tool_schemas.TABLE_FILE
 DOCS = ROOT / "docs" / "schema" / "ipc-v1.schema.json"
 
 
@@ -28,7 +30,9 @@ def test_the_host_uses_the_wire_modules_own_definitions() -> None:
     for name in ("ErrorCode", "Queue", "Status", "REQUEST_ID_RE", "FOLDER_RE", "DASHBOARD_RE", "QUEUE_OF_TYPE"):
         assert getattr(codes, name) is getattr(wire, name), name
     assert {kind for kinds in QUEUE_TYPES.values() for kind in kinds} == set(wire.QUEUE_OF_TYPE)
-    assert set(ACTION_PARAMS) == {*wire.FARM_ACTIONS, *wire.MEMORY_ACTIONS}
+    # The actions are the host's rows; the sandbox knows them from the export alone.
+    assert list(tool_schemas.farm_actions()) == list(FARM_ACTIONS)
+    assert set(tool_schemas.contract()["actions"]) == {*FARM_ACTIONS, *MEMORY_ACTIONS} == set(ACTION_PARAMS)
 
 
 def test_the_agent_package_ships_the_current_export(tmp_path: Path) -> None:
@@ -37,6 +41,33 @@ def test_the_agent_package_ships_the_current_export(tmp_path: Path) -> None:
     assert SHIPPED.read_text(encoding="utf-8") == printed.stdout, "stale: run `make schema`"
     assert DOCS.read_text(encoding="utf-8") == printed.stdout, "stale: run `make schema`"
     assert tool_schemas.contract() == contract_schema()
+    table = farmhost("schema", "--tools", data_dir=tmp_path / "data")
+    assert table.returncode == 0, table.stderr
+    assert SHIPPED_TABLE.read_text(encoding="utf-8") == table.stdout, "stale: run `make schema`"
+    assert tool_schemas.tool_table() == tuple(tool_table()["tools"])
+
+
+def test_every_tool_that_reaches_the_host_is_its_row_on_the_host() -> None:
+    # Name, text, hints and result are written once, in farmhost/protocol/catalog.py; the sandbox only reads them.
+    rows = [(row.tool, row.tool.name or row.type) for row in REQUESTS]
+    rows += [(row.tool, row.name) for row in ACTION_ROWS.values()]
+    assert {name for _, name in rows} == {entry["name"] for entry in tool_schemas.tool_table()}
+    for tool, name in rows:
+        spec = TOOLS_BY_NAME[name]
+        assert (spec.description, spec.result, spec.main_only) == (tool.description, tool.result, tool.main_only)
+        assert vars(spec.hints) == vars(tool.hints), name
+        assert spec.farm_action == (name in FARM_ACTIONS), name
+    for row in REQUESTS:  # a request tool offers the request's fields under their contract names
+        assert list(TOOLS_BY_NAME[row.tool.name or row.type].parameters["properties"]) == list(row.fields), row.type
+
+
+def test_the_client_waits_longer_than_the_host_for_every_farm_action() -> None:
+    for name, wait in tool_schemas.farm_actions().items():
+        row = ACTION_ROWS[name]
+        assert (wait or wire.DEFAULT_TIMEOUT) >= row.timeout + 2 + 5, name  # the router's margin, then time to answer
+        assert (wait is None) == (row.timeout + 10 <= wire.DEFAULT_TIMEOUT), name
+    assert tool_schemas.farm_actions()["ha_restart"] == 170.0
+    assert tool_schemas.farm_actions()["ha_capture_screenshot"] == 45.0
 
 
 def test_every_action_tool_offers_exactly_the_hosts_params() -> None:
@@ -66,7 +97,7 @@ def test_the_exported_schema_checks_params_per_action() -> None:
     schema = contract_schema()
     farm = schema["$defs"]["FarmActionRequest"]
     branches = {b["if"]["properties"]["action"]["const"]: b["then"] for b in farm["allOf"]}
-    assert set(branches) == set(wire.FARM_ACTIONS)
+    assert set(branches) == set(FARM_ACTIONS)
     shot = branches["ha_capture_screenshot"]["properties"]["params"]["$ref"]
     assert schema["$defs"][shot.rsplit("/", 1)[1]]["properties"]["width"]["maximum"] == WIDTH_RANGE[1]
 

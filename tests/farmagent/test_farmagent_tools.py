@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from agent_support import Farm, offline_context, pending
-from farmagent import wire
+from farmagent import tool_schemas, wire
 from farmagent.tools import TOOLS, TOOLS_BY_NAME, call_tool, tools_for
 from farmhost_testing import MAIN_JID
 
@@ -33,7 +33,7 @@ def test_farmagent_never_imports_farmhost() -> None:
 
 def test_every_request_of_the_contract_has_a_tool() -> None:
     operations = set(wire.QUEUE_OF_TYPE) - {"message", "file", "farm_action", "memory_action"}
-    operations |= {"send_message", "send_file", *wire.FARM_ACTIONS, *wire.MEMORY_ACTIONS}
+    operations |= {"send_message", "send_file", *tool_schemas.contract()["actions"]}
     assert operations <= set(TOOLS_BY_NAME)
     assert {"list_tasks", "list_groups"} <= set(TOOLS_BY_NAME)
     assert len(TOOLS_BY_NAME) == len(TOOLS)

@@ -14,7 +14,8 @@ from typing import Any, Literal
 from farmagent.config import AgentSettings
 from farmagent.errors import InvalidRequestError, ProtocolError
 from farmagent.ipc.core import IpcCore
-from farmagent.wire import ACTION_TIMEOUTS, FARM_ACTIONS, SITE_RE, SITE_TIMEOUT
+from farmagent.tool_schemas import farm_actions
+from farmagent.wire import SITE_RE, SITE_TIMEOUT
 
 ContextMode = Literal["isolated", "group"]
 ScheduleType = Literal["cron", "interval", "once", "when"]
@@ -121,17 +122,22 @@ class IpcClient(IpcCore):
     ) -> dict[str, Any]:
         """BM25 over the group's and the global memory (and chat transcripts); `{hits: [...]}`."""
         params = {"query": query, **_present(topK=top_k, sources=sources, groupFolder=group_folder)}
-        return self._memory("memory_search", params)
+        return self.memory_action("memory_search", params)
 
     def memory_get(
         self, path: str, *, group_folder: str | None = None, from_line: int | None = None, lines: int | None = None
     ) -> dict[str, Any]:
         """A window of lines of `MEMORY.md` or `memory/**/*.md`; `{text, from, lines, totalLines, nextFrom, ...}`."""
         params = {"path": path, **_present(groupFolder=group_folder, **{"from": from_line}, lines=lines)}
-        return self._memory("memory_get", params)
+        return self.memory_action("memory_get", params)
 
-    def _memory(self, action: Literal["memory_search", "memory_get"], params: dict[str, Any]) -> dict[str, Any]:
-        return self._obj({"type": "memory_action", "action": action, "params": params})
+    def memory_action(self, action: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Any memory action by name, its params as the contract names them; memory_search/memory_get are shortcuts."""
+        return self._obj({"type": "memory_action", "action": action, "params": dict(params or {})})
+
+    def send_request(self, kind: str, fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Any request of type `kind` with these fields, as the contract names them; the methods above are shortcuts."""
+        return self._obj({"type": kind, **(fields or {})})
 
     def farm_action(
         self,
@@ -150,9 +156,10 @@ class IpcClient(IpcCore):
             InvalidRequestError: `action` is not a farm action of the contract, or `site` is not a site name.
             RequestError: the host refused or the action failed.
         """
-        if action not in FARM_ACTIONS:
-            raise InvalidRequestError(f"unknown farm action {action!r}; known: {', '.join(FARM_ACTIONS)}")
-        wait = timeout if timeout is not None else ACTION_TIMEOUTS.get(action, self.timeout)
+        known = farm_actions()
+        if action not in known:
+            raise InvalidRequestError(f"unknown farm action {action!r}; known: {', '.join(known)}")
+        wait = timeout if timeout is not None else (known[action] or self.timeout)
         payload: dict[str, Any] = {"type": "farm_action", "action": action, "params": dict(params or {})}
         if site is not None:
             if not SITE_RE.fullmatch(site):

@@ -53,7 +53,7 @@ class IpcCore:
     Args:
         ipc_dir: the group's IPC directory (holds `messages/`, `tasks/`, `actions/`, `action_results/`).
         mode: `inotify` (default; falls back to polling when the directory cannot be watched) or `poll`.
-        timeout: default seconds to wait for a result (per call: `wire.ACTION_TIMEOUTS`, else this).
+        timeout: default seconds to wait for a result (a farm action whose tool table entry says more waits that).
         stale_after: a heartbeat older than this many seconds means the host is gone.
         clock: the current UTC time (heartbeat ages, `expiresAt`).
     """
