@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 from farmhost import __version__
 from farmhost.agents import AgentJob, AgentRuntime
+from farmhost.agents.fallback import AssistFallback
 from farmhost.agents.limits import LimitsReader, default_limits, default_llm_budget
 from farmhost.approvals.desk import ApprovalDesk
 from farmhost.config import Settings
 from farmhost.errors import ConfigError
-from farmhost.farm.actions import approved_runner, farm_handlers
+from farmhost.farm.actions import farm_handlers
 from farmhost.farm.alert_notify import SUBSCRIPTIONS_FILE, AlertNotifier, notify_settings
 from farmhost.farm.audit import AuditLog
 from farmhost.farm.auto_off import AutoOff
@@ -200,7 +201,7 @@ class App:
         self.desk = ApprovalDesk(
             db=self.db,
             audit=audit,
-            execute=approved_runner(handlers, settings=self.settings, layout=self.layout, db=self.db),
+            door=self.ipc.router,
             wake_outbox=self._wake_outbox,
         )
         await self.desk.start()
@@ -227,6 +228,7 @@ class App:
             ),
             host_notes=self.desk.notes,
             receipts=receipts,
+            fallback=AssistFallback(self.ipc.router),
         )
         await self.runtime.start()
         device.restore_pause(self.db, self.runtime)

@@ -1,29 +1,25 @@
 """AssistFallback: a chat message answered by Home Assistant's Assist when no LLM is configured or none answers.
 
-The farmer's words go to the farm action `ha_assist` as a request file in the group's own IPC directory, written and
-awaited by the agent's own client (farmagent's IpcCore). The host then treats it exactly as a request of that group's
-agent: the same authorisation (main only unless the farm profile's `actionGroups` opens `ha_assist`), the same
-service policy and production gate, one audit line, the ledger. Nothing here decides who may do what.
+The farmer's words go to the farm action `ha_assist`, run as the job's group through the router's door
+(`Router.run_as`, under the id `assist:<run id>`), exactly as a request of that group's agent: the same
+authorisation (main only unless the farm profile's `actionGroups` opens `ha_assist`), the same service policy and
+production gate, one audit line, the ledger, the request log. Nothing here decides who may do what.
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
 from typing import TYPE_CHECKING, Final
 
-from farmagent.errors import FarmagentError
-from farmagent.ipc.core import IpcCore
-
 from farmhost.protocol.params import MAX_ASSIST_CHARS
+from farmhost.protocol.requests import FarmActionRequest
 
 if TYPE_CHECKING:
     from farmhost.agents.jobs import AgentJob
-    from farmhost.layout import DataLayout
+    from farmhost.ipc.router import Router
+    from farmhost.store.groups import Group
 
 ASSISTANT_NAME: Final = "assist"
-# ha_assist's own timeout is 30 s (farm/actions.py); the wait sits behind it so the host's answer always comes first.
-ASSIST_WAIT: Final = 40.0
 # A leading "@farm_bot" (the trigger of a group that needs one) is not part of what Assist should understand.
 _MENTION_RE: Final = re.compile(r"^\s*@\w+[\s,:]*")
 
@@ -53,11 +49,10 @@ class AssistUnavailable(Exception):
 
 
 class AssistFallback:
-    """Asks Assist, as the job's group, through that group's IPC directory."""
+    """Asks Assist, as the job's group, through the router's door."""
 
-    def __init__(self, layout: DataLayout, *, wait: float = ASSIST_WAIT) -> None:
-        self._layout = layout
-        self._wait = wait
+    def __init__(self, door: Router) -> None:
+        self._door = door
 
     def words(self, job: AgentJob) -> str | None:
         """What the farmer said, as Assist should hear it (None when the job is no chat message)."""
@@ -66,19 +61,17 @@ class AssistFallback:
         text = _MENTION_RE.sub("", job.message).strip()[:MAX_ASSIST_CHARS]
         return text or None
 
-    async def answer(self, job: AgentJob, text: str) -> str:
-        """Assist's spoken answer to `text`, asked as `job`'s group.
+    async def answer(self, job: AgentJob, group: Group, text: str) -> str:
+        """Assist's spoken answer to `text`, asked as `group` (the job's) under the id `assist:<run id>`.
 
         Raises:
-            AssistUnavailable: the action was refused or failed, or the host did not answer in time.
+            AssistUnavailable: the action was refused or failed (within ha_assist's own timeout).
         """
-        core = IpcCore(self._layout.group_ipc(job.folder), timeout=self._wait)
-        payload = {"type": "farm_action", "action": "ha_assist", "params": {"text": text}}
-        try:
-            result = await asyncio.to_thread(core.request, payload, request_id=f"assist-{job.run_id}")
-        except FarmagentError as err:
-            raise AssistUnavailable(err.message) from None
-        if not result.ok:
-            raise AssistUnavailable(f"{result.error} ({result.error_code})")
-        speech = result.result.get("speech") if isinstance(result.result, dict) else None
+        request = FarmActionRequest(type="farm_action", action="ha_assist", params={"text": text})
+        answer = await self._door.run_as(group, request, request_id=f"assist:{job.run_id}", via="assist")
+        document = answer.document
+        if document["status"] != "success":
+            raise AssistUnavailable(f"{document['error']} ({document['errorCode']})")
+        result = document["result"]
+        speech = result.get("speech") if isinstance(result, dict) else None
         return str(speech) if speech else "(Assist gave no answer)"

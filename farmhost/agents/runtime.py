@@ -101,7 +101,8 @@ class AgentRuntime:
             backend: a ready backend instead of the one `settings.runtime` names.
             proxy: the LLM proxy to serve during runs (default: one built from the settings).
             term_grace: seconds between SIGTERM and SIGKILL when a run times out.
-            fallback: who answers a chat message when no LLM is configured or none answers (default: Assist).
+            fallback: who answers a chat message when no LLM is configured or none answers (the daemon gives
+                Assist, run through the router's door; None: nobody, the run fails saying why).
             host_notes: what the host tells a group's agent before its prompt (approval outcomes), once each.
             receipts: what farmhost saw change in HA; each outcome carries its run's receipt (None: none).
         """
@@ -116,7 +117,7 @@ class AgentRuntime:
         self._backend = backend
         self._backend_error: str | None = None
         self._term_grace = term_grace
-        self._fallback = fallback or AssistFallback(layout)
+        self._fallback = fallback
         self._limits = LimitsReader(layout.agent_limits, default_limits(settings), default_llm_budget(settings))
         self._proxy = proxy or LlmProxy(settings=settings, layout=layout, limits=self._limits)
         self._queue = RunQueue(settings.max_agents)
@@ -253,8 +254,8 @@ class AgentRuntime:
             return self._outcome(job, "error", error=err.message, started=started)
         no_llm = kind.needs_llm and not self._settings.llm_enabled
         # The built-in runner needs a model: a chat message goes to Assist instead, which needs no sandbox either.
-        if no_llm and (words := self._fallback.words(job)) is not None:
-            return await self._assist(job, words, WHY_NO_LLM, NO_LLM, started)
+        if no_llm and (words := self._words(job)) is not None:
+            return await self._assist(job, group, words, WHY_NO_LLM, NO_LLM, started)
         if self._backend is None:
             logger.warning("agent run %s for %s refused: agent runs are off", job.run_id, job.folder, extra=_ids(job))
             return self._outcome(job, "error", error=f"agent runs are off: {self._backend_error}", started=started)
@@ -330,19 +331,23 @@ class AgentRuntime:
                 record.out_of_memory = await end_container(plan) or record.out_of_memory
             await asyncio.to_thread(self.trees.after_run_sync, spec)
             record.phase("cleanup", since)
-        return await self._after_run(job, await self._finish(record, run, started), record.usage, started)
+        return await self._after_run(job, group, await self._finish(record, run, started), record.usage, started)
+
+    def _words(self, job: AgentJob) -> str | None:
+        """What Assist should hear of the job (None: no fallback, or the job is no chat message)."""
+        return self._fallback.words(job) if self._fallback is not None else None
 
     async def _after_run(
-        self, job: AgentJob, outcome: AgentOutcome, usage: ProxyUsage | None, started: float
+        self, job: AgentJob, group: Group, outcome: AgentOutcome, usage: ProxyUsage | None, started: float
     ) -> AgentOutcome:
         """Assist when no LLM endpoint answered the run at all; the fallback endpoint named when one answered."""
         if usage is None:
             return outcome
         # Only a run that got no answer from any endpoint at all: one that failed later may have acted already.
         if outcome.status in ("error", "timeout") and usage.upstream_failures and not usage.upstream_answers:
-            words = self._fallback.words(job)
+            words = self._words(job)
             if words is not None:
-                return await self._assist(job, words, WHY_LLM_FAILED, outcome.error or outcome.status, started)
+                return await self._assist(job, group, words, WHY_LLM_FAILED, outcome.error or outcome.status, started)
         if outcome.status == "ok" and any(number != 1 for number in usage.answered_by):
             return self._by_fallback(outcome, usage.answered_by)
         return outcome
@@ -356,10 +361,13 @@ class AgentRuntime:
         answer = f"{(outcome.answer or '').rstrip()}\n\n{note}".lstrip()
         return replace(outcome, answer=answer, answered_by=" and ".join(used))
 
-    async def _assist(self, job: AgentJob, words: str, why: str, llm_error: str, started: float) -> AgentOutcome:
+    async def _assist(
+        self, job: AgentJob, group: Group, words: str, why: str, llm_error: str, started: float
+    ) -> AgentOutcome:
         """The outcome of asking Home Assistant's Assist instead (ok with its speech, or an error saying both)."""
+        assert self._fallback is not None, "words come only from a fallback"
         try:
-            speech = await self._fallback.answer(job, words)
+            speech = await self._fallback.answer(job, group, words)
         except AssistUnavailable as err:
             logger.warning("agent run %s for %s: %s, and Assist could not answer: %s", job.run_id, job.folder, why,
                            err.message, extra=_ids(job))  # fmt: skip

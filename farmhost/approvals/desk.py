@@ -2,8 +2,9 @@
 
 A press is checked against the approval (it must be pending and not past its time), the chat (the main chat
 only) and the presser (the rule's approvers, else the main chat's members, within
-FARMHOST_TELEGRAM_MAIN_SENDERS when it is set). Approve runs the exact stored call once, through the same farm
-action handler as an agent's request, with the approver in its audit line; Deny, expiry and a refused press
+FARMHOST_TELEGRAM_MAIN_SENDERS when it is set). Approve runs the exact stored call once, as the asking group,
+through the router's door like any request (the ledger under `approval:<id>`, one request log line, the farm
+action's own checks), with the approver in its audit line; Deny, expiry and a refused press
 run nothing and are audited. Every outcome is posted to the asking group's chat and kept for its agent's next
 run (`store.take_unreported`). An approval that was approved but whose run never finished (the host stopped or
 crashed during it) is failed at start, never run a second time.
@@ -14,30 +15,33 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from farmhost.approvals import store
 from farmhost.approvals.asking import Choice
 from farmhost.approvals.store import ApprovalRow
 from farmhost.background import cancel_and_wait, every
-from farmhost.errors import FarmhostError
 from farmhost.farm.audit import AuditLog
 from farmhost.ipc.handlers import Approved
 from farmhost.protocol.codes import ErrorCode
+from farmhost.protocol.requests import FarmActionRequest
 from farmhost.store import groups
 from farmhost.store.db import Database, now_utc
 from farmhost.telegram.notices import enqueue_notice
+
+if TYPE_CHECKING:
+    from farmhost.ipc.router import Router
 
 logger = logging.getLogger(__name__)
 
 # The sweep looks this often for approvals past their time (one indexed query); the shortest life is 3 s.
 SWEEP_INTERVAL: Final = 2.0
 
-# Runs the stored call of an approval as its group, under the approval; raises FarmhostError when it fails.
-Execute = Callable[[ApprovalRow, Approved], Awaitable[Any]]
+# What an approval's outcome says when the host itself broke while running the call (a bug, in the host log).
+BROKE: Final = "farmhost failed while running it (see the host log)"
 
 
 @dataclass(frozen=True)
@@ -67,14 +71,14 @@ class ApprovalDesk:
         *,
         db: Database,
         audit: AuditLog,
-        execute: Execute,
+        door: Router,
         wake_outbox: Callable[[], None] = lambda: None,
         clock: Callable[[], datetime] = now_utc,
         sweep_interval: float = SWEEP_INTERVAL,
     ) -> None:
         self._db = db
         self._audit = audit
-        self._execute = execute
+        self._door = door
         self._wake = wake_outbox
         self._clock = clock
         self._sweep_interval = sweep_interval
@@ -142,20 +146,39 @@ class ApprovalDesk:
     async def _run(self, row: ApprovalRow, by: str) -> str:
         """Run the approved call once and record how it went; returns the note for the approval message."""
         try:
-            await self._execute(row, Approved(approval_id=row.id, by=by))
-        except FarmhostError as err:
-            status: store.Status = "failed"
-            outcome = f"approved by {by}, but it failed: {err.message}"
+            failure = await self._execute(row, by)
         except Exception:  # a bug must not leave the approval running forever, nor the group untold
             logger.exception("approval %s: running %s failed", row.id, row.action)
-            status, outcome = "failed", f"approved by {by}, but farmhost failed while running it (see the host log)"
-        else:
-            status, outcome = "done", f"approved by {by} and done"
+            failure = BROKE
+        status: store.Status = "done" if failure is None else "failed"
+        outcome = f"approved by {by} and done" if failure is None else f"approved by {by}, but {failure}"
         with self._db.tx() as conn:
             if store.finish(conn, row.id, status=status, outcome=outcome):
                 self._tell(conn, row, f"Approval {row.id} ({row.summary}): {outcome}.")
         logger.info("approval %s: %s", row.id, outcome)
         return f"{outcome[0].upper()}{outcome[1:]}."
+
+    async def _execute(self, row: ApprovalRow, by: str) -> str | None:
+        """Run the stored call as the asking group through the router's door; None when done, else why not.
+
+        The farm action checks it again (the profile may have changed since it was asked), counts it against the
+        rates and writes the audit line with the approver; the ledger, keyed by the approval, runs it once.
+        """
+        with self._db.tx() as conn:
+            group = groups.get_group(conn, row.group_folder)
+        if group is None:
+            return f"it failed: the group {row.group_folder} is not registered any more"
+        request = FarmActionRequest.model_validate({"type": "farm_action", "action": row.action, "params": row.params})
+        approved = Approved(approval_id=row.id, by=by, asked_in=row.request_id)
+        answer = await self._door.run_as(
+            group, request, request_id=f"approval:{row.id}", via="approval", approved=approved
+        )
+        document = answer.document
+        if document["status"] == "success":
+            return None
+        if document["errorCode"] == ErrorCode.INTERNAL:
+            return BROKE
+        return f"it failed: {document['error']}"
 
     def _expire(self) -> None:
         now = self._clock()

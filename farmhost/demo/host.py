@@ -1,32 +1,33 @@
-"""farmhost inside the demo: its settings, the local main group, and farm actions sent through IPC as that group.
+"""farmhost inside the demo: its settings, the local main group, and farm actions run as that group.
 
 The demo runs the ordinary App (farmhost/app.py) in-process, on the demo's data dir and the demo's Home
 Assistant. Telegram is off (the terminal chat stands in for it: see console.py) and FARM_MODE is `demo` whatever
 `.env` says; the LLM and every other setting come from `.env` and the environment as usual.
 
-The dashboard and the screenshot are not special-cased: the demo writes `farm_action` requests into the main
-group's `ipc/main/actions/` exactly as an agent does and waits for `action_results/`, so they go through the
-same router, policy, audit line and action code (`ha_apply_dashboard`, `ha_capture_screenshot`) as any agent's.
+The dashboard and the screenshot are not special-cased: the demo runs `farm_action` requests as the main group
+through the App's router door (`Router.run_as`), so they go through the same ledger, policy, audit line, request
+log and action code (`ha_apply_dashboard`, `ha_capture_screenshot`) as any agent's.
 """
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import os
+import uuid
 from pathlib import Path
-from typing import Any, Final
-
-from farmagent.errors import FarmagentError
-from farmagent.ipc.core import IpcCore
+from typing import TYPE_CHECKING, Any, Final
 
 from farmhost.config import Settings
 from farmhost.errors import ConfigError, FarmhostError
 from farmhost.farm import policy
 from farmhost.groups.registry import new_group, register
 from farmhost.layout import DataLayout
+from farmhost.protocol.requests import FarmActionRequest
 from farmhost.store import groups
 from farmhost.store.db import Database, now_utc
+
+if TYPE_CHECKING:
+    from farmhost.app import App
 
 MAIN_JID: Final = "local:main"
 MAIN_FOLDER: Final = "main"
@@ -36,8 +37,6 @@ DASHBOARD: Final = "farm"
 # rate-limited, the irrigation duration kept in range. Copied to the data dir unless one is there.
 DEMO_PROFILE: Final = Path(__file__).resolve().parent.parent / "localha" / "farm" / "farm-profile.json"
 SHOT_SIZE: Final = (1280, 800)
-# The actions' own limits are 30 s (apply) and 35 s (screenshot); the answer file comes a moment after.
-ACTION_WAIT: Final = 45.0
 DEMO_DAILY_REPORT: Final = "07:00"  # the farmer's usual morning; FARMHOST_DAILY_REPORT in .env moves it
 
 # A farm hour passes in 10 s: a 15 min reminder or a 10 min flap window would never show in a demo. A reminder
@@ -145,32 +144,38 @@ def ensure_main_group(data_dir: Path) -> bool:
     return True
 
 
-async def farm_action(data_dir: Path, action: str, params: dict[str, Any]) -> dict[str, Any]:
-    """Send one farm action as the main group (a request file, as an agent writes it) and return its result.
+async def farm_action(app: App, action: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Run one farm action as the main group through the App's router door and return its result.
+
+    Each gets a fresh id (`demo:<action>:<random>`): a demo started again on the same data dir runs it again.
 
     Raises:
-        FarmhostError: the action answered with an error, or no answer came within ACTION_WAIT.
+        FarmhostError: the App is not running, the main group is missing, or the action answered with an error.
     """
-    core = IpcCore(DataLayout(data_dir).group_ipc(MAIN_FOLDER), timeout=ACTION_WAIT)
-    payload: dict[str, Any] = {"type": "farm_action", "action": action, "params": params}
-    try:
-        answer = await asyncio.to_thread(core.request, payload)
-    except FarmagentError as err:
-        raise FarmhostError(f"{action}: {err.message}") from None
-    if not answer.ok:
-        raise FarmhostError(f"{action} failed: {answer.error} ({answer.error_code})")
-    return answer.result if isinstance(answer.result, dict) else {}
+    if app.ipc is None or app.db is None:
+        raise FarmhostError(f"{action}: farmhost is not running")
+    with app.db.tx() as conn:
+        group = groups.get_group(conn, MAIN_FOLDER)
+    if group is None:
+        raise FarmhostError(f"{action}: the demo's main group {MAIN_FOLDER!r} is not registered")
+    request = FarmActionRequest.model_validate({"type": "farm_action", "action": action, "params": params})
+    answer = await app.ipc.router.run_as(
+        group, request, request_id=f"demo:{action}:{uuid.uuid4().hex[:12]}", via="demo"
+    )
+    document = answer.document
+    if document["status"] != "success":
+        raise FarmhostError(f"{action} failed: {document['error']} ({document['errorCode']})")
+    result = document["result"]
+    return result if isinstance(result, dict) else {}
 
 
-async def apply_dashboard(data_dir: Path) -> dict[str, Any]:
+async def apply_dashboard(app: App) -> dict[str, Any]:
     """`ha_apply_dashboard` of the farm dashboard (staged from the repository's dashboards/farm.yaml)."""
-    return await farm_action(data_dir, "ha_apply_dashboard", {"dashboard": DASHBOARD})
+    return await farm_action(app, "ha_apply_dashboard", {"dashboard": DASHBOARD})
 
 
-async def capture_screenshot(data_dir: Path) -> tuple[Path, dict[str, Any]]:
+async def capture_screenshot(app: App) -> tuple[Path, dict[str, Any]]:
     """`ha_capture_screenshot` of the farm dashboard; the PNG's absolute path and the action's result."""
     width, height = SHOT_SIZE
-    result = await farm_action(
-        data_dir, "ha_capture_screenshot", {"dashboard": DASHBOARD, "width": width, "height": height}
-    )
-    return DataLayout(data_dir).workspace(MAIN_FOLDER) / str(result["path"]), result
+    result = await farm_action(app, "ha_capture_screenshot", {"dashboard": DASHBOARD, "width": width, "height": height})
+    return app.layout.workspace(MAIN_FOLDER) / str(result["path"]), result

@@ -194,9 +194,13 @@ class Demo:
 
     # ---- steps
 
+    def _running(self) -> App:
+        assert self._app is not None, "the steps run after the App started"
+        return self._app
+
     async def _dashboard(self) -> None:
         try:
-            applied = await self._until_stop(host.apply_dashboard(self.options.data_dir))
+            applied = await self._until_stop(host.apply_dashboard(self._running()))
         except FarmhostError as err:
             self.problems.append(err.message)
             self.say("farmhost", f"the farm dashboard was not applied: {err.message}")
@@ -209,7 +213,7 @@ class Demo:
 
     async def _screenshot(self) -> str:
         try:
-            path, result = await self._until_stop(host.capture_screenshot(self.options.data_dir))
+            path, result = await self._until_stop(host.capture_screenshot(self._running()))
         except FarmhostError as err:
             self.problems.append(err.message)
             self.say("farmhost", f"no screenshot: {err.message}")

@@ -42,7 +42,7 @@ Run the whole appliance on this machine, on a simulated farm in a real Home Assi
    (binary_sensor.frost_risk turns on) and warms again, and humidity follows;
 3. starts farmhost on <data-dir> against that Home Assistant, with the main group local:main (created
    if missing), applies the farm dashboard (dashboards/farm.yaml) with ha_apply_dashboard and takes a
-   screenshot of it with ha_capture_screenshot, both sent as IPC requests of the main group;
+   screenshot of it with ha_capture_screenshot, both run as requests of the main group;
 4. prints where to look: the Home Assistant URL and a login (user demo, password demo-farm), the data
    directory, the screenshot, the logs;
 5. offers a terminal chat that stands in for the Telegram main chat: each line you type is an agent

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, cast
 
-from farmhost.errors import FarmhostError, NotFound
+from farmhost.errors import FarmhostError
 from farmhost.farm import (
     assist,
     core_actions,
@@ -31,7 +31,6 @@ from farmhost.farm.audit import AuditLog, approval_keys
 from farmhost.farm.core_actions import check_calls
 from farmhost.farm.effect_rules import ON
 from farmhost.ipc.handlers import (
-    Approved,
     AsyncHandler,
     Effect,
     Handlers,
@@ -43,19 +42,10 @@ from farmhost.protocol.codes import ErrorCode
 from farmhost.protocol.envelope import Outcome
 from farmhost.protocol.params import parse_params
 from farmhost.protocol.requests import AnyRequest, FarmActionRequest
-from farmhost.store import groups
-from farmhost.store.db import now_utc
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-    from datetime import datetime
-
-    from farmhost.approvals.store import ApprovalRow
-    from farmhost.config import Settings
     from farmhost.farm.deps import FarmAction, FarmDeps
     from farmhost.farm.rules import ControlCall
-    from farmhost.layout import DataLayout
-    from farmhost.store.db import Database
 
 ACTION_NAMES: Final = FARM_ACTIONS
 # The router's own timeout sits this far behind the action's, so the action's clearer message wins.
@@ -139,7 +129,7 @@ def _handler(deps: FarmDeps, audit: AuditLog, name: str, spec: FarmActionSpec) -
             audit.record(
                 at=ctx.now,
                 group=ctx.group.folder,
-                request_id=ctx.request_id,
+                request_id=ctx.approved.asked_in if ctx.approved is not None else ctx.request_id,
                 action=name,
                 params=params,
                 error_code=code,
@@ -148,35 +138,6 @@ def _handler(deps: FarmDeps, audit: AuditLog, name: str, spec: FarmActionSpec) -
             )
             if deps.receipts is not None and ctx.approved is None:  # an approved call runs outside any agent run
                 deps.receipts.action(group=ctx.group.folder, action=name, params=params, code=code)
-
-    return run
-
-
-def approved_runner(
-    handlers: Handlers, *, settings: Settings, layout: DataLayout, db: Database, clock: Callable[[], datetime] = now_utc
-) -> Callable[[ApprovalRow, Approved], Awaitable[Any]]:
-    """What runs an approved call: the stored action and params through its farm handler, as the asking group.
-
-    The handler authorises and checks the call again (the profile may have changed since it was asked), counts it
-    against the rates and writes the audit line with the approver; a refusal or failure raises FarmhostError.
-    """
-
-    async def run(row: ApprovalRow, approved: Approved) -> Any:
-        with db.tx() as conn:
-            group = groups.get_group(conn, row.group_folder)
-        if group is None:
-            raise NotFound(f"the group {row.group_folder} is not registered any more")
-        spec = handlers[f"farm_action:{row.action}"]
-        assert spec.run is not None, "farm actions are READ/EXTERNAL handlers"
-        ctx = RequestContext(
-            group=group, settings=settings, layout=layout, db=db, now=clock(), request_id=row.request_id,
-            approved=approved,
-        )  # fmt: skip
-        request = FarmActionRequest.model_validate(
-            {"type": "farm_action", "requestId": row.request_id, "action": row.action, "params": row.params}
-        )
-        outcome = await spec.run(ctx, request)
-        return outcome.result
 
     return run
 

@@ -44,10 +44,11 @@ class Change(StrEnum):
 
 @dataclass(frozen=True)
 class Approved:
-    """The approval in the chat a control action runs under: its id and who pressed Approve."""
+    """The approval in the chat a control action runs under: its id, who pressed Approve, the request that asked."""
 
     approval_id: str
     by: str
+    asked_in: str  # the requestId that asked for it: its audit lines, asked, decided and run, all carry this id
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, overload
 from farmhost.errors import FarmhostError
 from farmhost.ipc.handlers import (
     SITE_HANDLER,
+    Approved,
     Change,
     Effect,
     Handlers,
@@ -21,13 +22,14 @@ from farmhost.ipc.handlers import (
     RequestContext,
     handler_key,
 )
-from farmhost.protocol.codes import ErrorCode
-from farmhost.protocol.envelope import Outcome, envelope
+from farmhost.protocol.codes import QUEUE_OF_TYPE, ErrorCode
+from farmhost.protocol.envelope import Outcome, envelope, utc_stamp
 from farmhost.store import ledger
 from farmhost.store.db import now_utc
 
 if TYPE_CHECKING:
     from farmhost.config import Settings
+    from farmhost.ipc.requestlog import RequestLog
     from farmhost.layout import DataLayout
     from farmhost.protocol.codes import Queue
     from farmhost.protocol.requests import AnyRequest
@@ -57,9 +59,11 @@ class Router:
         layout: DataLayout,
         db: Database,
         on_change: Callable[[set[Change]], None],
+        request_log: RequestLog | None = None,
         clock: Callable[[], datetime] = now_utc,
     ) -> None:
         self._handlers = handlers
+        self._request_log = request_log
         self._settings = settings
         self._layout = layout
         self._db = db
@@ -79,8 +83,75 @@ class Router:
         spec = self.spec_for(request)
         return spec is not None and spec.effect is Effect.REMOTE
 
+    async def run_as(
+        self,
+        group: Group,
+        request: AnyRequest,
+        *,
+        request_id: str,
+        via: str,
+        approved: Approved | None = None,
+        received_at: datetime | None = None,
+    ) -> Answer:
+        """The host runs `request` as `group` itself: the one door for every request no agent wrote.
+
+        The same way as an agent's request file: the ledger (one id runs once; a repeat gets the stored answer),
+        the in-flight dedupe, the precheck and the handler's own policy and audit; and one line in the request log,
+        with `via` where the file name would be.
+
+        Args:
+            group: the group it runs as (its policy, its ledger, its audit lines).
+            request: the validated request.
+            request_id: its id in the group's ledger; a host's own id has a `:`, which no agent's id may have
+                (`approval:<id>`, `assist:<run>`), so no agent's request can take its place.
+            via: who in the host asked (`approval`, `assist`, `site:<origin>`, `demo`), for the request log.
+            approved: the approval in the chat it runs under (its approver goes into the audit line).
+            received_at: when the host got it (the base of a `ttl`); now by default.
+        """
+        received = received_at or self._clock()
+        started = time.perf_counter()
+        queue = QUEUE_OF_TYPE[request.type]
+        answer = await self.execute(
+            group, queue, request, request_id, received_at=received, stale=False, approved=approved
+        )
+        doc = answer.document
+        record = {
+            "ts": utc_stamp(received),
+            "group": group.folder,
+            "queue": queue.value,
+            "via": via,
+            "requestId": request_id,
+            "type": doc["type"],
+            "action": doc["action"],
+            "status": doc["status"],
+            "errorCode": doc["errorCode"],
+            "durationMs": round((time.perf_counter() - started) * 1000, 3),
+            "replayed": answer.replayed,
+        }
+        if self._request_log is not None:
+            self._request_log.write(record)
+        logger.info(
+            "request %s (%s) run as group %s by the host (%s): %s%s%s",
+            request_id,
+            f"{doc['type']}:{doc['action']}" if doc["action"] else doc["type"],
+            group.folder,
+            via,
+            doc["status"],
+            f" ({doc['errorCode']})" if doc["errorCode"] else "",
+            " (replayed)" if answer.replayed else "",
+        )
+        return answer
+
     async def execute(
-        self, group: Group, queue: Queue, request: AnyRequest, request_id: str, *, received_at: datetime, stale: bool
+        self,
+        group: Group,
+        queue: Queue,
+        request: AnyRequest,
+        request_id: str,
+        *,
+        received_at: datetime,
+        stale: bool,
+        approved: Approved | None = None,
     ) -> Answer:
         """Answer a request exactly once per (group, requestId).
 
@@ -91,6 +162,7 @@ class Router:
             request_id: its requestId (given, from the file name, or generated).
             received_at: when the host claimed it (the base of `ttl`).
             stale: the file was older than the stale limit at start-up: expire it instead of running it.
+            approved: the approval in the chat it runs under (only the host's own `run_as` gives one).
         """
         key = (group.folder, request_id)
         running = self._inflight.get(key)
@@ -99,7 +171,9 @@ class Router:
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
         try:
-            answer = await self._execute_once(group, queue, request, request_id, received_at=received_at, stale=stale)
+            answer = await self._execute_once(
+                group, queue, request, request_id, received_at=received_at, stale=stale, approved=approved
+            )
             future.set_result(answer)
             return answer
         except BaseException as err:
@@ -110,7 +184,15 @@ class Router:
             del self._inflight[key]
 
     async def _execute_once(
-        self, group: Group, queue: Queue, request: AnyRequest, request_id: str, *, received_at: datetime, stale: bool
+        self,
+        group: Group,
+        queue: Queue,
+        request: AnyRequest,
+        request_id: str,
+        *,
+        received_at: datetime,
+        stale: bool,
+        approved: Approved | None,
     ) -> Answer:
         entry = ledger.get_entry(self._db.conn, group.folder, request_id)
         spec = self.spec_for(request)
@@ -125,6 +207,7 @@ class Router:
             db=self._db,
             now=self._clock(),
             request_id=request_id,
+            approved=approved,
         )
         early: Outcome | None
         if entry is not None:  # started and never finished: the host died while it ran

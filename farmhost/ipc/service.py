@@ -80,10 +80,16 @@ class IpcService:
         self._db = db
         self._identity = identity
         self._clock = clock
-        self.router = Router(
-            handlers=handlers, settings=settings, layout=layout, db=db, on_change=self._changed, clock=clock
-        )
         self._request_log = RequestLog(layout.logs, max_bytes=settings.request_log_max_bytes)
+        self.router = Router(
+            handlers=handlers,
+            settings=settings,
+            layout=layout,
+            db=db,
+            on_change=self._changed,
+            request_log=self._request_log,
+            clock=clock,
+        )
         self._groups: dict[str, _Attached] = {}
         self._admission = FairAdmission()
         self._tasks: list[asyncio.Task[None]] = []

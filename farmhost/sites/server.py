@@ -6,8 +6,8 @@ two walls: the broker's ACL lets a login write only calls whose origin level is 
 this server serves only the origins it trusts, whatever the broker lets through. A call from any other origin (a
 device, Home Assistant, an unknown site) is logged once per origin and answered nothing. A retained call (the
 broker would hand it again at every subscription) and a call whose deadline is further away than any site gives
-are refused. A call runs through this site's router as its main group would run it, with `<origin>.<call id>` as
-its request id: the ledger makes a repeat (QoS 1 redelivery, the origin sending again after a reconnect) answer
+are refused. A call runs through this site's router (`Router.run_as`, the door of every request the host runs
+itself) as its main group would run it, with `<origin>.<call id>` as its request id: the ledger makes a repeat (QoS 1 redelivery, the origin sending again after a reconnect) answer
 with the stored result instead of running again, and a call that arrives after its deadline is answered
 `expired`, not run. The answer goes back on `farmhost/<origin>/rpc/<this site>/answer`. A message that is not a
 call is logged and, when it names its id, answered `invalid_request`; it never stops the link or another call.
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Final
 
 from pydantic import ValidationError
 
-from farmhost.protocol.codes import ErrorCode, Queue
+from farmhost.protocol.codes import ErrorCode
 from farmhost.protocol.envelope import Outcome, envelope, utc_stamp
 from farmhost.protocol.requests import FarmActionRequest
 from farmhost.sites import wire
@@ -134,8 +134,8 @@ class SiteServer:
             return
         request, group = problem
         async with self._slots:
-            answer = await self._router.execute(
-                group, Queue.ACTIONS, request, f"{origin}.{call.id}", received_at=received, stale=False
+            answer = await self._router.run_as(
+                group, request, request_id=f"{origin}.{call.id}", via=f"site:{origin}", received_at=received
             )
         logger.info(
             "sites: %s from %s (call %s): %s%s",

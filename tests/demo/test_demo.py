@@ -8,6 +8,7 @@ the agent (and the agent's message to the main chat printed first), the transcri
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -98,6 +99,10 @@ def test_the_demo_runs_a_live_farm_you_can_log_into_look_at_and_talk_to(tmp_path
     chat = [m for m in stored if not (m[0] == "out" and m[2].startswith(alerts))]
     assert chat == [("in", "you", QUESTION), ("out", "farmhost", NOTICE), ("out", "farmhost", ANSWER)]
     assert all("type `ack" not in m[2] for m in stored)  # the terminal's stand-in for the buttons is not stored
+    # The dashboard and the screenshot ran as the main group through the router's door, logged like any request.
+    requests = [json.loads(line) for line in (data_dir / "logs" / "requests.ndjson").read_text().splitlines()]
+    by_demo = [(r["group"], r["action"], r["status"]) for r in requests if r.get("via") == "demo"]
+    assert by_demo == [("main", "ha_apply_dashboard", "success"), ("main", "ha_capture_screenshot", "success")]
 
 
 def test_demo_help_explains_what_it_does_and_every_flag(tmp_path: Path) -> None:

@@ -18,10 +18,14 @@ from farmhost_testing import FIELD_JID, init_data_dir_in_process
 from farmhost.approvals import asking, store
 from farmhost.approvals.desk import ApprovalDesk, Presser
 from farmhost.approvals.store import ApprovalRow
+from farmhost.config import Settings
 from farmhost.farm.audit import AuditLog
 from farmhost.farm.rules import Approval
-from farmhost.ipc.handlers import Approved
+from farmhost.ipc.handlers import Approved, Effect, HandlerSpec, RequestContext
+from farmhost.ipc.router import Router
 from farmhost.layout import DataLayout
+from farmhost.protocol.envelope import Outcome
+from farmhost.protocol.requests import AnyRequest
 from farmhost.store import outbox
 from farmhost.store.db import Database, now_utc
 
@@ -73,14 +77,21 @@ def ask(db: Database, at: datetime, minutes: float = 0.05, request_id: str = "r-
 
 
 def desk(db: Database, root: Path, clock: Clock, ran: list[Approved] | None = None) -> ApprovalDesk:
-    async def execute(row: ApprovalRow, approved: Approved) -> Any:
+    """The desk on a real router whose ha_set_entity row records what it ran (or breaks, without `ran`)."""
+
+    async def run(ctx: RequestContext, request: AnyRequest) -> Outcome:
         if ran is None:
             raise RuntimeError("a bug in the handler")
-        ran.append(approved)
-        return {}
+        assert ctx.approved is not None
+        ran.append(ctx.approved)
+        return Outcome(result={})
 
-    audit = AuditLog(DataLayout(root).farm_state, max_bytes=1 << 20)
-    return ApprovalDesk(db=db, audit=audit, execute=execute, clock=clock)
+    layout = DataLayout(root)
+    settings = Settings(_env_file=None, FARMHOST_DATA_DIR=root)  # type: ignore[call-arg]
+    handlers = {"farm_action:ha_set_entity": HandlerSpec(effect=Effect.EXTERNAL, run=run)}
+    router = Router(handlers=handlers, settings=settings, layout=layout, db=db, on_change=lambda changes: None)
+    audit = AuditLog(layout.farm_state, max_bytes=1 << 20)
+    return ApprovalDesk(db=db, audit=audit, door=router, clock=clock)
 
 
 async def test_a_press_after_the_expiry_but_before_the_sweep_runs_nothing_and_tells_the_group(
