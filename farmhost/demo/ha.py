@@ -201,7 +201,7 @@ class DemoHa:
         instance, adopted = self._instance, self._adopted_pid
         if self.keep and not force and (instance is not None or adopted is not None):
             if instance is not None:
-                instance._supervisor = None  # started detached: it outlives us; the next demo finds it via ha.env
+                instance.detach()  # started detached: it outlives us; the next demo finds it via ha.env
             self._log(f"Home Assistant keeps running at {self.url} (--keep-ha); the next demo in this dir reuses it")
             return
         if instance is not None and instance.running():

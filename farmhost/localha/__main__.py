@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         root.mkdir(parents=True, exist_ok=True)
         instance = start_session_instance(root, watch_parent=False)
-        instance._supervisor = None  # detached: it outlives this command; `stop` uses supervisor.pid
+        instance.detach()  # it outlives this command; `stop` uses supervisor.pid
         env = {
             **instance.env(),
             "HA_OWNER_TOKEN": instance.token,

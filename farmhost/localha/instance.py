@@ -124,6 +124,10 @@ class HaInstance(FarmClient):
         rc_file = self.root / "hass.rc"
         return int(rc_file.read_text()) if rc_file.exists() else None
 
+    def detach(self) -> None:
+        """Let HA outlive this object (started with `watch_parent=False`); `supervisor.pid` in `root` still finds it."""
+        self._supervisor = None
+
     def hass_pid(self) -> int | None:
         """The pid of the current `hass` process (it changes on every restart)."""
         with contextlib.suppress(FileNotFoundError, ValueError):
