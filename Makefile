@@ -58,7 +58,7 @@ debian:
 
 ## ha: the Home Assistant the demo and the tests run, cached in ~/.cache/farmhost-ha (first time ~90 s, with progress)
 ha: install
-	.venv/bin/python -m farmhost.localha.harness install
+	.venv/bin/python -m farmhost.localha install
 
 lint:
 	.venv/bin/ruff check farmhost container tests bench farmhost_dev

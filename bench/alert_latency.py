@@ -44,7 +44,8 @@ from farmhost.farm.homeassistant import HAClient
 from farmhost.farm.live_view import LiveView
 from farmhost.farm.state import StateCollector
 from farmhost.layout import DataLayout
-from farmhost.localha.harness import HaInstance, http_json, start_session_instance
+from farmhost.localha.client import http_json
+from farmhost.localha.instance import HaInstance, start_session_instance
 from farmhost.store import groups
 from farmhost.store.db import Database, now_utc
 

@@ -46,7 +46,8 @@ from farmhost.farm.emergency_stop import EmergencyStop
 from farmhost.farm.homeassistant import HAClient
 from farmhost.farm.safe_state import guarded, is_safe_state
 from farmhost.layout import DataLayout
-from farmhost.localha.harness import HaInstance, WsSession, start_session_instance
+from farmhost.localha.client import WsSession
+from farmhost.localha.instance import HaInstance, start_session_instance
 from farmhost.store.db import Database
 from farmhost_dev.testing import init_data_dir_in_process
 

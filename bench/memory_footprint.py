@@ -147,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         ha = None
         if not args.no_ha:
-            from farmhost.localha.harness import HaInstance, install
+            from farmhost.localha.install import install
+            from farmhost.localha.instance import HaInstance
 
             install()
             ha = HaInstance(root / "ha")

@@ -38,7 +38,8 @@ from farmhost.farm.audit import AuditLog
 from farmhost.farm.effect_rules import EffectRules
 from farmhost.farm.homeassistant import HAClient
 from farmhost.farm.live_view import LiveView, StateChange
-from farmhost.localha.harness import HaInstance, http_json, start_session_instance
+from farmhost.localha.client import http_json
+from farmhost.localha.instance import HaInstance, start_session_instance
 from farmhost.store.db import Database, now_utc
 
 PUMP = "switch.irrigation_pump"

@@ -32,7 +32,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from farmhost.localha.harness import HaInstance, start_session_instance
+from farmhost.localha.instance import HaInstance, start_session_instance
 from farmhost_dev.testing import Daemon, clean_env, drop, init_data_dir, wait_for, wait_result
 
 SOIL = "sensor.field_1_soil_moisture"

@@ -1,7 +1,7 @@
 """Pytest plugin: the session's real Home Assistant (`ha`), the env to point farmhost at it (`ha_env`), `ha_reset`.
 
-Registered from tests/conftest.py (`pytest_plugins = ["ha_fixture"]`). The machinery lives in farmhost/localha/harness.py;
-what it installs and where is in tests/ha/README.md.
+Registered from tests/conftest.py (`pytest_plugins = ["ha_fixture"]`). The machinery lives in farmhost/localha/
+(install, config, client, instance, ...); what it installs and where is in tests/ha/README.md.
 
 - `ha` (session): a fresh HA 2025.4.4 with the simulated farm, started on first use (about 5 s with the venv cached)
   and stopped at the end of the session. If the cached venv is missing, it is installed once before the first test
@@ -18,22 +18,18 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from farmhost.localha.harness import (
+from farmhost.localha.client import WsSession
+from farmhost.localha.errors import HaHttpError, HaSetupError
+from farmhost.localha.farm_entities import (
     CALENDAR_ENTITY,
     DRIVERS,
     FARM_DEFAULTS,
     FARM_ENTITIES,
     FARM_ENTITY_IDS,
-    HA_VERSION,
     FarmEntity,
-    HaHttpError,
-    HaInstance,
-    HaSetupError,
-    WsSession,
-    install,
-    installed_version,
-    start_session_instance,
 )
+from farmhost.localha.install import HA_VERSION, install, installed_version
+from farmhost.localha.instance import HaInstance, start_session_instance
 
 __all__ = [
     "CALENDAR_ENTITY",

@@ -1,13 +1,13 @@
 """DemoHa: the demo's real Home Assistant with the simulated farm in `<data>/ha/`, started or reused, and its login.
 
-The local-HA harness (`farmhost/localha/harness.py`, stdlib only, shared with the test suite) stays the one
-implementation of installing HA, writing the farm configuration (`farmhost/localha/farm/`), seeding the owner's
-and farmhost's own user's tokens and supervising `hass`. So the demo's farm is exactly the tests' farm, and a wheel
+The local-HA modules (`farmhost/localha/`, shared with the test suite) stay the one implementation of installing
+HA, writing the farm configuration (`farmhost/localha/farm/`), seeding the owner's and farmhost's own user's
+tokens and supervising `hass`. So the demo's farm is exactly the tests' farm, and a wheel
 install has it too. farmhost talks to HA as its own user, so the farmer's clicks in the browser are a person's.
 
-Files in `<data>/ha/` (the harness's layout): `config/` (HA's config dir, fresh at every start), `hass.log`,
+Files in `<data>/ha/` (the local HA's layout, `farmhost.localha.instance`): `config/` (HA's config dir, fresh at every start), `hass.log`,
 `supervisor.pid`, `hass.pid`, `hass.rc`, and `ha.env` (HA_URL, HA_TOKEN: farmhost's own user's, HA_OWNER_TOKEN,
-HA_WS_URL, HA_CONFIG_DIR; mode 0600), the same file `python -m farmhost.localha.harness start --dir <data>/ha`
+HA_WS_URL, HA_CONFIG_DIR; mode 0600), the same file `python -m farmhost.localha start --dir <data>/ha`
 writes. A supervisor alive with a `ha.env` whose token HA accepts is reused instead of starting another HA; `--keep-ha` leaves the instance running for the next demo.
 
 The browser login is another HA user, `demo` (administrator, local network only), created through HA's own
@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from farmhost.errors import ConfigError
-from farmhost.localha import harness as ha_harness
+from farmhost.localha.errors import HaHttpError, HaSetupError
+from farmhost.localha.install import HA_VERSION, install, installed_version, venv_dir
+from farmhost.localha.instance import HaInstance, free_port
 
 DEFAULT_PORT: Final = 8123
 DEMO_USERNAME: Final = "demo"
@@ -65,7 +67,7 @@ def _port_free(port: int) -> bool:
 
 
 def read_env_file(path: Path) -> dict[str, str]:
-    """`KEY=value` lines (the harness's `ha.env`)."""
+    """`KEY=value` lines (the local HA's `ha.env`)."""
     values: dict[str, str] = {}
     with contextlib.suppress(FileNotFoundError):
         for line in path.read_text().splitlines():
@@ -91,8 +93,7 @@ class DemoHa:
         self.requested_port = port
         self.keep = keep
         self._log = log
-        self._harness = ha_harness
-        self._instance: Any = None  # the harness's HaInstance
+        self._instance: HaInstance | None = None
         self._adopted_pid: int | None = None  # the supervisor of a reused instance (not our child)
         self.reused = False
 
@@ -100,7 +101,7 @@ class DemoHa:
 
     @property
     def env_path(self) -> Path:
-        """`ha.env`: where a later demo (or the harness's `status`) finds this instance."""
+        """`ha.env`: where a later demo (or `python -m farmhost.localha status`) finds this instance."""
         return self.root / "ha.env"
 
     @property
@@ -127,32 +128,30 @@ class DemoHa:
 
     def install(self) -> None:
         """Install HA into the shared cache if it is not there yet (about 90 s the first time, with progress)."""
-        harness = self._harness
         try:
-            if harness.installed_version() == harness.HA_VERSION:
-                self._log(f"Home Assistant {harness.HA_VERSION} is installed ({harness.venv_dir()})")
+            if installed_version() == HA_VERSION:
+                self._log(f"Home Assistant {HA_VERSION} is installed ({venv_dir()})")
                 return
-            harness.install(self._log)
-        except harness.HaSetupError as err:
+            install(self._log)
+        except HaSetupError as err:
             raise HaProblem(str(err)) from None
 
     def start_or_reuse(self) -> None:
         """Reuse the instance an earlier demo left running in `root`, else start a fresh one; wait until RUNNING."""
         self.root.mkdir(parents=True, exist_ok=True)
-        harness = self._harness
         try:
             if self._adopt():
                 self.reused = True
                 self._log(f"reusing the Home Assistant already running at {self.url} (supervisor {self._adopted_pid})")
                 return
             port = self._choose_port()
-            instance = harness.HaInstance(self.root, port=port, log=self._log)
-            self._log(f"starting Home Assistant {harness.HA_VERSION} on port {port} (config in {instance.config_dir})")
+            instance = HaInstance(self.root, port=port, log=self._log)
+            self._log(f"starting Home Assistant {HA_VERSION} on port {port} (config in {instance.config_dir})")
             instance.prepare()
             self._instance = instance
             took = instance.start(timeout=START_TIMEOUT, watch_parent=not self.keep)
             instance.setup_farm()  # the local calendar and its events; then every farm entity is checked
-        except (harness.HaSetupError, harness.HaHttpError, OSError) as err:
+        except (HaSetupError, HaHttpError, OSError) as err:
             self.stop(force=True)
             raise HaProblem(str(err)) from None
         self._write_env()
@@ -202,7 +201,7 @@ class DemoHa:
         instance, adopted = self._instance, self._adopted_pid
         if self.keep and not force and (instance is not None or adopted is not None):
             if instance is not None:
-                instance._supervisor = None  # started detached: it outlives us; the next demo finds it via ha.env
+                instance.detach()  # started detached: it outlives us; the next demo finds it via ha.env
             self._log(f"Home Assistant keeps running at {self.url} (--keep-ha); the next demo in this dir reuses it")
             return
         if instance is not None and instance.running():
@@ -226,7 +225,7 @@ class DemoHa:
         """Un-expose entities from Assist (WebSocket)."""
         try:
             self._running().hide_from_assist(entity_ids)
-        except self._harness.HaSetupError as err:
+        except HaSetupError as err:
             raise HaProblem(str(err)) from None
 
     def set_number(self, entity_id: str, value: float) -> None:
@@ -235,7 +234,7 @@ class DemoHa:
 
     # ---- internals
 
-    def _running(self) -> Any:
+    def _running(self) -> HaInstance:
         if self._instance is None:
             raise HaProblem("Home Assistant is not started")
         return self._instance
@@ -246,7 +245,7 @@ class DemoHa:
         return answer.get("result")
 
     def _choose_port(self) -> int:
-        free: int = self._harness.free_port()
+        free = free_port()
         if self.requested_port == 0:
             return free
         if self.requested_port is None:
@@ -259,7 +258,7 @@ class DemoHa:
         return self.requested_port
 
     def _adopt(self) -> bool:
-        """Take over an instance left running in `root` (by `--keep-ha` or `harness.py start`), if HA accepts us."""
+        """Take over an instance left running in `root` (by `--keep-ha` or `python -m farmhost.localha start`), if HA accepts us."""
         supervisor = _pid_alive(self.root / "supervisor.pid")
         env = read_env_file(self.env_path)
         url, token, owner = env.get("HA_URL", ""), env.get("HA_TOKEN", ""), env.get("HA_OWNER_TOKEN", "")
@@ -270,12 +269,12 @@ class DemoHa:
             self._log(f"an earlier Home Assistant runs on port {port}, not {self.requested_port}: stopping it")
             self._stop_adopted(supervisor)
             return False
-        instance = self._harness.HaInstance(self.root, port=port, log=self._log)
+        instance = HaInstance(self.root, port=port, log=self._log)
         instance.token, instance.farmhost_token = owner, token
         try:
             instance.wait_running(timeout=30.0)  # it may be restarting; HA refusing the token never gets RUNNING
             instance.check_entities()
-        except self._harness.HaSetupError as err:
+        except HaSetupError as err:
             self._log(
                 f"the Home Assistant left in {self.root} is not usable ({str(err).splitlines()[0]}): replacing it"
             )

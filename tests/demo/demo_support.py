@@ -166,7 +166,7 @@ def _is_home_assistant(pid: int) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except FileNotFoundError:
         return False
-    return b"homeassistant" in cmdline or b"farmhost/localha/harness.py" in cmdline
+    return b"homeassistant" in cmdline or b"farmhost/localha/supervisor.py" in cmdline
 
 
 def png_size(path: Path) -> tuple[int, int]:

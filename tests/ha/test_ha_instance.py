@@ -19,7 +19,7 @@ from ha_fixture import (
     WsSession,
 )
 
-from farmhost.localha.harness import http_json
+from farmhost.localha.client import http_json
 
 
 def _state(ha: HaInstance, entity_id: str) -> str:

@@ -25,7 +25,7 @@ from ha_fixture import HaInstance, WsSession
 from tcp_relay import TcpRelay
 from telegram_stub import FakeTelegram
 
-from farmhost.localha.harness import http_json
+from farmhost.localha.client import http_json
 
 pytestmark = pytest.mark.slow  # end to end, seconds each
 
