@@ -16,23 +16,23 @@ from typing import TYPE_CHECKING, Any, Final
 from farmhost import __version__
 from farmhost.agents import AgentJob, AgentRuntime
 from farmhost.agents.limits import LimitsReader, default_limits, default_llm_budget
-from farmhost.approvals.desk import ApprovalDesk
 from farmhost.config import Settings
 from farmhost.errors import ConfigError
 from farmhost.farm.actions import approved_runner, farm_handlers
-from farmhost.farm.alert_notify import SUBSCRIPTIONS_FILE, AlertNotifier, notify_settings
 from farmhost.farm.audit import AuditLog
-from farmhost.farm.auto_off import AutoOff
-from farmhost.farm.daily_report import DailyReport
+from farmhost.farm.control.approval_desk import ApprovalDesk
+from farmhost.farm.control.auto_off import AutoOff
+from farmhost.farm.control.effect_rules import EffectRules
+from farmhost.farm.control.emergency_stop import EmergencyStop
 from farmhost.farm.deps import FarmDeps
-from farmhost.farm.effect_rules import EffectRules
-from farmhost.farm.emergency_stop import EmergencyStop
-from farmhost.farm.homeassistant import HAClient
-from farmhost.farm.live_view import LiveView
-from farmhost.farm.receipts import ReceiptBook
-from farmhost.farm.state import StateCollector, collector_options
+from farmhost.farm.homeassistant.client import HAClient
+from farmhost.farm.homeassistant.live_view import LiveView
+from farmhost.farm.state.alert_notifier import SUBSCRIPTIONS_FILE, AlertNotifier, notify_settings
+from farmhost.farm.state.collector import StateCollector, collector_options
+from farmhost.farm.state.daily_report import DailyReport
+from farmhost.farm.state.receipts import ReceiptBook
 from farmhost.groups.requests import HANDLERS as GROUP_HANDLERS
-from farmhost.ipc.handlers import Change, Handlers
+from farmhost.handling import Change, Handlers
 from farmhost.ipc.ping import ping_handlers
 from farmhost.ipc.service import IpcService
 from farmhost.ipc.snapshots import HostIdentity
@@ -41,6 +41,7 @@ from farmhost.loop_monitor import LoopMonitor
 from farmhost.memory.search import MemoryService, memory_handlers
 from farmhost.mqtt import device
 from farmhost.mqtt.service import MqttService
+from farmhost.outbox.handlers import HANDLERS as MESSAGE_HANDLERS
 from farmhost.scheduler.requests import task_handlers
 from farmhost.scheduler.runs import RunReport, TaskRun
 from farmhost.scheduler.service import SchedulerService
@@ -50,7 +51,6 @@ from farmhost.sites.caller import SiteCaller
 from farmhost.store import host_state, when_state
 from farmhost.store.db import Database, iso, now_utc
 from farmhost.store.groups import Group
-from farmhost.telegram.requests import HANDLERS as MESSAGE_HANDLERS
 
 if TYPE_CHECKING:
     from farmhost.telegram.service import TelegramService

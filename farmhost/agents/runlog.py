@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 from typing import Final
 
-from farmhost.agents.backends.base import RunLimits
 from farmhost.agents.inputs import AgentResult
 from farmhost.agents.jobs import AgentJob, AgentOutcome
 from farmhost.agents.launch import Exit
 from farmhost.agents.proxy import ProxyUsage
+from farmhost.agents.sandbox.backends.base import RunLimits
 from farmhost.store.db import iso, now_utc
 from farmhost.store.groups import Group
 

@@ -22,7 +22,7 @@ from farmagent.ipc.core import IpcCore
 
 from farmhost.config import Settings
 from farmhost.errors import ConfigError, FarmhostError
-from farmhost.farm import policy
+from farmhost.farm.control import policy
 from farmhost.groups.registry import new_group, register
 from farmhost.layout import DataLayout
 from farmhost.store import groups

@@ -2,7 +2,7 @@
 
 Each handler authorises the source group (main only unless the farm profile says otherwise), applies the
 control gate (a readable profile; in production a validated one), the service policy (denied domains, the closed
-service surface, the profile's narrowing), then the actuator rules (farm/gate.py), runs the action within its timeout and
+service surface, the profile's narrowing), then the actuator rules (farm/control/actuator_gate.py), runs the action within its timeout and
 appends one audit line, whatever the outcome. That is why the rows are `main_only=False`: a refusal must
 happen here, where it is audited, not in the router.
 """
@@ -15,21 +15,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from farmhost.errors import FarmhostError, NotFound
-from farmhost.farm import gate, policy, stopped
 from farmhost.farm.assist import ha_assist
 from farmhost.farm.audit import AuditLog, approval_keys
+from farmhost.farm.control import actuator_gate as gate
+from farmhost.farm.control import policy, stopped
+from farmhost.farm.control.effect_rules import ON
 from farmhost.farm.core_actions import check_calls, ha_call_service, ha_get_status, ha_restart, ha_set_entity
-from farmhost.farm.dashboard_actions import (
+from farmhost.farm.dashboards.actions import (
     ha_apply_dashboard,
     ha_dashboard_get,
     ha_dashboard_patch,
     ha_dashboard_validate,
 )
-from farmhost.farm.effect_rules import ON
-from farmhost.farm.history import ha_history
-from farmhost.farm.screenshots import ha_capture_screenshot
-from farmhost.farm.state import farm_state_refresh
-from farmhost.ipc.handlers import (
+from farmhost.farm.dashboards.screenshots import ha_capture_screenshot
+from farmhost.farm.state.collector import farm_state_refresh
+from farmhost.farm.state.history import ha_history
+from farmhost.handling import (
     DEFAULT_HANDLER_TIMEOUT,
     Approved,
     AsyncHandler,
@@ -56,8 +57,8 @@ if TYPE_CHECKING:
 
     from farmhost.approvals.store import ApprovalRow
     from farmhost.config import Settings
+    from farmhost.farm.control.rules import ControlCall
     from farmhost.farm.deps import FarmAction, FarmDeps
-    from farmhost.farm.rules import ControlCall
     from farmhost.layout import DataLayout
     from farmhost.store.db import Database
 

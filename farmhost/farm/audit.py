@@ -8,7 +8,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
-from farmhost.ipc.handlers import Approved
+from farmhost.handling import Approved
 from farmhost.ipc.requestlog import RequestLog
 from farmhost.protocol.codes import ErrorCode
 from farmhost.protocol.envelope import utc_stamp

@@ -6,7 +6,7 @@ import sqlite3
 from typing import Final
 
 from farmhost.groups.registry import new_group, register
-from farmhost.ipc.handlers import Change, Effect, Handlers, HandlerSpec, RequestContext
+from farmhost.handling import Change, Effect, Handlers, HandlerSpec, RequestContext
 from farmhost.protocol.envelope import Outcome
 from farmhost.protocol.requests import AnyRequest, RegisterGroupRequest
 from farmhost.store import chats, groups

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from farmhost.handling import Effect
 from farmhost.ipc.groupdir import GroupDir
-from farmhost.ipc.handlers import Effect
 from farmhost.ipc.quarantine import Quarantine
 from farmhost.ipc.reader import Refused, read_claimed
 from farmhost.ipc.requestlog import RequestLog

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, overload
 
 from farmhost.errors import FarmhostError
-from farmhost.ipc.handlers import (
+from farmhost.handling import (
     SITE_HANDLER,
     Change,
     Effect,

@@ -13,11 +13,11 @@ from typing import Any
 
 from farmhost.background import every
 from farmhost.config import Settings
+from farmhost.handling import Change, Handlers
 from farmhost.ipc import snapshots
 from farmhost.ipc.admission import FairAdmission
-from farmhost.ipc.churn import ChurnGate
+from farmhost.ipc.churn_backoff import ChurnGate
 from farmhost.ipc.groupdir import DIR_FLAGS, GroupDir
-from farmhost.ipc.handlers import Change, Handlers
 from farmhost.ipc.processor import RequestProcessor
 from farmhost.ipc.quarantine import TRASH, Quarantine
 from farmhost.ipc.requestlog import RequestLog

@@ -26,7 +26,7 @@ from farmhost.store.db import Database, now_utc
 
 if TYPE_CHECKING:
     from farmhost.agents.runtime import AgentRuntime
-    from farmhost.farm.state import StateCollector
+    from farmhost.farm.state.collector import StateCollector
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from datetime import tzinfo
 
     from farmhost.agents.runtime import AgentRuntime
-    from farmhost.farm.state import StateCollector
+    from farmhost.farm.state.collector import StateCollector
     from farmhost.ipc.router import Router
     from farmhost.mqtt.broker import Broker
     from farmhost.sites.caller import SiteCaller

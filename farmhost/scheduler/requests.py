@@ -11,8 +11,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Final
 
 from farmhost.errors import Conflict, InvalidRequest, NotAllowed, NotFound, Unauthorized
-from farmhost.farm.ha_errors import HaError, HaNotFound
-from farmhost.ipc.handlers import Change, Effect, Handlers, HandlerSpec, RequestContext
+from farmhost.farm.homeassistant.errors import HaError, HaNotFound
+from farmhost.handling import Change, Effect, Handlers, HandlerSpec, RequestContext
 from farmhost.protocol.envelope import Outcome
 from farmhost.protocol.requests import AnyRequest, ScheduleTaskRequest, TaskIdRequest
 from farmhost.scheduler.specs import (
@@ -29,7 +29,7 @@ from farmhost.store.db import iso
 from farmhost.store.tasks import Task
 
 if TYPE_CHECKING:
-    from farmhost.farm.homeassistant import HAClient
+    from farmhost.farm.homeassistant.client import HAClient
 
 # A when task's entity is looked up in HA before the task is stored; a slow HA only loses the warning.
 ENTITY_CHECK_SECONDS: Final = 3.0
