@@ -29,7 +29,6 @@ from farmhost.farm.homeassistant.client import HAClient
 from farmhost.farm.homeassistant.live_view import LiveView
 from farmhost.farm.state.alert_notifier import SUBSCRIPTIONS_FILE, AlertNotifier, notify_settings
 from farmhost.farm.state.collector import StateCollector, collector_options
-from farmhost.farm.state.daily_report import DailyReport
 from farmhost.farm.state.receipts import ReceiptBook
 from farmhost.groups.requests import HANDLERS as GROUP_HANDLERS
 from farmhost.handling import Change, Handlers
@@ -42,6 +41,7 @@ from farmhost.memory.search import MemoryService, memory_handlers
 from farmhost.mqtt import device
 from farmhost.mqtt.service import MqttService
 from farmhost.outbox.handlers import HANDLERS as MESSAGE_HANDLERS
+from farmhost.scheduler.daily_report import DailyReport
 from farmhost.scheduler.requests import task_handlers
 from farmhost.scheduler.runs import RunReport, TaskRun
 from farmhost.scheduler.service import SchedulerService

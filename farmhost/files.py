@@ -1,4 +1,4 @@
-"""Atomic file writes relative to a held directory descriptor: O_EXCL temp, fsync, rename."""
+"""Files relative to held directory descriptors: the flags to open directories, atomic writes (temp, fsync, rename)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,12 @@ import contextlib
 import json
 import os
 import secrets
-from typing import Any
+from typing import Any, Final
 
+# A directory opened to hold it: never through a link an agent could have put in its place.
+DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# The same for a walk of an agent's tree: a FIFO or device swapped in for a directory must not block the open.
+WALK_DIR_FLAGS: Final = DIR_FLAGS | os.O_NONBLOCK
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 

@@ -17,8 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from farmhost.files import write_atomic
-from farmhost.ipc.groupdir import DIR_FLAGS
+from farmhost.files import DIR_FLAGS, write_atomic
 
 logger = logging.getLogger(__name__)
 

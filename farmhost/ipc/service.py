@@ -13,20 +13,21 @@ from typing import Any
 
 from farmhost.background import every
 from farmhost.config import Settings
+from farmhost.files import DIR_FLAGS
 from farmhost.handling import Change, Handlers
 from farmhost.ipc import snapshots
 from farmhost.ipc.admission import FairAdmission
 from farmhost.ipc.churn_backoff import ChurnGate
-from farmhost.ipc.groupdir import DIR_FLAGS, GroupDir
+from farmhost.ipc.groupdir import GroupDir
 from farmhost.ipc.processor import RequestProcessor
 from farmhost.ipc.quarantine import TRASH, Quarantine
-from farmhost.ipc.requestlog import RequestLog
 from farmhost.ipc.router import Router
 from farmhost.ipc.snapshot_writer import SnapshotWriter, write_all_sync
 from farmhost.ipc.sweeper import empty_trash, sweep_host_temp, sweep_quarantine, sweep_results
 from farmhost.ipc.watcher import InotifyWatcher
 from farmhost.ipc.worker import QueueWorker
 from farmhost.layout import DataLayout
+from farmhost.ndjson_log import NdjsonLog
 from farmhost.protocol.codes import HOST_STATUS, Queue
 from farmhost.store import groups as group_store
 from farmhost.store import ledger
@@ -83,7 +84,7 @@ class IpcService:
         self.router = Router(
             handlers=handlers, settings=settings, layout=layout, db=db, on_change=self._changed, clock=clock
         )
-        self._request_log = RequestLog(layout.logs, max_bytes=settings.request_log_max_bytes)
+        self._request_log = NdjsonLog(layout.logs, max_bytes=settings.request_log_max_bytes)
         self._groups: dict[str, _Attached] = {}
         self._admission = FairAdmission()
         self._tasks: list[asyncio.Task[None]] = []

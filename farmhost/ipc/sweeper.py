@@ -9,7 +9,7 @@ import stat
 from collections.abc import Callable
 from typing import Final
 
-from farmhost.ipc.groupdir import DIR_FLAGS
+from farmhost.files import DIR_FLAGS
 
 # The temporary names farmhost.files creates: ".<name>.<8 hex>.tmp". Only the host's own are removed.
 HOST_TEMP_RE = re.compile(r"^\..+\.[0-9a-f]{8}\.tmp$")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Final
 
 from farmhost.agents.sandbox.backends.base import SandboxError
+from farmhost.files import DIR_FLAGS
 from farmhost.layout import DataLayout
 
 # Files (any entry: file, directory, link) a group may hold per MB of its workspace limit: 1,024 MB allow 65,536,
@@ -28,7 +29,6 @@ FILES_PER_MB: Final = 64
 # Directories deeper than this are not walked (each level holds a descriptor while its entries are read); a tree
 # that deep is refused as it is, with where it is.
 MAX_DEPTH: Final = 256
-_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,7 +76,7 @@ def measure_sync(roots: dict[str, Path], limit: DiskLimit) -> DiskUse:
 
     for label, root in roots.items():
         try:
-            fd = os.open(root, _DIR_FLAGS)
+            fd = os.open(root, DIR_FLAGS)
         except FileNotFoundError:
             continue
         # One frame per open directory: its descriptor, its entries as they are read, the top-level entry it is in.
@@ -105,7 +105,7 @@ def measure_sync(roots: dict[str, Path], limit: DiskLimit) -> DiskUse:
                     too_deep = too_deep or where
                     continue
                 try:
-                    child = os.open(entry.name, _DIR_FLAGS, dir_fd=dir_fd)
+                    child = os.open(entry.name, DIR_FLAGS, dir_fd=dir_fd)
                 except (FileNotFoundError, NotADirectoryError):
                     continue
                 try:

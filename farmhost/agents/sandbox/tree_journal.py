@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from farmhost.files import WALK_DIR_FLAGS
+
 logger = logging.getLogger(__name__)
 
 # <sys/inotify.h>
@@ -50,7 +52,6 @@ _WATCH: Final = (
 _EVENT: Final = struct.Struct("iIII")  # wd, mask, cookie, len (then len bytes of name)
 # Bytes read from the inotify descriptor at a time: 1,000 events with short names.
 _READ_SIZE: Final = 64 * 1024
-_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 # visit(dir_fd, name, lstat, depth): every entry walked (depth 1: directly in the top), a directory before what it holds.
 JournalVisit = Callable[[int, str, os.stat_result, int], None]
@@ -131,7 +132,7 @@ class TreeJournal:
 
     def _build(self, visit: JournalVisit) -> None:
         self._fd = _inotify_init()
-        fd = os.open(self.top, _DIR_FLAGS)
+        fd = os.open(self.top, WALK_DIR_FLAGS)
         try:
             info = os.fstat(fd)
             key = (info.st_dev, info.st_ino)
@@ -235,7 +236,7 @@ class TreeJournal:
         if depth > self._max_depth:
             raise JournalLost(f"{self.top} holds a tree deeper than {self._max_depth} directories")
         try:
-            below = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            below = os.open(name, WALK_DIR_FLAGS, dir_fd=fd)
         except FileNotFoundError:
             return
         except OSError as err:
@@ -270,10 +271,10 @@ class TreeJournal:
         while at is not None and self._dirs[at].parent is not None:
             chain.append((self._dirs[at].name, at))
             at = self._dirs[at].parent
-        fd = os.open(self.top, _DIR_FLAGS)
+        fd = os.open(self.top, WALK_DIR_FLAGS)
         try:
             for name, expected in reversed(chain):
-                below = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                below = os.open(name, WALK_DIR_FLAGS, dir_fd=fd)
                 os.close(fd)
                 fd = below
                 info = os.fstat(fd)

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
+from farmhost.files import WALK_DIR_FLAGS
+
 logger = logging.getLogger(__name__)
 
-_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _SETID: Final = stat.S_ISUID | stat.S_ISGID
 
 # visit(dir_fd, name, lstat of the entry): called for every entry below the top, a directory before what it holds.
@@ -41,7 +42,7 @@ def walk_sync(top: Path, visit: Visit) -> None:
         OSError: `top` or an entry cannot be read for another reason.
     """
     try:
-        fd = os.open(top, _DIR_FLAGS)
+        fd = os.open(top, WALK_DIR_FLAGS)
     except FileNotFoundError:
         return
     try:
@@ -53,7 +54,7 @@ def walk_sync(top: Path, visit: Visit) -> None:
                 pending.pop()
                 path.pop()
                 if pending:
-                    fd = _replace(fd, os.open("..", _DIR_FLAGS, dir_fd=fd))
+                    fd = _replace(fd, os.open("..", WALK_DIR_FLAGS, dir_fd=fd))
                     _check(fd, path[-1], top)
                 continue
             name = pending[-1].pop()
@@ -93,7 +94,7 @@ def clear_setid_at(dir_fd: int, name: str, entry: os.stat_result) -> bool:
 
 def _open_dir(fd: int, name: str, entry: os.stat_result, top: Path) -> int | None:
     try:
-        return os.open(name, _DIR_FLAGS, dir_fd=fd)
+        return os.open(name, WALK_DIR_FLAGS, dir_fd=fd)
     except FileNotFoundError:
         return None
     except PermissionError:
@@ -106,7 +107,7 @@ def _open_dir(fd: int, name: str, entry: os.stat_result, top: Path) -> int | Non
         raise
     # The daemon's own directory with its access taken away (a non-root daemon's runs keep its uid): give it back.
     os.chmod(name, stat.S_IMODE(entry.st_mode) | stat.S_IRWXU, dir_fd=fd)
-    return os.open(name, _DIR_FLAGS, dir_fd=fd)
+    return os.open(name, WALK_DIR_FLAGS, dir_fd=fd)
 
 
 def _replace(old: int, new: int) -> int:

@@ -22,13 +22,12 @@ from typing import Final
 from telegram import Bot, Message
 from telegram.error import NetworkError, RetryAfter, TelegramError
 
-from farmhost.files import write_atomic
+from farmhost.files import DIR_FLAGS, write_atomic
 from farmhost.outbox.text import one_line
 
 logger = logging.getLogger(__name__)
 
 INBOX: Final = "inbox"
-_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _SAFE_NAME_RE: Final = re.compile(r"[^A-Za-z0-9._-]+")
 _NAME_CHARS: Final = 80
 _SUFFIXES: Final = {"photo": ".jpg", "voice": ".ogg", "video_note": ".mp4", "video": ".mp4", "audio": ".mp3"}
@@ -164,11 +163,11 @@ def write_inbox_file(workspace: Path, name: str, data: bytes) -> None:
     Raises:
         OSError: the workspace or `inbox` is missing or a link, or the write failed.
     """
-    ws = os.open(workspace, _DIR_FLAGS)
+    ws = os.open(workspace, DIR_FLAGS)
     try:
         with contextlib.suppress(FileExistsError):
             os.mkdir(INBOX, 0o755, dir_fd=ws)
-        inbox = os.open(INBOX, _DIR_FLAGS, dir_fd=ws)
+        inbox = os.open(INBOX, DIR_FLAGS, dir_fd=ws)
     finally:
         os.close(ws)
     try:

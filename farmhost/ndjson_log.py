@@ -1,4 +1,4 @@
-"""The request log: one NDJSON line per processed request under `data/logs/`, rotated by size."""
+"""A rotating NDJSON log: one JSON line per record, rotated by size (the request log and the farm audit log)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ REQUEST_LOG_FILE = "requests.ndjson"
 _BACKUPS = 5
 
 
-class RequestLog:
-    """Appends `{ts, group, queue, requestId, type, action, status, errorCode, durationMs, ...}` lines."""
+class NdjsonLog:
+    """Appends one JSON object per line (the request log: `{ts, group, queue, requestId, type, status, ...}`)."""
 
     def __init__(self, logs_dir: Path, *, max_bytes: int, file_name: str = REQUEST_LOG_FILE) -> None:
         # `file_name`: the same rotating NDJSON log serves farm-state/audit.ndjson (farmhost/farm/audit.py).
