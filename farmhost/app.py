@@ -17,13 +17,13 @@ from farmhost import __version__
 from farmhost.agents import AgentJob, AgentRuntime
 from farmhost.agents.limits import LimitsReader, default_limits, default_llm_budget
 from farmhost.config import Settings
+from farmhost.emergency_stop import EmergencyStop
 from farmhost.errors import ConfigError
 from farmhost.farm.actions import approved_runner, farm_handlers
 from farmhost.farm.audit import AuditLog
 from farmhost.farm.control.approval_desk import ApprovalDesk
 from farmhost.farm.control.auto_off import AutoOff
 from farmhost.farm.control.effect_rules import EffectRules
-from farmhost.farm.control.emergency_stop import EmergencyStop
 from farmhost.farm.deps import FarmDeps
 from farmhost.farm.homeassistant.client import HAClient
 from farmhost.farm.homeassistant.live_view import LiveView

@@ -19,7 +19,8 @@ from datetime import datetime, tzinfo
 from typing import TYPE_CHECKING, Any, Final
 
 from farmhost.background import cancel_and_wait, every
-from farmhost.mqtt.discovery import HA_STATUS, OFF, OFFLINE, ON, ONLINE, Topics, discovery_config
+from farmhost.broker import OFFLINE, ONLINE
+from farmhost.mqtt.discovery import HA_STATUS, OFF, ON, Topics, discovery_config
 from farmhost.mqtt.link import Incoming, MqttLink
 from farmhost.store import host_state, outbox
 from farmhost.store.db import Database, now_utc

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 from farmhost.outbox.text import one_line
 
 if TYPE_CHECKING:  # the button's data and keyboard are needed where the stop itself is not
-    from farmhost.farm.control.emergency_stop import EntityOutcome, ResumeReport, StopReport
+    from farmhost.emergency_stop import EntityOutcome, ResumeReport, StopReport
 
 CALLBACK_PREFIX: Final = "stop"
 CALLBACK_DATA: Final = f"{CALLBACK_PREFIX}:all"

@@ -10,8 +10,8 @@ from telegram.error import TelegramError
 
 from farmhost.agents import AgentRuntime
 from farmhost.config import Settings
+from farmhost.emergency_stop import EmergencyStop
 from farmhost.farm.control.approval_desk import ApprovalDesk
-from farmhost.farm.control.emergency_stop import EmergencyStop
 from farmhost.farm.state.alert_notifier import AlertNotifier
 from farmhost.handling import Change
 from farmhost.layout import DataLayout

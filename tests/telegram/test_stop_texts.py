@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from farmhost.farm.control.emergency_stop import EntityOutcome, ResumeReport, StopReport, stop_reason
+from farmhost.emergency_stop import EntityOutcome, ResumeReport, StopReport, stop_reason
 from farmhost.outbox import stop_messages as stop
 from farmhost.telegram.inbound.routing import MAIN_ONLY_COMMANDS
 

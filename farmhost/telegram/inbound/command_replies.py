@@ -2,7 +2,7 @@
 
 `/help` and `/start` work in every chat; `/status`, `/tasks`, `/stop` and `/resume` only in the main chat
 (elsewhere a refusal, and nothing is done). The texts themselves are built in commands.py and stop.py; this
-gathers what they are built from, and for /stop and /resume does what they say (farm/control/emergency_stop.py).
+gathers what they are built from, and for /stop and /resume does what they say (emergency_stop.py).
 """
 
 from __future__ import annotations

@@ -26,9 +26,9 @@ from telegram import Bot, Update
 
 from farmhost.agents import AgentRuntime
 from farmhost.config import Settings
+from farmhost.emergency_stop import EmergencyStop
 from farmhost.errors import ConfigError
 from farmhost.farm.control.approval_desk import ApprovalDesk
-from farmhost.farm.control.emergency_stop import EmergencyStop
 from farmhost.farm.state.alert_notifier import AlertNotifier
 from farmhost.layout import DataLayout
 from farmhost.store import telegram_state

@@ -18,8 +18,8 @@ from telegram import Bot, CallbackQuery, Chat
 from telegram.error import TelegramError
 
 from farmhost.config import Settings
+from farmhost.emergency_stop import EmergencyStop
 from farmhost.farm.control.approval_desk import ApprovalDesk
-from farmhost.farm.control.emergency_stop import EmergencyStop
 from farmhost.farm.state.alert_notifier import AlertNotifier
 from farmhost.layout import DataLayout
 from farmhost.outbox.text import chat_name

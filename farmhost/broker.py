@@ -1,4 +1,4 @@
-"""FARMHOST_MQTT_URL read into what the MQTT client needs: host, port, credentials, TLS."""
+"""The MQTT broker the sites share: FARMHOST_MQTT_URL parsed (host, port, login, TLS), the availability payloads."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ from farmhost.errors import ConfigError
 from farmhost.protocol.codes import SITE_RE
 
 DEFAULT_PORTS: Final = {"mqtt": 1883, "mqtts": 8883}
+# A site's availability topic holds one of these (retained; the broker publishes OFFLINE as the link's will).
+ONLINE: Final = "online"
+OFFLINE: Final = "offline"
 
 
 @dataclass(frozen=True, kw_only=True)
