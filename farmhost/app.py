@@ -30,7 +30,7 @@ from farmhost.farm.homeassistant.live_view import LiveView
 from farmhost.farm.state.alert_notifier import SUBSCRIPTIONS_FILE, AlertNotifier, notify_settings
 from farmhost.farm.state.collector import StateCollector, collector_options
 from farmhost.farm.state.receipts import ReceiptBook
-from farmhost.groups.requests import HANDLERS as GROUP_HANDLERS
+from farmhost.groups.handlers import HANDLERS as GROUP_HANDLERS
 from farmhost.handling import Change, Handlers
 from farmhost.ipc.ping import ping_handlers
 from farmhost.ipc.service import IpcService
@@ -42,7 +42,7 @@ from farmhost.mqtt import device
 from farmhost.mqtt.service import MqttService
 from farmhost.outbox.handlers import HANDLERS as MESSAGE_HANDLERS
 from farmhost.scheduler.daily_report import DailyReport
-from farmhost.scheduler.requests import task_handlers
+from farmhost.scheduler.handlers import task_handlers
 from farmhost.scheduler.runs import RunReport, TaskRun
 from farmhost.scheduler.service import SchedulerService
 from farmhost.scheduler.watcher import WhenWatcher, event_prompt

@@ -28,7 +28,7 @@ from typing import Final, cast
 from farmhost.agents.launch import sealed_memfd
 from farmhost.agents.limits import LimitsFile, default_limits, explain
 from farmhost.agents.sandbox.backends.base import SandboxError
-from farmhost.agents.sandbox.backends.host import PYTHON_PROBE_TIMEOUT, find_python_install_sync
+from farmhost.agents.sandbox.backends.host_paths import PYTHON_PROBE_TIMEOUT, find_python_install_sync
 from farmhost.agents.sandbox.cgroups import detect_sync
 from farmhost.agents.sandbox.identity import describe_ids
 from farmhost.agents.sandbox.seccomp import SeccompMode, SeccompUnavailable, build_filter_sync

@@ -1,4 +1,4 @@
-"""ChurnGate: how soon the host re-checks a group's IPC directories when the group keeps replacing them.
+"""ChurnBackoff: how soon the host re-checks a group's IPC directories when the group keeps replacing them.
 
 Re-opening a swapped queue directory, evicting what was planted and re-watching it is work on the one event loop
 every group shares. The first few re-opens in a window are handled at once; a group that keeps swapping its
@@ -19,7 +19,7 @@ FIRST_DELAY_S = 0.25
 MAX_DELAY_S = 4.0
 
 
-class ChurnGate:
+class ChurnBackoff:
     """Decides, for one group, how long to wait before the next check of its directories."""
 
     def __init__(self, folder: str) -> None:

@@ -17,7 +17,7 @@ from farmhost.files import DIR_FLAGS
 from farmhost.handling import Change, Handlers
 from farmhost.ipc import snapshots
 from farmhost.ipc.admission import FairAdmission
-from farmhost.ipc.churn_backoff import ChurnGate
+from farmhost.ipc.churn_backoff import ChurnBackoff
 from farmhost.ipc.groupdir import GroupDir
 from farmhost.ipc.processor import RequestProcessor
 from farmhost.ipc.quarantine import TRASH, Quarantine
@@ -50,11 +50,11 @@ class _Attached:
     spool_fds: dict[Queue, int]
     workers: dict[Queue, QueueWorker] = field(default_factory=dict)
     watched: dict[Queue, tuple[int, int]] = field(default_factory=dict)  # (st_dev, st_ino) under each watch
-    churn: ChurnGate = field(init=False)
+    churn: ChurnBackoff = field(init=False)
     check: asyncio.Handle | None = None  # the pending check of its directories, if one is scheduled
 
     def __post_init__(self) -> None:
-        self.churn = ChurnGate(self.group.folder)
+        self.churn = ChurnBackoff(self.group.folder)
 
     def update(self, group: Group) -> None:
         """The registry changed this group's fields (name, trigger): serve it with the new ones."""

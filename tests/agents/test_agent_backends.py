@@ -32,7 +32,7 @@ from farmhost.agents.sandbox.backends import (
 )
 from farmhost.agents.sandbox.backends.base import UNIX_AND_LOOPBACK_INET, UNIX_ONLY
 from farmhost.agents.sandbox.backends.docker import cli_env
-from farmhost.agents.sandbox.backends.host import find_python_install_sync, minimal_paths
+from farmhost.agents.sandbox.backends.host_paths import find_python_install_sync, minimal_paths
 from farmhost.agents.sandbox.backends.share import LAUNCHER
 from farmhost.agents.sandbox.identity import AgentIdentity
 from farmhost.agents.sandbox.mounts import sandbox_spec

@@ -25,7 +25,7 @@ from farmhost.agents.sandbox.backends.base import (
 from farmhost.agents.sandbox.backends.bwrap import BwrapBackend
 from farmhost.agents.sandbox.backends.docker import DockerBackend, cli_env
 from farmhost.agents.sandbox.backends.engine_cli import engine_command
-from farmhost.agents.sandbox.backends.host import find_python_install_sync, system_entries
+from farmhost.agents.sandbox.backends.host_paths import find_python_install_sync, system_entries
 from farmhost.agents.sandbox.backends.podman import PodmanBackend
 from farmhost.agents.sandbox.backends.process import ProcessBackend
 from farmhost.agents.sandbox.backends.share import inotify_share

@@ -18,7 +18,7 @@ from farmhost.agents.sandbox.backends.base import (
     SandboxSpec,
     rlimits_for,
 )
-from farmhost.agents.sandbox.backends.host import PythonInstall, SystemEntry
+from farmhost.agents.sandbox.backends.host_paths import PythonInstall, SystemEntry
 from farmhost.agents.sandbox.backends.share import LAUNCHER
 from farmhost.agents.sandbox.identity import AgentIdentity
 
