@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Final
 from farmhost import __version__
 from farmhost.agents import AgentJob, AgentRuntime
 from farmhost.agents.limits import LimitsReader, default_limits, default_llm_budget
+from farmhost.agents.pause import restore_pause
 from farmhost.config import Settings
 from farmhost.emergency_stop import EmergencyStop
 from farmhost.errors import ConfigError
@@ -229,7 +230,7 @@ class App:
             receipts=receipts,
         )
         await self.runtime.start()
-        device.restore_pause(self.db, self.runtime)
+        restore_pause(self.db, self.runtime)
         self.emergency_stop = EmergencyStop(
             db=self.db,
             runtime=self.runtime,

@@ -25,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from farmhost.agents.pause import set_paused
 from farmhost.approvals import store
 from farmhost.approvals.store import ApprovalRow
 from farmhost.farm.audit import AuditLog
@@ -33,7 +34,6 @@ from farmhost.farm.control.rules import ActuatorRule
 from farmhost.farm.control.safe_state import SafeTarget, guarded, is_safe_state, safe_target
 from farmhost.farm.homeassistant.client import HAClient
 from farmhost.farm.homeassistant.errors import HaError
-from farmhost.mqtt.device import set_paused
 from farmhost.outbox.notices import enqueue_notice
 from farmhost.protocol.codes import ErrorCode
 from farmhost.store import groups
