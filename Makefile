@@ -63,6 +63,7 @@ ha: install
 lint:
 	.venv/bin/ruff check farmhost container tests bench farmhost_dev
 	.venv/bin/ruff format --check farmhost container tests bench farmhost_dev
+	.venv/bin/lint-imports --no-cache
 
 typecheck:
 	.venv/bin/mypy

@@ -6,8 +6,8 @@ Run from the repository root with the project's interpreter::
     .venv/bin/python bench/alert_latency.py --quick      # 10 frosts, two 20 s windows
 
 A fresh local Home Assistant (the test harness's farm) and, in this process, what the daemon runs for alerts:
-the live view (farm/live_view.py), the state collector following it (farm/state.py, polling every 30 s as in
-production) and the notifier (farm/alert_notify.py) on a real database with a main group. Measured:
+the live view (farm/homeassistant/live_view.py), the state collector following it (farm/state/collector.py, polling every 30 s as in
+production) and the notifier (farm/state/alert_notifier.py) on a real database with a main group. Measured:
 
 - change to outbox entry: the air temperature's helper is set below the frost threshold (as a person would,
   `input_number.set_value` with the owner's token); from HA's `last_changed` of `sensor.air_temperature` to the
@@ -39,10 +39,10 @@ from typing import Any
 import aiohttp
 
 from farmhost.config import Settings
-from farmhost.farm.alert_notify import AlertNotifier, NotifySettings
-from farmhost.farm.homeassistant import HAClient
-from farmhost.farm.live_view import LiveView
-from farmhost.farm.state import StateCollector
+from farmhost.farm.homeassistant.client import HAClient
+from farmhost.farm.homeassistant.live_view import LiveView
+from farmhost.farm.state.alert_notifier import AlertNotifier, NotifySettings
+from farmhost.farm.state.collector import StateCollector
 from farmhost.layout import DataLayout
 from farmhost.localha.client import http_json
 from farmhost.localha.instance import HaInstance, start_session_instance

@@ -8,7 +8,7 @@ Run from the repository root with the project's interpreter::
 
 The local test Home Assistant (farmhost/localha, installed in ~/.cache/farmhost-ha; started here on a free port)
 with its simulated farm, and farmhost's own parts in this process: the database of a fresh data dir, the agent
-runtime (only its pause is used), the audit log, the HAClient and farm/emergency_stop.py's EmergencyStop, which is
+runtime (only its pause is used), the audit log, the HAClient and emergency_stop.py's EmergencyStop, which is
 what `/stop` and the Stop everything button call. The farm profile guards every switch, light and fan, every relay
 helper behind them and the irrigation duration (a range 0..120): N entities.
 
@@ -40,11 +40,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # farmhost_dev:
 
 from farmhost.agents import AgentRuntime
 from farmhost.config import Settings
-from farmhost.farm import policy
+from farmhost.emergency_stop import EmergencyStop
 from farmhost.farm.audit import AuditLog
-from farmhost.farm.emergency_stop import EmergencyStop
-from farmhost.farm.homeassistant import HAClient
-from farmhost.farm.safe_state import guarded, is_safe_state
+from farmhost.farm.control import policy
+from farmhost.farm.control.safe_state import guarded, is_safe_state
+from farmhost.farm.homeassistant.client import HAClient
 from farmhost.layout import DataLayout
 from farmhost.localha.client import WsSession
 from farmhost.localha.instance import HaInstance, start_session_instance

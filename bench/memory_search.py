@@ -16,7 +16,7 @@ timed. Measured in the same run, per corpus:
 - ``cold``: the first search of a fresh ``MemoryCorpus`` (walks, reads, chunks, tokenises, builds the index in
   the calling thread: the floor the daemon's way is compared with);
 - ``cold, daemon``: the same with a snapshot path, as the daemon runs it: over 64 files the builder process
-  (``python -m farmhost.memory.build``) reads and indexes, writes the snapshot, and the corpus loads it;
+  (``python -m farmhost.memory.indexer``) reads and indexes, writes the snapshot, and the corpus loads it;
 - ``restart``: the first search of a fresh corpus whose snapshot exists (a daemon restart: nothing changed);
 - ``warm``: repeated random queries on the corpus built in this thread (nothing changed, so inotify lets it skip
   the listing; the messages were added once, as the daemon's window does);

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from memory_search import QUERIES, SEED, _sentence, make_workspace, percentile  # bench/ is sys.path[0]
 
 from farmhost.config import Settings
-from farmhost.ipc.handlers import RequestContext
+from farmhost.handling import RequestContext
 from farmhost.layout import DataLayout
 from farmhost.memory.search import MemoryService, memory_handlers
 from farmhost.protocol.requests import MemoryActionRequest

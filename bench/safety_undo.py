@@ -6,7 +6,7 @@ Run from the repository root with the project's interpreter::
     .venv/bin/python bench/safety_undo.py --quick      # 10 attacks, a 20 s window
 
 A fresh local Home Assistant (the test harness's farm, two users: the owner and farmhost's own) and, in this
-process, farmhost's live view (farm/live_view.py) and rules on effects (farm/effect_rules.py) on a real
+process, farmhost's live view (farm/homeassistant/live_view.py) and rules on effects (farm/control/effect_rules.py) on a real
 database, with a profile that puts the irrigation pump under approval. Each attack is what an agent can do
 through `ha_call_service`: `input_boolean.turn_on` of the pump's relay, made with farmhost's token. Measured:
 
@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from farmhost.farm.audit import AuditLog
-from farmhost.farm.effect_rules import EffectRules
-from farmhost.farm.homeassistant import HAClient
-from farmhost.farm.live_view import LiveView, StateChange
+from farmhost.farm.control.effect_rules import EffectRules
+from farmhost.farm.homeassistant.client import HAClient
+from farmhost.farm.homeassistant.live_view import LiveView, StateChange
 from farmhost.localha.client import http_json
 from farmhost.localha.instance import HaInstance, start_session_instance
 from farmhost.store.db import Database, now_utc

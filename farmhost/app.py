@@ -17,23 +17,23 @@ from farmhost import __version__
 from farmhost.agents import AgentJob, AgentRuntime
 from farmhost.agents.fallback import AssistFallback
 from farmhost.agents.limits import LimitsReader, default_limits, default_llm_budget
-from farmhost.approvals.desk import ApprovalDesk
+from farmhost.agents.pause import restore_pause
 from farmhost.config import Settings
+from farmhost.emergency_stop import EmergencyStop
 from farmhost.errors import ConfigError
 from farmhost.farm.actions import farm_handlers
-from farmhost.farm.alert_notify import SUBSCRIPTIONS_FILE, AlertNotifier, notify_settings
 from farmhost.farm.audit import AuditLog
-from farmhost.farm.auto_off import AutoOff
-from farmhost.farm.daily_report import DailyReport
+from farmhost.farm.control.approval_desk import ApprovalDesk
+from farmhost.farm.control.auto_off import AutoOff
+from farmhost.farm.control.effect_rules import EffectRules
 from farmhost.farm.deps import FarmDeps
-from farmhost.farm.effect_rules import EffectRules
-from farmhost.farm.emergency_stop import EmergencyStop
-from farmhost.farm.homeassistant import HAClient
-from farmhost.farm.live_view import LiveView
-from farmhost.farm.receipts import ReceiptBook
-from farmhost.farm.state import StateCollector, collector_options
-from farmhost.groups.requests import HANDLERS as GROUP_HANDLERS
-from farmhost.ipc.handlers import Change, Handlers
+from farmhost.farm.homeassistant.client import HAClient
+from farmhost.farm.homeassistant.live_view import LiveView
+from farmhost.farm.state.alert_notifier import SUBSCRIPTIONS_FILE, AlertNotifier, notify_settings
+from farmhost.farm.state.collector import StateCollector, collector_options
+from farmhost.farm.state.receipts import ReceiptBook
+from farmhost.groups.handlers import HANDLERS as GROUP_HANDLERS
+from farmhost.handling import Change, Handlers
 from farmhost.ipc.ping import ping_handlers
 from farmhost.ipc.service import IpcService
 from farmhost.ipc.snapshots import HostIdentity
@@ -42,7 +42,9 @@ from farmhost.loop_monitor import LoopMonitor
 from farmhost.memory.search import MemoryService, memory_handlers
 from farmhost.mqtt import device
 from farmhost.mqtt.service import MqttService
-from farmhost.scheduler.requests import task_handlers
+from farmhost.outbox.handlers import HANDLERS as MESSAGE_HANDLERS
+from farmhost.scheduler.daily_report import DailyReport
+from farmhost.scheduler.handlers import task_handlers
 from farmhost.scheduler.runs import RunReport, TaskRun
 from farmhost.scheduler.service import SchedulerService
 from farmhost.scheduler.watcher import WhenWatcher, event_prompt
@@ -51,7 +53,6 @@ from farmhost.sites.caller import SiteCaller
 from farmhost.store import host_state, when_state
 from farmhost.store.db import Database, iso, now_utc
 from farmhost.store.groups import Group
-from farmhost.telegram.requests import HANDLERS as MESSAGE_HANDLERS
 
 if TYPE_CHECKING:
     from farmhost.telegram.service import TelegramService
@@ -231,7 +232,7 @@ class App:
             fallback=AssistFallback(self.ipc.router),
         )
         await self.runtime.start()
-        device.restore_pause(self.db, self.runtime)
+        restore_pause(self.db, self.runtime)
         self.emergency_stop = EmergencyStop(
             db=self.db,
             runtime=self.runtime,

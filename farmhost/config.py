@@ -17,8 +17,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from farmhost.broker import Broker, parse_broker, site_name
 from farmhost.errors import ConfigError
-from farmhost.mqtt.broker import Broker, parse_broker, site_name
 from farmhost.protocol.codes import SITE_RE
 
 DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024

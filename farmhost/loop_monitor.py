@@ -17,8 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from farmhost.ipc.groupdir import DIR_FLAGS
-from farmhost.ipc.writer import write_atomic
+from farmhost.files import DIR_FLAGS, write_atomic
 
 logger = logging.getLogger(__name__)
 

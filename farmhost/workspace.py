@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Final
 
 from farmhost.errors import InvalidRequest, NotAllowed, NotFound
+from farmhost.files import DIR_FLAGS
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 NAME_MAX: Final = 255  # bytes in one path component on Linux filesystems
 
@@ -47,7 +47,7 @@ def open_workspace_file(workspace: Path, path: str) -> int:
         NotFound: nothing at that path.
     """
     parts = split_relative(path)
-    fd = os.open(workspace, _DIR_FLAGS)
+    fd = os.open(workspace, DIR_FLAGS)
     try:
         for part in parts[:-1]:
             fd = _step(fd, part, path)
@@ -69,7 +69,7 @@ def open_workspace_file(workspace: Path, path: str) -> int:
 def _step(fd: int, part: str, path: str) -> int:
     """Open the child directory and close `fd`; on failure `fd` stays open for the caller to close (once)."""
     try:
-        child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+        child = os.open(part, DIR_FLAGS, dir_fd=fd)
     except FileNotFoundError:
         raise NotFound(f"no file at {path!r} in the group's workspace") from None
     except OSError as err:

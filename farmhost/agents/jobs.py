@@ -58,7 +58,7 @@ class AgentOutcome:
     log_path: Path
     answered_by: str | None = None  # "assist" when Home Assistant's Assist answered instead of an LLM
     fallback_why: str | None = None  # why it did ("no LLM is configured", ...), for the chat's one-time notice
-    receipt: str | None = None  # what farmhost saw the run change in HA (farm/receipts.py); None: nothing
+    receipt: str | None = None  # what farmhost saw the run change in HA (farm/state/receipts.py); None: nothing
     # Where the host's time went, in ms, in order (hook, memory, sandbox, agent, cleanup, log): the run log and
     # bench/agent_run.py show it.
     phases_ms: dict[str, float] = field(default_factory=dict)

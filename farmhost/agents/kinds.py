@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
 
-from farmhost.agents.backends.base import UNIX_AND_LOOPBACK_INET, UNIX_ONLY, Mount, SandboxError
+from farmhost.agents.sandbox.backends.base import UNIX_AND_LOOPBACK_INET, UNIX_ONLY, Mount, SandboxError
 from farmhost.config import Settings
 from farmhost.layout import REPO_ROOT
 

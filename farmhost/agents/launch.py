@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from farmhost.agents.backends.base import LaunchPlan
-from farmhost.agents.backends.engine_cli import engine_command
 from farmhost.agents.capture import OutputCapture
-from farmhost.agents.cgroups import joiner
+from farmhost.agents.sandbox.backends.base import LaunchPlan
+from farmhost.agents.sandbox.backends.engine_cli import engine_command
+from farmhost.agents.sandbox.cgroups import joiner
 
 logger = logging.getLogger(__name__)
 

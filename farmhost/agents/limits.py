@@ -10,8 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from farmhost.agents.backends.base import RunLimits
 from farmhost.agents.kinds import KindName
+from farmhost.agents.sandbox.backends.base import RunLimits
 from farmhost.config import Settings
 
 logger = logging.getLogger(__name__)

@@ -10,11 +10,12 @@ import time
 from pathlib import Path
 from typing import Final
 
-from farmhost.agents.backends.base import RunLimits
 from farmhost.agents.inputs import AgentResult
 from farmhost.agents.jobs import AgentJob, AgentOutcome
 from farmhost.agents.launch import Exit
 from farmhost.agents.proxy import ProxyUsage
+from farmhost.agents.sandbox.backends.base import RunLimits
+from farmhost.files import DIR_FLAGS
 from farmhost.store.db import iso, now_utc
 from farmhost.store.groups import Group
 
@@ -24,7 +25,6 @@ PROMPT_LOG_CHARS: Final = 2000
 RUN_LOGS_KEPT: Final = 200
 # The operator (and the daemon's group) may read them; no sandbox sees the directory at all.
 LOGS_MODE: Final = 0o750
-_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -40,7 +40,7 @@ def write_run_log_sync(directory: Path, run_id: str, text: str) -> Path:
         The log file's path.
     """
     directory.mkdir(mode=LOGS_MODE, parents=True, exist_ok=True)
-    fd = os.open(directory, _DIR_FLAGS)
+    fd = os.open(directory, DIR_FLAGS)
     try:
         _write(fd, log_name(run_id), text.encode(errors="replace"))
         _prune(fd)

@@ -10,19 +10,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, Final
 
-from farmhost.agents.backends import (
-    SandboxBackend,
-    SandboxError,
-    cleanup_orphans,
-    create_backend,
-    ensure_no_secrets,
-    for_identity,
-    group_ids,
-)
-from farmhost.agents.backends.base import LaunchPlan
-from farmhost.agents.backends.bwrap import BwrapBackend
-from farmhost.agents.backends.docker import DockerBackend
-from farmhost.agents.cgroups import CgroupSupport, detect_sync, open_run_cgroup_sync
 from farmhost.agents.fallback import (
     ASSISTANT_NAME,
     WHY_LLM_FAILED,
@@ -30,8 +17,6 @@ from farmhost.agents.fallback import (
     AssistFallback,
     AssistUnavailable,
 )
-from farmhost.agents.group_trees import GroupTrees
-from farmhost.agents.identity import GroupIds, IdentityError
 from farmhost.agents.inputs import AgentResult, agent_input, parse_result, trim_memory, with_notes
 from farmhost.agents.jobs import AgentJob, AgentOutcome, Status
 from farmhost.agents.kinds import AgentKind, agent_kind
@@ -40,9 +25,24 @@ from farmhost.agents.limits import LimitsReader, default_limits, default_llm_bud
 from farmhost.agents.proxy import REQUESTS_PER_TURN, LlmProxy, ProxyUsage
 from farmhost.agents.queue import CHAT, SCHEDULED, QueueClosed, RunQueue
 from farmhost.agents.runlog import RunRecord, log_name, write_run_log_sync
-from farmhost.agents.sandbox import sandbox_spec
+from farmhost.agents.sandbox.backends import (
+    SandboxBackend,
+    SandboxError,
+    cleanup_orphans,
+    create_backend,
+    ensure_no_secrets,
+    for_identity,
+    group_ids,
+)
+from farmhost.agents.sandbox.backends.base import LaunchPlan
+from farmhost.agents.sandbox.backends.bwrap import BwrapBackend
+from farmhost.agents.sandbox.backends.docker import DockerBackend
+from farmhost.agents.sandbox.cgroups import CgroupSupport, detect_sync, open_run_cgroup_sync
+from farmhost.agents.sandbox.group_trees import GroupTrees
+from farmhost.agents.sandbox.identity import GroupIds, IdentityError
+from farmhost.agents.sandbox.mounts import sandbox_spec
 from farmhost.config import Settings
-from farmhost.farm.receipts import ReceiptBook
+from farmhost.farm.state.receipts import ReceiptBook
 from farmhost.layout import DataLayout
 from farmhost.store.db import now_utc
 from farmhost.store.groups import Group

@@ -25,13 +25,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Final, cast
 
-from farmhost.agents.backends.base import SandboxError
-from farmhost.agents.backends.host import PYTHON_PROBE_TIMEOUT, find_python_install_sync
-from farmhost.agents.cgroups import detect_sync
-from farmhost.agents.identity import describe_ids
 from farmhost.agents.launch import sealed_memfd
 from farmhost.agents.limits import LimitsFile, default_limits, explain
-from farmhost.agents.seccomp import SeccompMode, SeccompUnavailable, build_filter_sync
+from farmhost.agents.sandbox.backends.base import SandboxError
+from farmhost.agents.sandbox.backends.host_paths import PYTHON_PROBE_TIMEOUT, find_python_install_sync
+from farmhost.agents.sandbox.cgroups import detect_sync
+from farmhost.agents.sandbox.identity import describe_ids
+from farmhost.agents.sandbox.seccomp import SeccompMode, SeccompUnavailable, build_filter_sync
 from farmhost.cli import safety_checks
 from farmhost.cli.hostchecks import (
     Check,
@@ -46,8 +46,8 @@ from farmhost.cli.hostchecks import (
     timezone_check,
 )
 from farmhost.config import LlmEndpoint, Settings
-from farmhost.farm import rules
-from farmhost.farm.policy import load_profile, profile_report
+from farmhost.farm.control import rules
+from farmhost.farm.control.policy import load_profile, profile_report
 from farmhost.layout import DataLayout
 from farmhost.store import groups, host_state, outbox
 from farmhost.store.db import Database, SchemaTooNew, now_utc
@@ -327,7 +327,7 @@ def _ha_user(settings: Settings, reached: Check) -> list[Check]:
     """Whose token HA_TOKEN is: farmhost's own user, or (a warning) the owner's, whose people would count as agents."""
     if reached.state != "ok" or settings.ha_url is None or settings.ha_token is None:
         return []
-    from farmhost.farm.live_view import current_user  # aiohttp only when the check runs
+    from farmhost.farm.homeassistant.live_view import current_user  # aiohttp only when the check runs
 
     ws_url = ("wss" if settings.ha_url.startswith("https") else "ws") + "://" + settings.ha_url.split("://", 1)[1]
     try:

@@ -12,8 +12,8 @@ from typing import Final
 from farmhost.cli.health import lock_holder
 from farmhost.cli.hostchecks import Check
 from farmhost.config import Settings
-from farmhost.farm import policy
-from farmhost.farm.safe_state import guarded, guarded_patterns, matches_any, safe_target
+from farmhost.farm.control import policy
+from farmhost.farm.control.safe_state import guarded, guarded_patterns, matches_any, safe_target
 from farmhost.layout import DataLayout
 from farmhost.store import host_state
 

@@ -10,7 +10,7 @@
 - Without an LLM (or when no LLM endpoint answers) Home Assistant's Assist answers through the farm action
   `ha_assist` (farmhost/agents/fallback.py); the first such answer in the chat comes with a notice saying so and
   what an LLM would add (given once per chat, remembered in the database).
-- Farm alerts (farm/alert_notify.py) reach this chat through the outbox like any host message; their buttons are
+- Farm alerts (farm/state/alert_notifier.py) reach this chat through the outbox like any host message; their buttons are
   printed as the commands that press them: `ack N` (Acknowledge) and `snooze N` (Snooze 1 h), answered by the
   host itself, never by an agent run.
 
@@ -30,8 +30,8 @@ from typing import Final
 
 from farmhost.agents import AgentJob, AgentOutcome, AgentRuntime
 from farmhost.agents.fallback import ASSISTANT_NAME, NOTICE_KEY, assist_notice
-from farmhost.farm import alert_notify
-from farmhost.farm.alert_notify import AlertNotifier
+from farmhost.farm.state import alert_notifier as alert_notify
+from farmhost.farm.state.alert_notifier import AlertNotifier
 from farmhost.store import chat_notices, chats, outbox, transcripts
 from farmhost.store.db import Database, now_utc
 from farmhost.store.outbox import OutboxEntry

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from farmhost.config import Settings
 from farmhost.errors import ConfigError, FarmhostError
-from farmhost.farm import policy
+from farmhost.farm.control import policy
 from farmhost.groups.registry import new_group, register
 from farmhost.layout import DataLayout
 from farmhost.protocol.requests import FarmActionRequest

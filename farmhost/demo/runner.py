@@ -33,7 +33,7 @@ from farmhost.demo.output import LineOutput
 from farmhost.demo.simulator import FarmSimulator, clock_text
 from farmhost.demo.text import NO_LLM_HOWTO, NO_LLM_SHORT, Summary, summary
 from farmhost.errors import ConfigError, FarmhostError
-from farmhost.farm.dashboards import url_path
+from farmhost.farm.dashboards.lovelace import url_path
 from farmhost.logs import configure
 
 T = TypeVar("T")

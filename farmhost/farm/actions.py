@@ -2,7 +2,7 @@
 
 Each handler authorises the source group (main only unless the farm profile says otherwise), applies the
 control gate (a readable profile; in production a validated one), the service policy (denied domains, the closed
-service surface, the profile's narrowing), then the actuator rules (farm/gate.py), runs the action within its timeout and
+service surface, the profile's narrowing), then the actuator rules (farm/control/actuator_gate.py), runs the action within its timeout and
 appends one audit line, whatever the outcome. That is why the rows are `main_only=False`: a refusal must
 happen here, where it is audited, not in the router.
 """
@@ -16,21 +16,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from farmhost.errors import FarmhostError
-from farmhost.farm import (
-    assist,
-    core_actions,
-    dashboard_actions,
-    gate,
-    history,
-    policy,
-    screenshots,
-    state,
-    stopped,
-)
+from farmhost.farm import assist, core_actions, state
 from farmhost.farm.audit import AuditLog, approval_keys
+from farmhost.farm.control import actuator_gate as gate
+from farmhost.farm.control import policy, stopped
+from farmhost.farm.control.effect_rules import ON
 from farmhost.farm.core_actions import check_calls
-from farmhost.farm.effect_rules import ON
-from farmhost.ipc.handlers import (
+from farmhost.farm.dashboards import actions as dashboard_actions
+from farmhost.farm.dashboards import screenshots
+from farmhost.farm.state import history
+from farmhost.handling import (
     AsyncHandler,
     Effect,
     Handlers,
@@ -44,8 +39,8 @@ from farmhost.protocol.params import parse_params
 from farmhost.protocol.requests import AnyRequest, FarmActionRequest
 
 if TYPE_CHECKING:
+    from farmhost.farm.control.rules import ControlCall
     from farmhost.farm.deps import FarmAction, FarmDeps
-    from farmhost.farm.rules import ControlCall
 
 ACTION_NAMES: Final = FARM_ACTIONS
 # The router's own timeout sits this far behind the action's, so the action's clearer message wins.

@@ -13,14 +13,14 @@ import logging
 from typing import TYPE_CHECKING, Any, Final
 
 from farmhost.errors import Unavailable
-from farmhost.farm import policy
-from farmhost.farm.homeassistant import HaRejected
+from farmhost.farm.control import policy
+from farmhost.farm.homeassistant.client import HaRejected
 from farmhost.protocol.params import HaAssistParams
 
 if TYPE_CHECKING:
     from farmhost.farm.deps import FarmDeps
-    from farmhost.farm.homeassistant import HAClient
-    from farmhost.ipc.handlers import RequestContext
+    from farmhost.farm.homeassistant.client import HAClient
+    from farmhost.handling import RequestContext
 
 logger = logging.getLogger(__name__)
 

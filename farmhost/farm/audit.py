@@ -8,8 +8,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
-from farmhost.ipc.handlers import Approved
-from farmhost.ipc.requestlog import RequestLog
+from farmhost.handling import Approved
+from farmhost.ndjson_log import NdjsonLog
 from farmhost.protocol.codes import ErrorCode
 from farmhost.protocol.envelope import utc_stamp
 
@@ -33,7 +33,7 @@ class AuditLog:
         self.path = farm_state_dir / AUDIT_FILE
         self._dir = farm_state_dir
         self._max_bytes = max_bytes
-        self._log: RequestLog | None = None  # opened at the first record: a handler table may never be used
+        self._log: NdjsonLog | None = None  # opened at the first record: a handler table may never be used
 
     def record(
         self,
@@ -49,7 +49,7 @@ class AuditLog:
     ) -> None:
         """Append one line; `params` are redacted and trimmed first; `extra` adds keys (an approval's id, who)."""
         if self._log is None:
-            self._log = RequestLog(self._dir, max_bytes=self._max_bytes, file_name=AUDIT_FILE)
+            self._log = NdjsonLog(self._dir, max_bytes=self._max_bytes, file_name=AUDIT_FILE)
         self._log.write(
             {
                 "ts": utc_stamp(at),

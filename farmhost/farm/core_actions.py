@@ -8,18 +8,18 @@ import time
 from typing import TYPE_CHECKING, Any, Final
 
 from farmhost.errors import InvalidRequest, Unavailable
-from farmhost.farm import policy
-from farmhost.farm.homeassistant import HaRejected
+from farmhost.farm.control import policy
+from farmhost.farm.homeassistant.client import HaRejected
 from farmhost.protocol.codes import ENTITY_ID_RE
 from farmhost.protocol.params import HaCallServiceParams, HaGetStatusParams, HaSetEntityParams, NoParams
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
+    from farmhost.farm.control.policy import LoadedProfile
     from farmhost.farm.deps import FarmDeps
-    from farmhost.farm.homeassistant import HAClient
-    from farmhost.farm.policy import LoadedProfile
-    from farmhost.ipc.handlers import RequestContext
+    from farmhost.farm.homeassistant.client import HAClient
+    from farmhost.handling import RequestContext
 
 # On a Raspberry Pi HA takes 30-90 s to restart; the action's own timeout (actions.py) is above this.
 RESTART_TIMEOUT: Final = 150.0
@@ -130,7 +130,7 @@ async def ha_restart(deps: FarmDeps, ctx: RequestContext, p: NoParams) -> dict[s
 def check_calls(params: BaseModel, loaded: LoadedProfile) -> None:
     """The service policy of the service an ha_call_service or ha_set_entity call would call (others: nothing).
 
-    Checked before the actuator rules (farm/gate.py), so a call that could never run asks nobody for approval.
+    Checked before the actuator rules (farm/control/actuator_gate.py), so a call that could never run asks nobody for approval.
 
     Raises:
         InvalidRequest: bad targets, or a value ha_set_entity cannot set. NotAllowed: the sentence of the policy.

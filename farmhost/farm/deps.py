@@ -7,15 +7,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from farmhost.farm.screenshots.ha_user import ScreenshotUser
+from farmhost.farm.dashboards.screenshots.ha_user import ScreenshotUser
 
 if TYPE_CHECKING:
     from farmhost.config import Settings
-    from farmhost.farm.effect_rules import EffectRules
-    from farmhost.farm.homeassistant import HAClient
-    from farmhost.farm.receipts import ReceiptBook
-    from farmhost.farm.state import StateCollector
-    from farmhost.ipc.handlers import RequestContext
+    from farmhost.farm.control.effect_rules import EffectRules
+    from farmhost.farm.homeassistant.client import HAClient
+    from farmhost.farm.state.collector import StateCollector
+    from farmhost.farm.state.receipts import ReceiptBook
+    from farmhost.handling import RequestContext
     from farmhost.layout import DataLayout
 
 

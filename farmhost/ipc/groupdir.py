@@ -10,11 +10,11 @@ import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from farmhost.files import DIR_FLAGS
 from farmhost.protocol.codes import RESULTS_DIR, Queue
 
 logger = logging.getLogger(__name__)
 
-DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 # Called with (dir_fd, entry name, what the host saw there, reason) to move a bad entry out of the way before
 # the directory is recreated; moves it only if it is still what was seen, and returns whether it did.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from farmhost.ipc.handlers import Effect, Handlers, HandlerSpec, RequestContext
+from farmhost.handling import Effect, Handlers, HandlerSpec, RequestContext
 from farmhost.ipc.snapshots import HostIdentity
 from farmhost.protocol.envelope import Outcome, utc_stamp
 from farmhost.protocol.requests import AnyRequest

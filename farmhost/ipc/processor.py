@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from farmhost.handling import Effect
 from farmhost.ipc.groupdir import GroupDir
-from farmhost.ipc.handlers import Effect
 from farmhost.ipc.quarantine import Quarantine
 from farmhost.ipc.reader import Refused, read_claimed
-from farmhost.ipc.requestlog import RequestLog
 from farmhost.ipc.results import ResultWriter, file_key
 from farmhost.ipc.router import Router
+from farmhost.ndjson_log import NdjsonLog
 from farmhost.protocol.codes import REQUEST_ID_RE, ErrorCode, Queue
 from farmhost.protocol.decode import RequestRejected, decode_request
 from farmhost.protocol.envelope import Outcome, envelope, utc_stamp
@@ -59,7 +59,7 @@ class RequestProcessor:
         router: Router,
         db: Database,
         quarantine: Quarantine,
-        request_log: RequestLog,
+        request_log: NdjsonLog,
         max_request_bytes: int,
         stale_before: float,
         clock: Callable[[], datetime],

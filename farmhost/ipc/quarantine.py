@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
 
-from farmhost.ipc.groupdir import DIR_FLAGS
+from farmhost.files import DIR_FLAGS, dump_json
 from farmhost.ipc.renames import rename_noreplace
-from farmhost.ipc.writer import dump_json
 from farmhost.protocol.codes import ErrorCode
 from farmhost.protocol.envelope import utc_stamp
 

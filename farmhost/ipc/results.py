@@ -16,8 +16,8 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from farmhost.files import commit_atomic, discard, dump_json, prepare_atomic
 from farmhost.ipc.quarantine import Quarantine
-from farmhost.ipc.writer import commit_atomic, discard, dump_json, prepare_atomic
 from farmhost.protocol.codes import RESULTS_DIR
 from farmhost.store import ledger
 from farmhost.store.db import Database

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, overload
 
 from farmhost.errors import FarmhostError
-from farmhost.ipc.handlers import (
+from farmhost.handling import (
     SITE_HANDLER,
     Approved,
     Change,
@@ -29,8 +29,8 @@ from farmhost.store.db import now_utc
 
 if TYPE_CHECKING:
     from farmhost.config import Settings
-    from farmhost.ipc.requestlog import RequestLog
     from farmhost.layout import DataLayout
+    from farmhost.ndjson_log import NdjsonLog
     from farmhost.protocol.codes import Queue
     from farmhost.protocol.requests import AnyRequest
     from farmhost.store.db import Database
@@ -59,7 +59,7 @@ class Router:
         layout: DataLayout,
         db: Database,
         on_change: Callable[[set[Change]], None],
-        request_log: RequestLog | None = None,
+        request_log: NdjsonLog | None = None,
         clock: Callable[[], datetime] = now_utc,
     ) -> None:
         self._handlers = handlers

@@ -13,20 +13,21 @@ from typing import Any
 
 from farmhost.background import every
 from farmhost.config import Settings
+from farmhost.files import DIR_FLAGS
+from farmhost.handling import Change, Handlers
 from farmhost.ipc import snapshots
 from farmhost.ipc.admission import FairAdmission
-from farmhost.ipc.churn import ChurnGate
-from farmhost.ipc.groupdir import DIR_FLAGS, GroupDir
-from farmhost.ipc.handlers import Change, Handlers
+from farmhost.ipc.churn_backoff import ChurnBackoff
+from farmhost.ipc.groupdir import GroupDir
 from farmhost.ipc.processor import RequestProcessor
 from farmhost.ipc.quarantine import TRASH, Quarantine
-from farmhost.ipc.requestlog import RequestLog
 from farmhost.ipc.router import Router
 from farmhost.ipc.snapshot_writer import SnapshotWriter, write_all_sync
 from farmhost.ipc.sweeper import empty_trash, sweep_host_temp, sweep_quarantine, sweep_results
 from farmhost.ipc.watcher import InotifyWatcher
 from farmhost.ipc.worker import QueueWorker
 from farmhost.layout import DataLayout
+from farmhost.ndjson_log import NdjsonLog
 from farmhost.protocol.codes import HOST_STATUS, Queue
 from farmhost.store import groups as group_store
 from farmhost.store import ledger
@@ -49,11 +50,11 @@ class _Attached:
     spool_fds: dict[Queue, int]
     workers: dict[Queue, QueueWorker] = field(default_factory=dict)
     watched: dict[Queue, tuple[int, int]] = field(default_factory=dict)  # (st_dev, st_ino) under each watch
-    churn: ChurnGate = field(init=False)
+    churn: ChurnBackoff = field(init=False)
     check: asyncio.Handle | None = None  # the pending check of its directories, if one is scheduled
 
     def __post_init__(self) -> None:
-        self.churn = ChurnGate(self.group.folder)
+        self.churn = ChurnBackoff(self.group.folder)
 
     def update(self, group: Group) -> None:
         """The registry changed this group's fields (name, trigger): serve it with the new ones."""
@@ -80,7 +81,7 @@ class IpcService:
         self._db = db
         self._identity = identity
         self._clock = clock
-        self._request_log = RequestLog(layout.logs, max_bytes=settings.request_log_max_bytes)
+        self._request_log = NdjsonLog(layout.logs, max_bytes=settings.request_log_max_bytes)
         self.router = Router(
             handlers=handlers,
             settings=settings,

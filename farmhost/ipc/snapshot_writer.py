@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from farmhost.files import dump_json
+from farmhost.handling import Change
 from farmhost.ipc import snapshots
-from farmhost.ipc.handlers import Change
-from farmhost.ipc.writer import dump_json
 from farmhost.protocol.codes import AVAILABLE_GROUPS, CURRENT_TASKS
 from farmhost.store.db import Database
 from farmhost.store.groups import Group

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from farmhost.ipc.writer import write_json_atomic
+from farmhost.files import write_json_atomic
 from farmhost.protocol.envelope import utc_stamp
 from farmhost.store import chats, tasks
 from farmhost.store.db import Database, iso

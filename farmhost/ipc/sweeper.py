@@ -9,9 +9,9 @@ import stat
 from collections.abc import Callable
 from typing import Final
 
-from farmhost.ipc.groupdir import DIR_FLAGS
+from farmhost.files import DIR_FLAGS
 
-# The temporary names farmhost.ipc.writer creates: ".<name>.<8 hex>.tmp". Only the host's own are removed.
+# The temporary names farmhost.files creates: ".<name>.<8 hex>.tmp". Only the host's own are removed.
 HOST_TEMP_RE = re.compile(r"^\..+\.[0-9a-f]{8}\.tmp$")
 # Entries one quarantine sweep may remove: it runs on the event loop, and a planted directory may hold a million.
 MAX_SWEEP_REMOVALS: Final = 10_000

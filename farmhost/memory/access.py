@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 from farmhost.errors import InvalidRequest, NotFound, Unauthorized
-from farmhost.ipc.handlers import RequestContext
+from farmhost.handling import RequestContext
 from farmhost.protocol.codes import FOLDER_RE
 from farmhost.store import groups
 

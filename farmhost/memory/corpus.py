@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Final
 
 from farmhost.memory.bm25 import Bm25Index, SegmentKey
-from farmhost.memory.builder import BUILD_TIMEOUT_SECONDS, BuildError, run_builder
 from farmhost.memory.chunker import DEFAULT_MAX_CHARS, Chunk, chunk_markdown
 from farmhost.memory.files import Signature, read_memory_file
+from farmhost.memory.indexer_process import BUILD_TIMEOUT_SECONDS, BuildError, run_builder
 from farmhost.memory.progress import PROGRESS_AFTER_SECONDS, PROGRESS_EVERY_SECONDS, PROGRESS_FILES, IndexProgress
 from farmhost.memory.snapshot import Snapshot, SnapshotError, identity, open_snapshot, write_snapshot
 from farmhost.memory.snippet import snippet

@@ -7,7 +7,7 @@ import os
 from typing import Any, Final
 
 from farmhost.errors import InvalidRequest, NotAllowed
-from farmhost.ipc.handlers import RequestContext
+from farmhost.handling import RequestContext
 from farmhost.memory.access import target_folder
 from farmhost.protocol.envelope import Outcome
 from farmhost.protocol.params import MemoryGetParams, parse_params

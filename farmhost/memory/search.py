@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from farmhost.ipc.handlers import Effect, Handlers, HandlerSpec, RequestContext
+from farmhost.handling import Effect, Handlers, HandlerSpec, RequestContext
 from farmhost.layout import GLOBAL_MEMORY_FOLDER, DataLayout
 from farmhost.memory.access import target_folder
-from farmhost.memory.builder import BUILD_TIMEOUT_SECONDS
 from farmhost.memory.corpus import CorpusStats, MemoryCorpus, MemoryHit, SessionHit
 from farmhost.memory.get import memory_get
+from farmhost.memory.indexer_process import BUILD_TIMEOUT_SECONDS
 from farmhost.memory.sessions import SessionUpdate, SessionWindow, WindowStats
 from farmhost.memory.snapshot import SUFFIX
 from farmhost.protocol.envelope import Outcome, utc_stamp

@@ -18,20 +18,21 @@ from collections.abc import Callable
 from datetime import datetime, tzinfo
 from typing import TYPE_CHECKING, Any, Final
 
+from farmhost.agents.pause import set_paused
 from farmhost.background import cancel_and_wait, every
-from farmhost.mqtt.discovery import HA_STATUS, OFF, OFFLINE, ON, ONLINE, Topics, discovery_config
+from farmhost.broker import OFFLINE, ONLINE
+from farmhost.mqtt.discovery import HA_STATUS, OFF, ON, Topics, discovery_config
 from farmhost.mqtt.link import Incoming, MqttLink
 from farmhost.store import host_state, outbox
 from farmhost.store.db import Database, now_utc
 
 if TYPE_CHECKING:
     from farmhost.agents.runtime import AgentRuntime
-    from farmhost.farm.state import StateCollector
+    from farmhost.farm.state.collector import StateCollector
 
 logger = logging.getLogger(__name__)
 
 STATE_SECONDS: Final = 10.0
-PAUSED_KEY: Final = host_state.AGENTS_PAUSED
 RUNS_KEY: Final = "agent_runs:"  # + the farm's date
 
 
@@ -41,38 +42,6 @@ def count_run(db: Database, zone: tzinfo, at: datetime) -> None:
     with db.tx(durable=False) as conn:
         host_state.increment(conn, key)
         host_state.forget_older(conn, RUNS_KEY, key)
-
-
-def restore_pause(db: Database, runtime: AgentRuntime) -> None:
-    """A pause survives restarts: apply the stored one."""
-    with db.tx() as conn:
-        reason = host_state.get(conn, PAUSED_KEY)
-    if reason is not None:
-        runtime.pause(reason)
-
-
-def set_paused(
-    db: Database, runtime: AgentRuntime, paused: bool, *, by: str, at: datetime, reason: str | None = None
-) -> bool:
-    """Pause or resume, stored; False when it already was so (nothing changes twice).
-
-    A `reason` given with `paused` (the emergency stop's "stopped by /stop (who, when)") replaces the reason of a
-    pause already in force, so /status and doctor name the stop rather than an earlier pause.
-    """
-    if paused == (runtime.paused is not None) and (not paused or reason is None or reason == runtime.paused):
-        return False
-    with db.tx() as conn:
-        if paused:
-            reason = reason or f"paused by {by} at {at:%Y-%m-%d %H:%M} UTC"
-            host_state.put(conn, PAUSED_KEY, reason)
-        else:
-            host_state.delete(conn, PAUSED_KEY)
-    if paused:
-        assert reason is not None
-        runtime.pause(reason)
-    else:
-        runtime.resume()
-    return True
 
 
 class HaDevice:

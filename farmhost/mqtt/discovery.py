@@ -12,12 +12,11 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from farmhost import __version__
-from farmhost.farm.alerts import Rule
+from farmhost.broker import OFFLINE, ONLINE
+from farmhost.farm.state.alerts import Rule
 
 DISCOVERY_PREFIX: Final = "homeassistant"
 HA_STATUS: Final = f"{DISCOVERY_PREFIX}/status"  # HA's birth/will: `online` after it starts
-ONLINE: Final = "online"
-OFFLINE: Final = "offline"
 ON: Final = "ON"
 OFF: Final = "OFF"
 

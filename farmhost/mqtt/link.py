@@ -22,7 +22,7 @@ from typing import Any, Final
 import aiomqtt
 
 from farmhost.background import cancel_and_wait
-from farmhost.mqtt.broker import Broker
+from farmhost.broker import Broker
 
 logger = logging.getLogger(__name__)
 

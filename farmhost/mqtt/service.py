@@ -10,8 +10,9 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from farmhost.broker import OFFLINE
 from farmhost.mqtt.device import HaDevice
-from farmhost.mqtt.discovery import OFFLINE, Topics
+from farmhost.mqtt.discovery import Topics
 from farmhost.mqtt.link import MqttLink
 from farmhost.sites.server import SiteServer
 
@@ -19,9 +20,9 @@ if TYPE_CHECKING:
     from datetime import tzinfo
 
     from farmhost.agents.runtime import AgentRuntime
-    from farmhost.farm.state import StateCollector
+    from farmhost.broker import Broker
+    from farmhost.farm.state.collector import StateCollector
     from farmhost.ipc.router import Router
-    from farmhost.mqtt.broker import Broker
     from farmhost.sites.caller import SiteCaller
     from farmhost.store.db import Database
     from farmhost.store.groups import Group

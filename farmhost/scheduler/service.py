@@ -28,7 +28,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.date import DateTrigger
 
 from farmhost.config import Settings
-from farmhost.ipc.handlers import Change
+from farmhost.handling import Change
 from farmhost.scheduler import claims
 from farmhost.scheduler.runs import Dispatch, RunReport, TaskRun
 from farmhost.store import tasks

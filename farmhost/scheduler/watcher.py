@@ -27,8 +27,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, tzinfo
 from typing import Any, Final
 
-from farmhost.farm.alerts import Alert, local_iso
-from farmhost.farm.live_view import EntityView, LiveView, StateChange
+from farmhost.farm.homeassistant.live_view import EntityView, LiveView, StateChange
+from farmhost.farm.state.alerts import Alert, local_iso
 from farmhost.scheduler.specs import ScheduleType
 from farmhost.scheduler.when import Condition, ConditionError, load_condition
 from farmhost.store import task_runs, tasks, when_state

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from farmhost.farm.alerts import Rule
-from farmhost.farm.safe_state import UNKNOWN_STATES
+from farmhost.farm.control.safe_state import UNKNOWN_STATES
+from farmhost.farm.state.alerts import Rule
 
 # The SPEC's default: a farm event wakes the agent at most once an hour unless the task asks otherwise.
 DEFAULT_COOLDOWN: Final = 3600.0

@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 from farmhost.background import cancel_and_wait, every
-from farmhost.ipc.handlers import SITE_HANDLER, Effect, Handlers, HandlerSpec, RequestContext
+from farmhost.handling import SITE_HANDLER, Effect, Handlers, HandlerSpec, RequestContext
 from farmhost.protocol.codes import SITE_DEADLINE_SECONDS, ErrorCode
 from farmhost.protocol.envelope import Outcome, utc_stamp
 from farmhost.protocol.requests import AnyRequest, FarmActionRequest

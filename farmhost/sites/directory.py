@@ -11,11 +11,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-from farmhost.mqtt.discovery import OFFLINE, ONLINE
-from farmhost.mqtt.link import Incoming
+from farmhost.broker import OFFLINE, ONLINE
 from farmhost.sites.wire import site_of_availability
 from farmhost.store.db import now_utc
+
+if TYPE_CHECKING:
+    from farmhost.mqtt.link import Incoming
 
 logger = logging.getLogger(__name__)
 

@@ -240,7 +240,7 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     """
     CREATE INDEX transcript_chat_id ON transcript(chat_jid, id)
     """,
-    # 11: the host uid (= gid) each group's agent runs get under a root daemon (farmhost/agents/identity.py);
+    # 11: the host uid (= gid) each group's agent runs get under a root daemon (farmhost/agents/sandbox/identity.py);
     # a row is never deleted, so an id is never given to another group while the old group's files may exist
     """
     CREATE TABLE agent_ids (
@@ -262,7 +262,7 @@ MIGRATIONS: Final[tuple[str, ...]] = (
         updated_at TEXT NOT NULL
     ) WITHOUT ROWID
     """,
-    # 13: farm alerts told to chats (farmhost/farm/alert_notify.py): one row per alert occurrence and chat, so an
+    # 13: farm alerts told to chats (farmhost/farm/state/alert_notifier.py): one row per alert occurrence and chat, so an
     # alert is told once across restarts, its repeats and its resolution line are timed, and who acknowledged it
     # is kept. `subject` is what makes two alerts the same (rule and entity; a violation's own id): at most one
     # row of a subject and chat is not `closed`, and an alert that returns within the flap window reopens it.

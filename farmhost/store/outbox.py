@@ -83,7 +83,7 @@ def enqueue(
         message_key: Unique per message; chunk i of it is `(message_key, i)`.
         chat_jid: The target chat (`telegram:<chat id>`).
         source_folder: The group that asked for it, None for the host's own messages.
-        chunks: The text chunks in order, already Telegram-sized (see `farmhost.telegram.chunking`).
+        chunks: The text chunks in order, already Telegram-sized (see `farmhost.outbox.chunking`).
         at: Now; the chunks are due at once.
         kind: `text`, or `file` (then `file_path` is the host's private copy).
         file_path: The file to send, for `kind="file"`.

@@ -9,16 +9,16 @@ import telegram
 from telegram.error import TelegramError
 
 from farmhost.agents import AgentRuntime
-from farmhost.approvals.desk import ApprovalDesk
 from farmhost.config import Settings
-from farmhost.farm.alert_notify import AlertNotifier
-from farmhost.farm.emergency_stop import EmergencyStop
-from farmhost.ipc.handlers import Change
+from farmhost.emergency_stop import EmergencyStop
+from farmhost.farm.control.approval_desk import ApprovalDesk
+from farmhost.farm.state.alert_notifier import AlertNotifier
+from farmhost.handling import Change
 from farmhost.layout import DataLayout
 from farmhost.store.db import Database
 from farmhost.telegram.bot import make_bot
-from farmhost.telegram.delivery import OutboxDelivery
-from farmhost.telegram.inbound import StatusSource, TelegramInbound
+from farmhost.telegram.delivery.worker import OutboxDelivery
+from farmhost.telegram.inbound.receiver import StatusSource, TelegramInbound
 
 logger = logging.getLogger(__name__)
 

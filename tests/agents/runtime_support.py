@@ -12,7 +12,7 @@ from typing import Any
 from farmhost_testing import group_lookup, register_in_process
 
 from farmhost.agents import AgentJob, AgentOutcome, AgentRuntime
-from farmhost.agents.backends import SandboxBackend
+from farmhost.agents.sandbox.backends import SandboxBackend
 from farmhost.config import Settings
 from farmhost.layout import DataLayout
 

@@ -13,7 +13,8 @@ import pytest
 from farmhost_testing import init_data_dir_in_process
 from runtime_support import SECRETS, make_runtime, probe_job, report, settings_for
 
-from farmhost.agents.backends import (
+from farmhost.agents.kinds import IMAGE_OPENCODE_BIN, agent_kind
+from farmhost.agents.sandbox.backends import (
     BwrapBackend,
     DockerBackend,
     LaunchPlan,
@@ -29,14 +30,13 @@ from farmhost.agents.backends import (
     group_ids,
     write_engine_profiles_sync,
 )
-from farmhost.agents.backends.base import UNIX_AND_LOOPBACK_INET, UNIX_ONLY
-from farmhost.agents.backends.docker import cli_env
-from farmhost.agents.backends.host import find_python_install_sync, minimal_paths
-from farmhost.agents.backends.share import LAUNCHER
-from farmhost.agents.identity import AgentIdentity
-from farmhost.agents.kinds import IMAGE_OPENCODE_BIN, agent_kind
-from farmhost.agents.sandbox import sandbox_spec
-from farmhost.agents.seccomp import engine_profile
+from farmhost.agents.sandbox.backends.base import UNIX_AND_LOOPBACK_INET, UNIX_ONLY
+from farmhost.agents.sandbox.backends.docker import cli_env
+from farmhost.agents.sandbox.backends.host_paths import find_python_install_sync, minimal_paths
+from farmhost.agents.sandbox.backends.share import LAUNCHER
+from farmhost.agents.sandbox.identity import AgentIdentity
+from farmhost.agents.sandbox.mounts import sandbox_spec
+from farmhost.agents.sandbox.seccomp import engine_profile
 from farmhost.config import Settings
 from farmhost.layout import REPO_ROOT, DataLayout
 

@@ -22,7 +22,7 @@ from llm_stub import Reply, ScriptedLLM
 from runtime_support import PROBE, SECRETS, make_runtime, probe_job, report, settings_for
 
 from farmhost.agents import AgentJob
-from farmhost.agents.backends import DockerBackend
+from farmhost.agents.sandbox.backends import DockerBackend
 from farmhost.config import Settings
 
 IN_IMAGE = ("python", "-c", PROBE)  # the image's interpreter (its venv's python), not the host's

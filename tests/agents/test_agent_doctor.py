@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from farmhost_testing import clean_env, farmhost, init_data_dir_in_process, scaled
 
-from farmhost.agents.cgroups import detect_sync
-from farmhost.agents.seccomp import build_filter_sync
+from farmhost.agents.sandbox.cgroups import detect_sync
+from farmhost.agents.sandbox.seccomp import build_filter_sync
 from farmhost.cli.doctor import SECCOMP_TRIAL
 from farmhost.config import AGENT_UID_BASE
 

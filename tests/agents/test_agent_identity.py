@@ -25,7 +25,7 @@ import pytest
 from farmhost_testing import Daemon, clean_env, drop, init_data_dir_in_process, ok, wait_for, wait_result
 from runtime_support import Sandbox
 
-from farmhost.agents.backends.share import inotify_share
+from farmhost.agents.sandbox.backends.share import inotify_share
 from farmhost.config import AGENT_UID_BASE
 
 pytestmark = [

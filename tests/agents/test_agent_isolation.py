@@ -17,7 +17,7 @@ from llm_stub import Reply, ScriptedLLM
 from runtime_support import SECRETS, Sandbox, make_runtime, probe_job, report, settings_for
 
 from farmhost.agents import AgentJob, AgentRuntime
-from farmhost.agents.backends import BwrapBackend
+from farmhost.agents.sandbox.backends import BwrapBackend
 from farmhost.config import Settings
 from farmhost.layout import REPO_ROOT
 

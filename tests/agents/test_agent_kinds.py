@@ -11,9 +11,9 @@ import pytest
 from farmhost_testing import init_data_dir_in_process
 from runtime_support import PROBE, make_runtime, probe_job, report, settings_for
 
-from farmhost.agents.backends.docker import DockerBackend
 from farmhost.agents.kinds import IMAGE_OPENCODE_BIN
 from farmhost.agents.runtime import NO_LLM
+from farmhost.agents.sandbox.backends.docker import DockerBackend
 from farmhost.config import load_settings
 from farmhost.errors import ConfigError
 

@@ -21,10 +21,10 @@ from farmhost_testing import init_data_dir_in_process, scaled, wait_for_async
 from llm_stub import Reply, ScriptedLLM
 from runtime_support import Sandbox, probe_job, report
 
-from farmhost.agents.backends.base import RunLimits, SandboxError
-from farmhost.agents.cgroups import CgroupSupport, detect_sync, open_run_cgroup_sync, own_paths
 from farmhost.agents.runtime import AgentRuntime
-from farmhost.agents.sandbox import GROUP_DIR, IPC_DIR
+from farmhost.agents.sandbox.backends.base import RunLimits, SandboxError
+from farmhost.agents.sandbox.cgroups import CgroupSupport, detect_sync, open_run_cgroup_sync, own_paths
+from farmhost.agents.sandbox.mounts import GROUP_DIR, IPC_DIR
 
 
 @pytest.fixture

@@ -14,12 +14,12 @@ from runtime_support import SOCKETS, Sandbox, make_runtime, probe_job, report, s
 from seccomp_probe import PROBE_COMMAND
 
 from farmhost.agents import AgentJob
-from farmhost.agents.backends import BwrapBackend
-from farmhost.agents.backends.base import FD_PLACEHOLDER, UNIX_ONLY, RunLimits
-from farmhost.agents.backends.host import find_python_install_sync
-from farmhost.agents.identity import AgentIdentity
-from farmhost.agents.sandbox import sandbox_spec
-from farmhost.agents.seccomp import ARCH_FAMILIES, build_filter_sync
+from farmhost.agents.sandbox.backends import BwrapBackend
+from farmhost.agents.sandbox.backends.base import FD_PLACEHOLDER, UNIX_ONLY, RunLimits
+from farmhost.agents.sandbox.backends.host_paths import find_python_install_sync
+from farmhost.agents.sandbox.identity import AgentIdentity
+from farmhost.agents.sandbox.mounts import sandbox_spec
+from farmhost.agents.sandbox.seccomp import ARCH_FAMILIES, build_filter_sync
 from farmhost.layout import DataLayout
 
 REFUSED = {

@@ -23,7 +23,7 @@ from farmhost_testing import (
 )
 from runtime_support import SOCKETS, Sandbox
 
-from farmhost.agents.sandbox import GROUP_DIR
+from farmhost.agents.sandbox.mounts import GROUP_DIR
 
 ZONE = "Europe/Lisbon"
 

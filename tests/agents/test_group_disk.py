@@ -14,7 +14,7 @@ import pytest
 from farmhost_testing import init_data_dir_in_process
 from runtime_support import Sandbox, probe_job
 
-from farmhost.agents.group_disk import FILES_PER_MB, MAX_DEPTH
+from farmhost.agents.sandbox.group_disk import FILES_PER_MB, MAX_DEPTH
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ import pytest
 from farmhost_testing import init_data_dir_in_process
 from runtime_support import PROBE_COMMAND, Sandbox, probe_job, report
 
-from farmhost.agents.group_disk import FILES_PER_MB
 from farmhost.agents.runtime import AgentRuntime
-from farmhost.agents.sandbox import GROUP_DIR, IPC_DIR
+from farmhost.agents.sandbox.group_disk import FILES_PER_MB
+from farmhost.agents.sandbox.mounts import GROUP_DIR, IPC_DIR
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the journal is a root daemon's (per-group uids)")
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from farmhost.agents.group_disk import DiskLimit, measure_sync
-from farmhost.agents.tree_journal import JournalLost, TreeJournal
+from farmhost.agents.sandbox.group_disk import DiskLimit, measure_sync
+from farmhost.agents.sandbox.tree_journal import JournalLost, TreeJournal
 
 SETID = stat.S_ISUID | stat.S_ISGID
 

@@ -16,7 +16,7 @@ from farmhost_testing import drop, init_data_dir_in_process, read_result, wait_f
 from farmhost.app import build_handlers
 from farmhost.config import Settings, load_settings
 from farmhost.farm.deps import FarmDeps
-from farmhost.farm.homeassistant import HAClient
+from farmhost.farm.homeassistant.client import HAClient
 from farmhost.ipc.service import IpcService
 from farmhost.ipc.snapshots import HostIdentity
 from farmhost.layout import DataLayout

@@ -9,11 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from farmhost.approvals.asking import callback_data, parse_callback
 from farmhost.errors import NotAllowed
-from farmhost.farm import gate, rules
-from farmhost.farm.policy import ProfileInvalid, parse_profile
-from farmhost.farm.rules import ActuatorRule, ControlCall
+from farmhost.farm.control import actuator_gate as gate
+from farmhost.farm.control import rules
+from farmhost.farm.control.approval_requests import callback_data, parse_callback
+from farmhost.farm.control.policy import ProfileInvalid, parse_profile
+from farmhost.farm.control.rules import ActuatorRule, ControlCall
 from farmhost.protocol.params import HaCallServiceParams, HaSetEntityParams
 
 PUMP = "switch.irrigation_pump"

@@ -1,4 +1,4 @@
-"""The pure parts of farm/alert_notify.py: quiet hours, the buttons' data, the subscriptions file, the setting."""
+"""The pure parts of farm/state/alert_notifier.py: quiet hours, the buttons' data, the subscriptions file, the setting."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from farmhost.config import Settings
-from farmhost.farm.alert_notify import QuietHours, keyboard, parse_callback, read_subscriptions
+from farmhost.farm.state.alert_notifier import QuietHours, keyboard, parse_callback, read_subscriptions
 
 LISBON = ZoneInfo("Europe/Lisbon")
 

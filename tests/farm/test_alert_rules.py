@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from farmhost.farm.alerts import (
+from farmhost.farm.state.alerts import (
     EVENT_ALERT_HOLD,
     Alert,
     AlertBook,

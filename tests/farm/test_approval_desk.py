@@ -15,13 +15,14 @@ from typing import Any
 import pytest
 from farmhost_testing import FIELD_JID, init_data_dir_in_process
 
-from farmhost.approvals import asking, store
-from farmhost.approvals.desk import ApprovalDesk, Presser
+from farmhost.approvals import store
 from farmhost.approvals.store import ApprovalRow
 from farmhost.config import Settings
 from farmhost.farm.audit import AuditLog
-from farmhost.farm.rules import Approval
-from farmhost.ipc.handlers import Approved, Effect, HandlerSpec, RequestContext
+from farmhost.farm.control import approval_requests as asking
+from farmhost.farm.control.approval_desk import ApprovalDesk, Presser
+from farmhost.farm.control.rules import Approval
+from farmhost.handling import Approved, Effect, HandlerSpec, RequestContext
 from farmhost.ipc.router import Router
 from farmhost.layout import DataLayout
 from farmhost.protocol.envelope import Outcome

@@ -16,9 +16,9 @@ from farmhost_testing import Daemon, clean_env, drop, ok, refused, wait_result
 from ha_core_support import FarmHost, farm_host, make_data_dir
 from ha_fixture import HaInstance
 
-from farmhost.farm import dashboards as dash
-from farmhost.farm.dashboard_actions import ha_dashboard_patch
-from farmhost.farm.dashboard_files import shipped_dashboards
+from farmhost.farm.dashboards import lovelace as dash
+from farmhost.farm.dashboards.actions import ha_dashboard_patch
+from farmhost.farm.dashboards.files import shipped_dashboards
 from farmhost.farm.deps import FarmDeps
 from farmhost.layout import DataLayout
 from farmhost.protocol.params import HaDashboardPatchParams

@@ -17,7 +17,7 @@ from farmhost_testing import Daemon, clean_env, drop, ok, refused, wait_result
 from ha_core_support import FarmHost, farm_host, make_data_dir
 from ha_fixture import HaInstance
 
-from farmhost.farm import dashboards as dash
+from farmhost.farm.dashboards import lovelace as dash
 
 BASE = "title: Base\nviews:\n  - title: Field\n    path: field\n    cards:\n      - type: tile\n        entity: switch.irrigation_pump\n"
 # What must never be stored in HA, in any dashboard, after the attacks.

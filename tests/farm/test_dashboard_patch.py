@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from farmhost.errors import InvalidRequest
-from farmhost.farm import dashboards as dash
-from farmhost.farm.dashboard_patch import OPERATIONS, OperationError, apply_operations
+from farmhost.farm.dashboards import lovelace as dash
+from farmhost.farm.dashboards.patch import OPERATIONS, OperationError, apply_operations
 from farmhost.protocol.params import MAX_DASHBOARD_BYTES, MAX_OPERATIONS
 
 SHIPPED = Path(__file__).resolve().parents[2] / "dashboards" / "farm.yaml"

@@ -10,9 +10,9 @@ import pytest
 from dashboard_attacks import GUARDED_SHAPES, PROFILE, SCRIPT_URLS, SHAPES, view
 
 from farmhost.errors import NotAllowed
-from farmhost.farm import dashboards as dash
-from farmhost.farm.dashboard_policy import ContentRules, enforce, rules_for, url_problem, violations
-from farmhost.farm.policy import LoadedProfile, ProfileInvalid, load_profile, parse_profile
+from farmhost.farm.control.policy import LoadedProfile, ProfileInvalid, load_profile, parse_profile
+from farmhost.farm.dashboards import lovelace as dash
+from farmhost.farm.dashboards.policy import ContentRules, enforce, rules_for, url_problem, violations
 
 SHIPPED = Path(__file__).resolve().parents[2] / "dashboards"
 

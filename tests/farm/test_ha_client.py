@@ -18,7 +18,7 @@ from farmhost_testing import Daemon, clean_env, drop, scaled, wait_result
 from ha_core_support import farm_host, make_data_dir
 from ha_fixture import HaInstance
 
-from farmhost.farm.homeassistant import (
+from farmhost.farm.homeassistant.client import (
     REQUEST_TIMEOUT,
     HaAuthFailed,
     HAClient,
@@ -30,7 +30,7 @@ from farmhost.farm.homeassistant import (
 )
 from farmhost.protocol.codes import ErrorCode
 
-LOGGER = "farmhost.farm.homeassistant"
+LOGGER = "farmhost.farm.homeassistant.client"
 
 
 @pytest.fixture
@@ -243,7 +243,7 @@ def test_daemon_home_assistant_down_and_back(tmp_path: Path, ha_reset: HaInstanc
     log = daemon.log()
     # The link's own warnings, once each. (Other lines may quote the error: the state collector's first refresh
     # can still be running when HA stops on a busy machine, and it logs what it could not fetch.)
-    link = [line for line in log.splitlines() if "farmhost.farm.homeassistant:" in line]
+    link = [line for line in log.splitlines() if "farmhost.farm.homeassistant.client:" in line]
     assert sum("is unreachable" in line for line in link) == 1, log
     assert sum("is reachable again" in line for line in link) == 1, log
     assert "Traceback" not in log, log

@@ -13,7 +13,7 @@ from farmhost_testing import ok, refused, wait_for, wait_for_async
 from ha_core_support import FarmHost, farm_host, make_data_dir
 from ha_fixture import HaInstance
 
-from farmhost.farm.history import MAX_POINTS, Change, summarise
+from farmhost.farm.state.history import MAX_POINTS, Change, summarise
 
 TEMPERATURE = "sensor.air_temperature"
 PUMP = "switch.irrigation_pump"

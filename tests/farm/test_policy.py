@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from farmhost.errors import NotAllowed, Unauthorized
-from farmhost.farm.policy import (
+from farmhost.farm.control.policy import (
     DEFAULT_DENIED_DOMAINS,
     MAX_PROFILE_BYTES,
     FarmProfile,

@@ -1,4 +1,4 @@
-"""The safe state of a guarded entity (farm/safe_state.py): by domain, by range, by the rule's safeState."""
+"""The safe state of a guarded entity (farm/control/safe_state.py): by domain, by range, by the rule's safeState."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from farmhost.farm.policy import ProfileInvalid, parse_profile
-from farmhost.farm.rules import ActuatorRule
-from farmhost.farm.safe_state import guarded, is_on, is_safe_state, safe_target
+from farmhost.farm.control.policy import ProfileInvalid, parse_profile
+from farmhost.farm.control.rules import ActuatorRule
+from farmhost.farm.control.safe_state import guarded, is_on, is_safe_state, safe_target
 
 
 def parsed(*entries: dict[str, Any]) -> tuple[ActuatorRule, ...]:

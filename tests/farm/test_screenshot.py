@@ -22,14 +22,14 @@ from ha_fixture import HaInstance, WsSession
 
 from farmhost.config import Settings
 from farmhost.errors import FarmhostError, InvalidRequest, NotAllowed, NotFound, Unavailable
-from farmhost.farm import dashboard_policy
-from farmhost.farm.dashboards import url_path
+from farmhost.farm.dashboards import policy as dashboard_policy
+from farmhost.farm.dashboards.lovelace import url_path
+from farmhost.farm.dashboards.screenshots import CHROMIUM_PATH, capture, ha_capture_screenshot, ha_user, parse_params
+from farmhost.farm.dashboards.screenshots.files import open_screenshots_dir, write_png
+from farmhost.farm.dashboards.screenshots.ha_user import USER_NAME
 from farmhost.farm.deps import FarmDeps
-from farmhost.farm.homeassistant import HAClient
-from farmhost.farm.screenshots import CHROMIUM_PATH, capture, ha_capture_screenshot, ha_user, parse_params
-from farmhost.farm.screenshots.files import open_screenshots_dir, write_png
-from farmhost.farm.screenshots.ha_user import USER_NAME
-from farmhost.ipc.handlers import RequestContext
+from farmhost.farm.homeassistant.client import HAClient
+from farmhost.handling import RequestContext
 from farmhost.layout import DataLayout
 from farmhost.protocol.codes import ErrorCode
 from farmhost.protocol.params import HaCaptureScreenshotParams
@@ -582,7 +582,7 @@ async def test_a_listed_custom_card_acting_through_the_frontend_changes_nothing(
             assert ws.command("lovelace/resources/create", res_type="module", url="/local/evil-card.js")["success"]
     farm.settings.profile_path.write_text(json.dumps({"policy": {"dashboards": {"customCards": ["custom:evil-card"]}}}))
     save_dashboard(ha, "evil", [{"type": "custom:evil-card"}])
-    caplog.set_level(logging.WARNING, logger="farmhost.farm.screenshots.confine")
+    caplog.set_level(logging.WARNING, logger="farmhost.farm.dashboards.screenshots.confine")
 
     try:
         result: dict[str, Any] | None = await farm.shoot("evil-1", dashboard="evil", selector="evil-card .ran")

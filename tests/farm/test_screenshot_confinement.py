@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 from farmhost_testing import wait_for_async
 
-from farmhost.farm.screenshots import CHROMIUM_PATH, capture, parse_params
-from farmhost.farm.screenshots.browser import LAUNCH_ARGS
-from farmhost.farm.screenshots.confine import WEBRTC_FLAGS
-from farmhost.farm.screenshots.ws_filter import filter_from_page
+from farmhost.farm.dashboards.screenshots import CHROMIUM_PATH, capture, parse_params
+from farmhost.farm.dashboards.screenshots.browser import LAUNCH_ARGS
+from farmhost.farm.dashboards.screenshots.confine import WEBRTC_FLAGS
+from farmhost.farm.dashboards.screenshots.ws_filter import filter_from_page
 
 TOKEN = "standin-screenshot-token"
 WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
@@ -213,7 +213,7 @@ def servers() -> Iterator[Servers]:
 async def test_a_hostile_page_on_the_ha_origin_reaches_nothing_and_every_block_is_logged(
     servers: Servers, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="farmhost.farm.screenshots.confine")
+    caplog.set_level(logging.WARNING, logger="farmhost.farm.dashboards.screenshots.confine")
     result = await capture(
         chromium=CHROMIUM_PATH,
         base_url=servers.standin,

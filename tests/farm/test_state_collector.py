@@ -22,12 +22,12 @@ from ha_fixture import CALENDAR_ENTITY, HaInstance
 
 from farmhost.config import Settings
 from farmhost.errors import InvalidRequest, Unavailable
-from farmhost.farm.alerts import AlertThresholds
 from farmhost.farm.deps import FarmDeps
-from farmhost.farm.homeassistant import HaAuthFailed, HAClient, HaUnavailable
-from farmhost.farm.inventory import calendar_events, devices_document
-from farmhost.farm.state import StateCollector, collector_options, farm_state_refresh
-from farmhost.farm.telemetry import file_name, numeric_values, prune_sync
+from farmhost.farm.homeassistant.client import HaAuthFailed, HAClient, HaUnavailable
+from farmhost.farm.state.alerts import AlertThresholds
+from farmhost.farm.state.collector import StateCollector, collector_options, farm_state_refresh
+from farmhost.farm.state.inventory import calendar_events, devices_document
+from farmhost.farm.state.telemetry import file_name, numeric_values, prune_sync
 from farmhost.layout import DataLayout
 from farmhost.protocol.codes import ErrorCode
 from farmhost.protocol.params import NoParams, parse_params
@@ -53,7 +53,7 @@ def settle(ha: HaInstance, entity_id: str, state: str) -> None:
 
 
 def logged(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "farmhost.farm.state"]
+    return [r.getMessage() for r in caplog.records if r.name == "farmhost.farm.state.collector"]
 
 
 def read(path: Path) -> Any:
@@ -362,7 +362,7 @@ async def test_an_alert_survives_a_restart_with_its_original_since(
 async def test_while_ha_is_down_the_snapshot_stays_marked_stale_and_the_outage_is_logged_once(
     client: HAClient, layout: DataLayout, ha_reset: HaInstance, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="farmhost.farm.state")
+    caplog.set_level(logging.INFO, logger="farmhost.farm.state.collector")
     collector = collector_for(client, layout, ha_reset)
     _soil(ha_reset)
     good = await collector.refresh_now()

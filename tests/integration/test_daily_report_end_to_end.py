@@ -19,7 +19,7 @@ from ha_fixture import HaInstance
 from llm_stub import Reply, ScriptedLLM, ToolCall
 from telegram_stub import FakeTelegram
 
-from farmhost.farm.daily_report import report_key
+from farmhost.scheduler.daily_report import report_key
 from farmhost.store.db import Database
 
 pytestmark = pytest.mark.slow  # end to end, many seconds each (make test-fast leaves it out)

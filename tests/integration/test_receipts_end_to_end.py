@@ -16,7 +16,7 @@ from ha_fixture import HaInstance
 from llm_stub import Reply, ScriptedLLM, ToolCall
 from telegram_stub import FakeTelegram
 
-from farmhost.farm.receipts import HEADING
+from farmhost.farm.state.receipts import HEADING
 
 pytestmark = pytest.mark.slow  # end to end, many seconds each (make test-fast leaves it out)
 

@@ -23,7 +23,7 @@ from ipc_support import uid
 from farmhost.app import build_handlers
 from farmhost.config import load_settings
 from farmhost.farm.deps import FarmDeps
-from farmhost.ipc.handlers import Handlers
+from farmhost.handling import Handlers
 from farmhost.ipc.service import IpcService
 from farmhost.ipc.snapshots import HostIdentity
 from farmhost.layout import DataLayout

@@ -16,10 +16,10 @@ import pytest
 from farmhost_testing import init_data_dir_in_process
 
 from farmhost.config import Settings
-from farmhost.ipc.handlers import Approved, Effect, HandlerSpec, RequestContext
-from farmhost.ipc.requestlog import RequestLog
+from farmhost.handling import Approved, Effect, HandlerSpec, RequestContext
 from farmhost.ipc.router import Router
 from farmhost.layout import DataLayout
+from farmhost.ndjson_log import NdjsonLog
 from farmhost.protocol.envelope import Outcome
 from farmhost.protocol.requests import AnyRequest, FarmActionRequest
 from farmhost.store import groups, ledger
@@ -58,7 +58,7 @@ class Toggle:
         return Outcome(result={"toggled": len(self.runs)})
 
 
-def router(root: Path, db: Database, run: Toggle, log: RequestLog) -> Router:
+def router(root: Path, db: Database, run: Toggle, log: NdjsonLog) -> Router:
     layout = DataLayout(root)
     settings = Settings(_env_file=None, FARMHOST_DATA_DIR=root)  # type: ignore[call-arg]
     handlers = {"farm_action:ha_call_service": HandlerSpec(effect=Effect.EXTERNAL, run=run)}
@@ -75,7 +75,7 @@ def logged(root: Path) -> list[dict[str, Any]]:
 async def test_the_same_id_asked_twice_at_once_and_once_more_later_runs_once(root: Path, db: Database) -> None:
     toggle = Toggle()
     toggle.gate = asyncio.Event()
-    log = RequestLog(DataLayout(root).logs, max_bytes=1 << 20)
+    log = NdjsonLog(DataLayout(root).logs, max_bytes=1 << 20)
     door = router(root, db, toggle, log)
     field = groups.get_group(db.conn, "field")
     assert field is not None
@@ -108,7 +108,7 @@ async def test_the_same_id_asked_twice_at_once_and_once_more_later_runs_once(roo
 
 async def test_a_request_id_is_kept_per_group(root: Path, db: Database) -> None:
     toggle = Toggle()
-    log = RequestLog(DataLayout(root).logs, max_bytes=1 << 20)
+    log = NdjsonLog(DataLayout(root).logs, max_bytes=1 << 20)
     door = router(root, db, toggle, log)
     for folder in ("main", "field"):
         group = groups.get_group(db.conn, folder)

@@ -40,7 +40,7 @@ from ipc_support import (
 from farmhost.app import build_handlers
 from farmhost.config import load_settings
 from farmhost.farm.deps import FarmDeps
-from farmhost.ipc.handlers import Effect, Handlers, HandlerSpec, RequestContext
+from farmhost.handling import Effect, Handlers, HandlerSpec, RequestContext
 from farmhost.ipc.service import IpcService
 from farmhost.ipc.snapshots import HostIdentity
 from farmhost.layout import DataLayout

@@ -227,10 +227,10 @@ def test_the_builder_has_a_help_and_refuses_a_bad_root(tmp_path: Path) -> None:
 
     from farmhost_testing import clean_env
 
-    done = subprocess.run([sys.executable, "-m", "farmhost.memory.build", "--help"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "farmhost.memory.indexer", "--help"], capture_output=True, text=True,
                           env=clean_env(), check=False)  # fmt: skip
     assert done.returncode == 0 and "snapshot" in done.stdout
-    bad = subprocess.run([sys.executable, "-m", "farmhost.memory.build", "--out", str(tmp_path / "x"), "--root", "nope"],
+    bad = subprocess.run([sys.executable, "-m", "farmhost.memory.indexer", "--out", str(tmp_path / "x"), "--root", "nope"],
                          capture_output=True, text=True, env=clean_env(), check=False)  # fmt: skip
     assert bad.returncode == 2 and "LABEL=PATH" in bad.stderr
 

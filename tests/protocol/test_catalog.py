@@ -7,8 +7,8 @@ from typing import get_args
 import pytest
 
 from farmhost.farm.actions import ACTIONS, IMPLEMENTATION_MODULES, ROUTER_MARGIN, implementation
-from farmhost.farm.policy import ACTION_NAMES
-from farmhost.ipc.handlers import Effect
+from farmhost.farm.control.policy import ACTION_NAMES
+from farmhost.handling import Effect
 from farmhost.protocol.catalog import (
     ACTION_PARAMS,
     CONTROL_ACTIONS,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from farmhost.agents.identity import IdentityError, IdRange, allocate_sync, describe_ids, host_claim
+from farmhost.agents.sandbox.identity import IdentityError, IdRange, allocate_sync, describe_ids, host_claim
 from farmhost.config import AGENT_UID_BASE, Settings
 from farmhost.store import agent_ids
 from farmhost.store.db import Database

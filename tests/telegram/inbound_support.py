@@ -30,8 +30,8 @@ from farmhost.ipc.snapshots import HostIdentity
 from farmhost.layout import DataLayout
 from farmhost.store.db import Database, now_utc
 from farmhost.telegram.bot import make_bot
-from farmhost.telegram.delivery import OutboxDelivery
-from farmhost.telegram.inbound import TelegramInbound
+from farmhost.telegram.delivery.worker import OutboxDelivery
+from farmhost.telegram.inbound.receiver import TelegramInbound
 
 MAIN_CHAT, FIELD_CHAT = 100, 200
 assert f"telegram:{MAIN_CHAT}" == MAIN_JID

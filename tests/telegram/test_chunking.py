@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from farmhost.telegram.chunking import MIN_LIMIT, TELEGRAM_TEXT_LIMIT, split_text, text_length
+from farmhost.outbox.chunking import MIN_LIMIT, TELEGRAM_TEXT_LIMIT, split_text, text_length
 
 FENCE = "```"
 

@@ -17,12 +17,12 @@ from telegram_stub import Call, FakeTelegram
 
 from farmhost.config import Settings
 from farmhost.layout import DataLayout
+from farmhost.outbox.chunking import split_text
 from farmhost.store import outbox, transcripts
 from farmhost.store.db import Database, now_utc
 from farmhost.store.outbox import OutboxEntry
 from farmhost.telegram.bot import make_bot
-from farmhost.telegram.chunking import split_text
-from farmhost.telegram.delivery import OutboxDelivery
+from farmhost.telegram.delivery.worker import OutboxDelivery
 
 T = TypeVar("T")
 # PTB 22 warns whenever it builds a RetryAfter (its `retry_after` becomes a timedelta in v23); production ignores

@@ -18,7 +18,7 @@ from telegram.error import (
 )
 from telegram.warnings import PTBDeprecationWarning
 
-from farmhost.telegram.failures import FailureKind, classify
+from farmhost.telegram.delivery.failures import FailureKind, classify
 
 
 def caused(err: Exception, cause: Exception) -> Exception:

@@ -1,4 +1,4 @@
-"""The Stop everything button's data and the answers to /stop and /resume (farmhost/telegram/stop.py, pure)."""
+"""The Stop everything button's data and the answers to /stop and /resume (farmhost/outbox/stop_messages.py, pure)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from farmhost.farm.emergency_stop import EntityOutcome, ResumeReport, StopReport, stop_reason
-from farmhost.telegram import stop
-from farmhost.telegram.routing import MAIN_ONLY_COMMANDS
+from farmhost.emergency_stop import EntityOutcome, ResumeReport, StopReport, stop_reason
+from farmhost.outbox import stop_messages as stop
+from farmhost.telegram.inbound.routing import MAIN_ONLY_COMMANDS
 
 AT = datetime(2026, 12, 5, 8, 0, tzinfo=UTC)
 

@@ -26,7 +26,7 @@ from inbound_support import (
 from telegram_stub import FakeTelegram
 
 from farmhost.protocol.codes import FOLDER_RE, folder_problem
-from farmhost.telegram.approvals import callback_data, folder_for, parse_callback
+from farmhost.telegram.inbound.new_chats import callback_data, folder_for, parse_callback
 
 MAIN = f"telegram:{MAIN_CHAT}"
 

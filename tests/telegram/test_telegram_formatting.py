@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from telegram_stub import parse_html
 
-from farmhost.telegram.chunking import split_text
-from farmhost.telegram.formatting import TELEGRAM_CAPTION_LIMIT, escape, render, to_html, visible_text
+from farmhost.outbox.chunking import split_text
+from farmhost.telegram.delivery.formatting import TELEGRAM_CAPTION_LIMIT, escape, render, to_html, visible_text
 
 CASES = [
     ("plain words", "plain words"),

@@ -211,7 +211,7 @@ async def test_an_edit_is_stored_as_context_and_never_starts_a_run(root: Path, f
 async def test_polling_survives_outages_and_loses_nothing(
     root: Path, fake_telegram: FakeTelegram, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="farmhost.telegram.inbound")
+    caplog.set_level(logging.INFO, logger="farmhost.telegram.inbound.receiver")
     tg = fake_telegram
     tg.fail("getUpdates", status=502, description="Bad Gateway", times=2)
     tg.fail("getUpdates", drop_connection=True)
@@ -231,7 +231,9 @@ async def test_polling_survives_outages_and_loses_nothing(
     assert polls[5].at - polls[4].at >= 0.9  # Telegram's retry_after (1 s) was honoured
     assert polls[5].params.get("offset") is None and tg.offsets[-1] == second["update_id"] + 1
     warnings = [
-        r.getMessage() for r in caplog.records if r.name == "farmhost.telegram.inbound" and r.levelname == "WARNING"
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "farmhost.telegram.inbound.receiver" and r.levelname == "WARNING"
     ]
     assert len(warnings) == 1 and "getUpdates failed: NetworkError: Bad Gateway" in warnings[0]  # logged once
     assert any("polling works again after 5 failed attempt(s)" in r.getMessage() for r in caplog.records)

@@ -7,8 +7,8 @@ from zoneinfo import ZoneInfo
 
 from farmhost.agents import AgentOutcome
 from farmhost.store.transcripts import TranscriptMessage
-from farmhost.telegram.chat_runs import reply_text
-from farmhost.telegram.prompt import CONTEXT_HEADER, TRIGGER_HEADER, build_prompt
+from farmhost.telegram.inbound.chat_runs import reply_text
+from farmhost.telegram.inbound.prompt import CONTEXT_HEADER, TRIGGER_HEADER, build_prompt
 
 LISBON = ZoneInfo("Europe/Lisbon")
 T0 = datetime(2026, 7, 1, 9, 0, tzinfo=UTC)  # 10:00 in Lisbon (summer time)

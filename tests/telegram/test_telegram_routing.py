@@ -9,7 +9,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from farmhost.store.groups import Group
-from farmhost.telegram.routing import Incoming, has_trigger, parse_command, parse_senders, route
+from farmhost.telegram.inbound.routing import Incoming, has_trigger, parse_command, parse_senders, route
 
 BOT, BOT_ID = "farm_test_bot", 123456
 AT = datetime(2026, 1, 1, tzinfo=UTC)

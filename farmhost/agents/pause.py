@@ -1,0 +1,46 @@
+"""The pause of agent runs (the MQTT switch, /stop): stored, so it survives restarts, and applied to the runtime."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Final
+
+from farmhost.store import host_state
+from farmhost.store.db import Database
+
+if TYPE_CHECKING:
+    from farmhost.agents.runtime import AgentRuntime
+
+PAUSED_KEY: Final = host_state.AGENTS_PAUSED
+
+
+def restore_pause(db: Database, runtime: AgentRuntime) -> None:
+    """A pause survives restarts: apply the stored one."""
+    with db.tx() as conn:
+        reason = host_state.get(conn, PAUSED_KEY)
+    if reason is not None:
+        runtime.pause(reason)
+
+
+def set_paused(
+    db: Database, runtime: AgentRuntime, paused: bool, *, by: str, at: datetime, reason: str | None = None
+) -> bool:
+    """Pause or resume, stored; False when it already was so (nothing changes twice).
+
+    A `reason` given with `paused` (the emergency stop's "stopped by /stop (who, when)") replaces the reason of a
+    pause already in force, so /status and doctor name the stop rather than an earlier pause.
+    """
+    if paused == (runtime.paused is not None) and (not paused or reason is None or reason == runtime.paused):
+        return False
+    with db.tx() as conn:
+        if paused:
+            reason = reason or f"paused by {by} at {at:%Y-%m-%d %H:%M} UTC"
+            host_state.put(conn, PAUSED_KEY, reason)
+        else:
+            host_state.delete(conn, PAUSED_KEY)
+    if paused:
+        assert reason is not None
+        runtime.pause(reason)
+    else:
+        runtime.resume()
+    return True

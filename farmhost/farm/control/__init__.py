@@ -1,0 +1,1 @@
+"""Control safety: the profile's actuator rules and policy, the gate, approvals, effects, automatic off, the stop."""

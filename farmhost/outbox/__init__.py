@@ -1,0 +1,1 @@
+"""The outbox anyone in the host uses to tell a chat something: notices, chunking, the messages/ queue's handlers."""

@@ -1,0 +1,92 @@
+"""Dispatch of one update: dropped when seen before, else to the button, message or membership handler.
+
+A message is routed (routing.py) here: ignored (the chat recorded as seen), offered for approval when its chat
+is not registered (membership.py), or stored as context, a run or a command (storing.py). Edits never start a
+run or answer a command.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from telegram import Message, Update
+
+from farmhost.store import groups, telegram_state
+from farmhost.telegram.bot import jid_of
+from farmhost.telegram.inbound import membership
+from farmhost.telegram.inbound.buttons import on_callback
+from farmhost.telegram.inbound.media import media_of
+from farmhost.telegram.inbound.message_store import MessageStore
+from farmhost.telegram.inbound.routing import Incoming, Route, route
+from farmhost.telegram.inbound.update_context import INBOUND_LOGGER, InboundPorts
+
+logger = logging.getLogger(INBOUND_LOGGER)
+
+
+async def handle(ports: InboundPorts, messages: MessageStore, update: Update) -> None:
+    """Process one update and move the offset past it (unless it is to be retried: MediaRetry, sqlite3.Error)."""
+    if telegram_state.seen(ports.db.conn, update.update_id):
+        logger.info("telegram: update %d was delivered again; dropped", update.update_id)
+        with ports.db.tx() as conn:
+            telegram_state.advance_offset(conn, update.update_id)
+        return
+    if update.callback_query is not None:
+        await on_callback(ports, update.update_id, update.callback_query)
+    elif update.message is not None:
+        await on_message(ports, messages, update.update_id, update.message, edited=False)
+    elif update.edited_message is not None:
+        await on_message(ports, messages, update.update_id, update.edited_message, edited=True)
+    elif update.my_chat_member is not None:
+        membership.on_membership(ports, update.update_id, update.my_chat_member)
+    else:
+        ports.finish(update.update_id, None, "ignored", "an update type farmhost does not handle")
+
+
+async def on_message(
+    ports: InboundPorts, messages: MessageStore, update_id: int, message: Message, *, edited: bool
+) -> None:
+    """Route a new or edited message and act on the decision."""
+    chat = message.chat
+    jid = jid_of(chat.id)
+    group = groups.find_by_jid(ports.db.conn, jid)
+    text = message.text or message.caption or ""
+    ref = media_of(message, max_bytes=ports.settings.telegram_media_max_bytes)
+    sender = message.from_user
+    if group is not None and message.migrate_to_chat_id is not None:
+        logger.warning(
+            "telegram: chat %s (folder %s) became a supergroup with id %d; register telegram:%d for it "
+            "(farmhost group add) and remove the old registration",
+            jid,
+            group.folder,
+            message.migrate_to_chat_id,
+            message.migrate_to_chat_id,
+        )
+    if not text and ref is None:
+        ports.finish(update_id, jid, "ignored", "no text or media (a service message)", ports.seen_chat(chat))
+        return
+    incoming = Incoming(
+        text=text,
+        chat_type=chat.type,
+        sender_id=sender.id if sender else None,
+        sender_is_bot=bool(sender and sender.is_bot and message.sender_chat is None),
+        reply_to_bot=_replies_to_bot(ports, message),
+    )
+    decision = route(
+        group, incoming, bot_username=ports.bot.username, bot_id=ports.bot.id, main_senders=ports.main_senders
+    )
+    if edited and decision.action in ("run", "command"):
+        decision = Route("store", "an edited message: context only")
+    if decision.action == "ignore" or (edited and decision.action == "offer"):
+        level = logging.INFO if group is not None else logging.DEBUG
+        logger.log(level, "telegram: message %d in %s ignored: %s", message.message_id, jid, decision.reason)
+        ports.finish(update_id, jid, "ignored", decision.reason, ports.seen_chat(chat))
+    elif decision.action == "offer":
+        membership.offer(ports, update_id, chat, sender)
+    else:
+        assert group is not None
+        await messages.store(update_id, message, group, decision, text, ref, edited=edited)
+
+
+def _replies_to_bot(ports: InboundPorts, message: Message) -> bool:
+    replied = message.reply_to_message
+    return bool(replied and replied.from_user and replied.from_user.id == ports.bot.id)
