@@ -14,7 +14,7 @@ from farmhost.agents.backends.base import RunLimits
 from farmhost.agents.inputs import AgentResult
 from farmhost.agents.jobs import AgentJob, AgentOutcome
 from farmhost.agents.launch import Exit
-from farmhost.agents.proxy import ProxyUsage
+from farmhost.agents.proxy_budget import ProxyUsage
 from farmhost.store.db import iso, now_utc
 from farmhost.store.groups import Group
 

@@ -9,7 +9,7 @@ from typing import Final
 from farmhost.agents.backends.base import Mount, RunLimits, SandboxError, SandboxSpec
 from farmhost.agents.identity import AgentIdentity, clear_setid_sync, hand_over_sync
 from farmhost.agents.kinds import AgentKind
-from farmhost.agents.proxy import SOCKET_NAME
+from farmhost.agents.proxy_server import SOCKET_NAME
 from farmhost.layout import GLOBAL_MEMORY_FOLDER, DataLayout
 
 logger = logging.getLogger(__name__)
