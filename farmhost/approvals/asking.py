@@ -15,11 +15,11 @@ import sqlite3
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
-from farmhost.approvals import store
-from farmhost.approvals.store import ApprovalRow
 from farmhost.errors import NotAllowed, RateLimited
 from farmhost.farm.rules import Approval
+from farmhost.store import approvals as store
 from farmhost.store import groups
+from farmhost.store.approvals import ApprovalRow
 from farmhost.telegram.notices import enqueue_notice
 from farmhost.telegram.stop import stop_keyboard
 

@@ -19,15 +19,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from farmhost.approvals import store
 from farmhost.approvals.asking import Choice
-from farmhost.approvals.store import ApprovalRow
 from farmhost.background import cancel_and_wait, every
 from farmhost.errors import FarmhostError
 from farmhost.farm.audit import AuditLog
 from farmhost.ipc.handlers import Approved
 from farmhost.protocol.codes import ErrorCode
+from farmhost.store import approvals as store
 from farmhost.store import groups
+from farmhost.store.approvals import ApprovalRow
 from farmhost.store.db import Database, now_utc
 from farmhost.telegram.notices import enqueue_notice
 

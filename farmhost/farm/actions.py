@@ -54,11 +54,11 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from datetime import datetime
 
-    from farmhost.approvals.store import ApprovalRow
     from farmhost.config import Settings
     from farmhost.farm.deps import FarmAction, FarmDeps
     from farmhost.farm.rules import ControlCall
     from farmhost.layout import DataLayout
+    from farmhost.store.approvals import ApprovalRow
     from farmhost.store.db import Database
 
 ACTION_NAMES: Final = FARM_ACTIONS

@@ -25,8 +25,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from farmhost.approvals import store
-from farmhost.approvals.store import ApprovalRow
 from farmhost.farm import policy
 from farmhost.farm.audit import AuditLog
 from farmhost.farm.ha_errors import HaError
@@ -35,7 +33,9 @@ from farmhost.farm.rules import ActuatorRule
 from farmhost.farm.safe_state import SafeTarget, guarded, is_safe_state, safe_target
 from farmhost.mqtt.device import set_paused
 from farmhost.protocol.codes import ErrorCode
+from farmhost.store import approvals as store
 from farmhost.store import groups
+from farmhost.store.approvals import ApprovalRow
 from farmhost.store.db import Database, now_utc
 from farmhost.telegram.notices import enqueue_notice
 

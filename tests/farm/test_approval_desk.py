@@ -15,14 +15,15 @@ from typing import Any
 import pytest
 from farmhost_testing import FIELD_JID, init_data_dir_in_process
 
-from farmhost.approvals import asking, store
+from farmhost.approvals import asking
 from farmhost.approvals.desk import ApprovalDesk, Presser
-from farmhost.approvals.store import ApprovalRow
 from farmhost.farm.audit import AuditLog
 from farmhost.farm.rules import Approval
 from farmhost.ipc.handlers import Approved
 from farmhost.layout import DataLayout
+from farmhost.store import approvals as store
 from farmhost.store import outbox
+from farmhost.store.approvals import ApprovalRow
 from farmhost.store.db import Database, now_utc
 
 ANA = Presser(user_id=42, who="@ana", in_main_chat=True, main_senders=frozenset())
