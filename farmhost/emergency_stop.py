@@ -26,8 +26,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from farmhost.agents.pause import set_paused
-from farmhost.approvals import store
-from farmhost.approvals.store import ApprovalRow
 from farmhost.farm.audit import AuditLog
 from farmhost.farm.control import policy
 from farmhost.farm.control.rules import ActuatorRule
@@ -36,7 +34,9 @@ from farmhost.farm.homeassistant.client import HAClient
 from farmhost.farm.homeassistant.errors import HaError
 from farmhost.outbox.notices import enqueue_notice
 from farmhost.protocol.codes import ErrorCode
+from farmhost.store import approvals as store
 from farmhost.store import groups
+from farmhost.store.approvals import ApprovalRow
 from farmhost.store.db import Database, now_utc
 
 if TYPE_CHECKING:

@@ -14,6 +14,7 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, time, timedelta
+from typing import Final
 from zoneinfo import ZoneInfo
 
 from farmhost.agents.limits import LlmBudget
@@ -22,8 +23,10 @@ from farmhost.store.llm_usage import add_usage, day_usage, prune_usage
 
 logger = logging.getLogger(__name__)
 
+# Requests a run may make per allowed turn: a turn is one request, retries and the final answer need a few more.
+REQUESTS_PER_TURN: Final = 4
 # Daily rows older than this are of no use to a budget; a few weeks stay for an operator's questions.
-KEEP_DAYS = 35
+KEEP_DAYS: Final = 35
 
 
 @dataclass

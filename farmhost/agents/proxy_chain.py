@@ -4,40 +4,20 @@ An endpoint *fails* when it cannot be reached, does not send its answer's header
 one is tried with the same request. A 4xx is the request's fault (a bad body, a refused key, a budget of the
 endpoint's own) and is passed through, never retried elsewhere. A failed endpoint goes to the back of the order for
 `cooldown` seconds (it is still tried when every other one failed too), so a dead hosted model costs one failed
-connection per cool-down rather than one per request. Pure state and decisions; the HTTP is in LlmProxy.
+connection per cool-down rather than one per request. Pure state and decisions; the HTTP is in
+proxy_upstream.py.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import aiohttp
-
 from farmhost.config import LlmEndpoint
 
 logger = logging.getLogger("farmhost.agents.proxy")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Upstream:
-    """An endpoint's response (its headers in), which endpoint it is, and how many were tried for it."""
-
-    response: aiohttp.ClientResponse
-    endpoint: LlmEndpoint
-    tried: int
-
-
-def failure_reason(err: BaseException, timeout: float) -> str:
-    """Why an endpoint did not answer, without its URL (which may carry credentials)."""
-    if isinstance(err, TimeoutError):
-        return f"no answer within {timeout:g} s"
-    if isinstance(err, aiohttp.ClientConnectorError) and err.os_error.errno:
-        return os.strerror(err.os_error.errno)
-    return type(err).__name__
 
 
 @dataclass

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from farmhost.agents.proxy_body import BodyRefused, rewrite, wants_usage
-from farmhost.agents.proxy_stream import estimate_prompt_tokens
+from farmhost.agents.proxy_tokens import estimate_prompt_tokens
 
 # JSON values (strings and object keys included) one body may hold. A long conversation with large tool schemas
 # has a few thousand; 100,000 tiny ones parse in about 10 ms and take about 10 MB, which the worker can afford.

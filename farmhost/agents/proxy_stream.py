@@ -3,8 +3,8 @@
 The upstream's `text/event-stream` is cut into events at blank lines. Each whole event is redacted (the key never
 reaches the agent, as in a buffered answer) and written at once; nothing waits for the end. The tally reads each
 event's `usage` (the proxy always asks for it with `stream_options.include_usage`) and counts the characters of the
-deltas, so a stream that is cut, or an upstream that reports no usage, is still counted: an estimate at
-CHARS_PER_TOKEN. An upstream that dies mid-stream (cut, idle for too long, over its deadline, over the size cap) ends
+deltas, so a stream that is cut, or an upstream that reports no usage, is still counted: an estimate by characters
+(proxy_tokens.py). An upstream that dies mid-stream (cut, idle for too long, over its deadline, over the size cap) ends
 the agent's stream with an OpenAI-style error event, `data: {"error": {...}}`, and the response closes.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,14 +21,15 @@ from typing import Any, Final
 import aiohttp
 from aiohttp import web
 
+from farmhost.agents.proxy_errors import error_json
+from farmhost.agents.proxy_tokens import estimate_completion_tokens, reported_tokens
+
 logger = logging.getLogger(__name__)
 
 # Events are separated by a blank line; the SSE format allows all three line endings.
 _SEPARATOR: Final = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 # One event is one chunk of a completion, a few hundred bytes; 1 MiB is a whole tool call's arguments in one event.
 MAX_EVENT_BYTES: Final = 1024 * 1024
-# A common rule of thumb for English text and JSON with the usual tokenizers; used only when no usage is reported.
-CHARS_PER_TOKEN: Final = 4
 DONE: Final = b"[DONE]"
 
 
@@ -92,13 +92,6 @@ def _delta_chars(choices: Any) -> int:
     return count
 
 
-def _tokens_of(usage: dict[str, Any]) -> tuple[int, int] | None:
-    try:
-        return max(0, int(usage.get("prompt_tokens") or 0)), max(0, int(usage.get("completion_tokens") or 0))
-    except (TypeError, ValueError):
-        return None
-
-
 @dataclass
 class StreamTally:
     """What one stream said about itself: its reported usage, whether it finished, the delta characters that came."""
@@ -128,7 +121,7 @@ class StreamTally:
         self.completion_chars += _delta_chars(chunk.get("choices"))
         usage = chunk.get("usage")
         if isinstance(usage, dict):
-            self.reported = _tokens_of(usage) or self.reported
+            self.reported = reported_tokens(usage) or self.reported
             if not self.relay_usage and not chunk.get("choices"):
                 return False  # the agent did not ask for it, and a client that did not may choke on empty choices
         return True
@@ -137,18 +130,12 @@ class StreamTally:
         """Prompt and completion tokens: as reported, else estimated from the prompt and what arrived."""
         if self.reported is not None:
             return self.reported
-        return prompt_estimate, math.ceil(self.completion_chars / CHARS_PER_TOKEN)
-
-
-def estimate_prompt_tokens(body: dict[str, Any]) -> int:
-    """A request's prompt tokens by CHARS_PER_TOKEN over its messages and tools, for a stream without usage."""
-    text = json.dumps([body.get("messages"), body.get("tools")], ensure_ascii=False)
-    return math.ceil(len(text) / CHARS_PER_TOKEN)
+        return prompt_estimate, estimate_completion_tokens(self.completion_chars)
 
 
 def error_event(message: str, kind: str) -> bytes:
     """An OpenAI-style error event, which the openai client raises as an APIError."""
-    return b"data: " + json.dumps({"error": {"message": message, "type": kind, "code": kind}}).encode() + b"\n\n"
+    return b"data: " + error_json(message, kind).encode() + b"\n\n"
 
 
 class StreamCut(Exception):

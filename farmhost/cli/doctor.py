@@ -200,7 +200,7 @@ def _registered_groups(db_path: Path) -> int:
     try:
         conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=2)
         try:
-            return int(conn.execute("SELECT count(*) FROM groups").fetchone()[0])
+            return groups.count_groups(conn)
         finally:
             conn.close()
     except sqlite3.Error:

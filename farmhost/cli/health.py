@@ -20,6 +20,7 @@ from typing import Any, Final
 from farmhost.config import Settings
 from farmhost.layout import DataLayout
 from farmhost.protocol.codes import HOST_STATUS
+from farmhost.store import groups
 
 # A heartbeat older than this many intervals (but never less than MIN_MAX_AGE) means the daemon is stuck or gone.
 STALE_HEARTBEATS: Final = 3
@@ -132,7 +133,7 @@ def registered_folders(db_path: Path) -> list[str]:
     """The folders of the registered groups, read without writing anything."""
     conn = sqlite3.connect(f"{db_path.as_uri()}?mode=ro", uri=True, timeout=5)
     try:
-        return [str(row[0]) for row in conn.execute("SELECT folder FROM groups ORDER BY folder")]
+        return groups.folders(conn)
     finally:
         conn.close()
 

@@ -23,6 +23,7 @@ from zoneinfo import ZoneInfo
 import farmhost
 from farmhost import __version__
 from farmhost.layout import DataLayout
+from farmhost.store.newest import newest_written
 
 State = Literal["ok", "warn", "off", "broken"]
 
@@ -39,16 +40,6 @@ PROC_INOTIFY: Final = Path("/proc/sys/fs/inotify")
 CLOCK_FLOOR: Final = datetime(2025, 1, 1, tzinfo=UTC)
 CLOCK_SLACK: Final = timedelta(minutes=10)
 TIMEDATECTL_TIMEOUT: Final = 3.0
-# Columns that record "now" when a row is written: none of them may be in the future.
-_PAST_COLUMNS: Final = (
-    ("groups", "added_at"),
-    ("tasks", "created_at"),
-    ("task_runs", "claimed_at"),
-    ("outbox", "created_at"),
-    ("request_ledger", "created_at"),
-    ("transcript", "sent_at"),
-    ("telegram_updates", "received_at"),
-)
 _UTC_NAMES: Final = frozenset({"UTC", "Etc/UTC", "Etc/Universal", "Universal", "Zulu", "Etc/Zulu", "GMT", "Etc/GMT"})
 _SET_CLOCK: Final = (
     "set the clock: `sudo timedatectl set-ntp true` and make sure the network reaches an NTP server "
@@ -260,23 +251,14 @@ def newest_record(db_path: Path) -> datetime | None:
     """The latest "written at" time in farmhost.db (read-only; None without a database or records)."""
     if not db_path.is_file():
         return None
-    newest: datetime | None = None
     try:
         conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=2)
     except sqlite3.Error:
         return None
     try:
-        for table, column in _PAST_COLUMNS:
-            try:
-                row = conn.execute(f"SELECT max({column}) FROM {table}").fetchone()  # fixed names, no input
-                value = datetime.fromisoformat(row[0]) if row and row[0] else None
-            except (sqlite3.Error, ValueError):
-                continue
-            if value is not None and value.tzinfo is not None and (newest is None or value > newest):
-                newest = value
+        return newest_written(conn)
     finally:
         conn.close()
-    return newest
 
 
 def installed_at() -> datetime:

@@ -12,7 +12,6 @@ committed (`data_version`).
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from contextlib import closing
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from typing import Final
 
 from farmhost.memory.corpus import MemoryCorpus, SessionDoc
 from farmhost.store import groups, transcripts
-from farmhost.store.db import BUSY_TIMEOUT_MS, Database
+from farmhost.store.db import Database, connect_query_only
 
 # More new rows than this since the last search are read in the worker thread instead of on the event loop.
 NEW_ROWS_ON_LOOP: Final = 256
@@ -121,8 +120,7 @@ class SessionWindow:
         self._jids = None  # until the corpus is up to date: a failure here makes the next search reload
         full, docs = update.reload, update.new
         if db_path is not None and update.jids and (update.reload or update.catch_up or update.verify):
-            with closing(sqlite3.connect(db_path, timeout=BUSY_TIMEOUT_MS / 1000)) as conn:
-                conn.execute("PRAGMA query_only = 1")
+            with closing(connect_query_only(db_path)) as conn:
                 if update.verify and not full:
                     self.stats.checks += 1
                     full = transcripts.count_between(conn, update.jids, self._first, self._last) != self._count

@@ -23,8 +23,8 @@ from farmhost.background import cancel_and_wait, every
 from farmhost.broker import OFFLINE, ONLINE
 from farmhost.mqtt.discovery import HA_STATUS, OFF, ON, Topics, discovery_config
 from farmhost.mqtt.link import Incoming, MqttLink
-from farmhost.store import host_state, outbox
-from farmhost.store.db import Database, now_utc
+from farmhost.store import approvals, host_state, llm_usage, outbox, task_runs
+from farmhost.store.db import Database, iso, now_utc
 
 if TYPE_CHECKING:
     from farmhost.agents.runtime import AgentRuntime
@@ -87,27 +87,21 @@ class HaDevice:
         now = self._clock()
         today = now.astimezone(self._zone).date().isoformat()
         with self._db.tx(durable=False) as conn:
-            last = conn.execute(
-                "SELECT status, finished_at, claimed_at FROM task_runs ORDER BY id DESC LIMIT 1"
-            ).fetchone()
+            last = task_runs.latest_run(conn)
             boxes = outbox.count_by_status(conn)
-            approvals = conn.execute("SELECT count(*) FROM approvals WHERE status = 'pending'").fetchone()[0]
-            llm = conn.execute(
-                "SELECT coalesce(sum(requests), 0), coalesce(sum(prompt_tokens + completion_tokens), 0) "
-                "FROM llm_usage WHERE day = ?",
-                (today,),
-            ).fetchone()
+            pending_approvals = approvals.count_pending(conn)
+            llm = llm_usage.day_totals(conn, today)
             runs_today = int(host_state.get(conn, RUNS_KEY + today) or 0)
         return {
             "runs_running": len(self._runtime.running),
             "runs_today": runs_today,
-            "last_task_status": last["status"] if last else "none",
-            "last_task_at": (last["finished_at"] or last["claimed_at"]) if last else None,
+            "last_task_status": last.status if last else "none",
+            "last_task_at": iso(last.finished_at or last.claimed_at) if last else None,
             "outbox_pending": boxes.get("pending", 0),
             "outbox_failed": boxes.get("failed", 0),
-            "approvals_pending": int(approvals),
-            "llm_requests_today": int(llm[0]),
-            "llm_tokens_today": int(llm[1]),
+            "approvals_pending": pending_approvals,
+            "llm_requests_today": llm.requests,
+            "llm_tokens_today": llm.tokens,
             "heartbeat": now.isoformat(timespec="seconds"),
             "agents_paused": ON if self._runtime.paused is not None else OFF,
         }

@@ -23,8 +23,9 @@ from farmhost.farm.control import policy
 from farmhost.farm.state.alerts import AlertBook
 from farmhost.farm.state.collector import ALERTS
 from farmhost.farm.state.history import fetch_history, summarise
-from farmhost.store import groups, llm_usage, outbox
-from farmhost.store.db import iso, now_utc
+from farmhost.store import approvals as approval_rows
+from farmhost.store import groups, llm_usage, outbox, task_runs
+from farmhost.store.db import now_utc
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -120,7 +121,7 @@ async def gather_facts(
             problem = err.message
     with db.tx() as conn:
         tasks_run, tasks_failed = _tasks(conn, start, end)
-        approvals = _approvals(conn, start, end)
+        approvals = approval_rows.count_by_status_between(conn, start, end)
         llm = _llm(conn, limits, (end.astimezone(zone) - timedelta(days=1)).date().isoformat())
     return ReportFacts(
         start=start,
@@ -182,7 +183,7 @@ class DailyReport:
             main = groups.main_group(conn)
             if main is None:
                 return False
-            if _queued(conn, report_key(day)):
+            if outbox.has_key(conn, report_key(day)):
                 logger.info("daily report for %s: queued before, not again", day)
                 return False
         facts = await gather_facts(
@@ -192,7 +193,7 @@ class DailyReport:
         if self._settings.daily_report_by_agent and self._runtime is not None:
             text = await self._by_agent(main.folder, main.jid, text) or text
         with self._db.tx() as conn:
-            if _queued(conn, report_key(day)):
+            if outbox.has_key(conn, report_key(day)):
                 return False
             outbox.enqueue(conn, message_key=report_key(day), chat_jid=main.jid, source_folder=main.folder,
                            chunks=[text], at=now)  # fmt: skip
@@ -265,33 +266,17 @@ async def _actuators(
 
 
 def _tasks(conn: sqlite3.Connection, start: datetime, end: datetime) -> tuple[int, list[str]]:
-    rows = conn.execute(
-        "SELECT task_id, status FROM task_runs WHERE finished_at >= ? AND finished_at <= ? AND status != 'skipped'",
-        (iso(start), iso(end)),
-    ).fetchall()
-    failed = sorted({str(r[0]) for r in rows if r[1] != "ok"})
-    return len(rows), failed
-
-
-def _approvals(conn: sqlite3.Connection, start: datetime, end: datetime) -> dict[str, int]:
-    rows = conn.execute(
-        "SELECT status, COUNT(*) FROM approvals WHERE created_at >= ? AND created_at <= ? GROUP BY status",
-        (iso(start), iso(end)),
-    ).fetchall()
-    return {str(status): int(n) for status, n in rows}
+    outcomes = task_runs.outcomes_between(conn, start, end)
+    failed = sorted({task_id for task_id, status in outcomes if status != "ok"})
+    return len(outcomes), failed
 
 
 def _llm(conn: sqlite3.Connection, limits: LimitsReader, day: str) -> list[tuple[str, int, int, int]]:
-    folders = [str(r[0]) for r in conn.execute("SELECT folder FROM llm_usage WHERE day = ? ORDER BY folder", (day,))]
     out = []
-    for folder in folders:
+    for folder in llm_usage.folders_on(conn, day):
         used = llm_usage.day_usage(conn, folder, day)
         out.append((folder, used.requests, used.tokens, limits.llm_budget(folder).tokens_per_day))
     return out
-
-
-def _queued(conn: sqlite3.Connection, key: str) -> bool:
-    return conn.execute("SELECT 1 FROM outbox WHERE message_key = ? LIMIT 1", (key,)).fetchone() is not None
 
 
 def _few(items: list[str]) -> list[str]:

@@ -239,7 +239,7 @@ class WhenWatcher:
             logger.info("task %s: %s", task.id, note, extra={"taskId": task.id})
             return
         when_state.put(conn, replace(consumed, last_fired=due, event_due=due, event=event), at=now)
-        conn.execute("UPDATE tasks SET next_run = ? WHERE id = ? AND status = 'active'", (iso(due), task.id))
+        tasks.set_next_run_if_active(conn, task.id, due)
         self.edges += 1
         logger.info(
             "task %s (group %s): %s; run due %s",

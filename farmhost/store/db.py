@@ -1,4 +1,4 @@
-"""The SQLite connection: WAL, migrations and the transaction helper every repository uses."""
+"""The SQLite connection: WAL, migrations, the transaction helper every repository uses, a query-only reader."""
 
 from __future__ import annotations
 
@@ -133,6 +133,17 @@ def _statements(script: str) -> list[str]:
                 statements.append(pending.strip())
             pending = ""
     return statements
+
+
+def connect_query_only(path: Path) -> sqlite3.Connection:
+    """A connection of its own to the database at `path` that cannot write (`PRAGMA query_only`), for a reader thread."""
+    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000)
+    try:
+        conn.execute("PRAGMA query_only = 1")
+    except sqlite3.Error:
+        conn.close()
+        raise
+    return conn
 
 
 def now_utc() -> datetime:

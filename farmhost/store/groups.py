@@ -98,3 +98,13 @@ def insert_group(conn: sqlite3.Connection, group: Group) -> None:
 def delete_group(conn: sqlite3.Connection, folder: str) -> bool:
     """Unregister a group; its files are kept. Returns whether it existed."""
     return conn.execute("DELETE FROM groups WHERE folder = ?", (folder,)).rowcount > 0
+
+
+def count_groups(conn: sqlite3.Connection) -> int:
+    """How many groups are registered."""
+    return int(conn.execute("SELECT count(*) FROM groups").fetchone()[0])
+
+
+def folders(conn: sqlite3.Connection) -> list[str]:
+    """The registered groups' folders, sorted."""
+    return [str(row[0]) for row in conn.execute("SELECT folder FROM groups ORDER BY folder")]

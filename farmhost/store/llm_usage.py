@@ -31,6 +31,21 @@ def day_usage(conn: sqlite3.Connection, folder: str, day: str) -> DayUsage:
     return DayUsage(*row) if row is not None else DayUsage()
 
 
+def day_totals(conn: sqlite3.Connection, day: str) -> DayUsage:
+    """The use of every group together on `day` (`YYYY-MM-DD`)."""
+    row = conn.execute(
+        "SELECT coalesce(sum(requests), 0), coalesce(sum(prompt_tokens), 0), coalesce(sum(completion_tokens), 0) "
+        "FROM llm_usage WHERE day = ?",
+        (day,),
+    ).fetchone()
+    return DayUsage(int(row[0]), int(row[1]), int(row[2]))
+
+
+def folders_on(conn: sqlite3.Connection, day: str) -> list[str]:
+    """The groups that used the LLM on `day`, by folder."""
+    return [str(row[0]) for row in conn.execute("SELECT folder FROM llm_usage WHERE day = ? ORDER BY folder", (day,))]
+
+
 def add_usage(
     conn: sqlite3.Connection,
     folder: str,

@@ -149,6 +149,11 @@ def chat_head(conn: sqlite3.Connection, chat_jid: str) -> OutboxEntry | None:
     return None if row is None else _entry(row)
 
 
+def has_key(conn: sqlite3.Connection, message_key: str) -> bool:
+    """Whether a message with `message_key` was ever queued (to any chat, in any status)."""
+    return conn.execute("SELECT 1 FROM outbox WHERE message_key = ? LIMIT 1", (message_key,)).fetchone() is not None
+
+
 def sent_message_id(conn: sqlite3.Connection, message_key: str, chat_jid: str) -> int | None:
     """Telegram's id of the first chunk of message `message_key` to `chat_jid`, once it was sent (else None)."""
     row = conn.execute(

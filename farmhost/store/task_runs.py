@@ -133,3 +133,18 @@ def has_run(conn: sqlite3.Connection, task_id: str, due_at: datetime) -> bool:
     """Whether a due time of a task has a row already (claimed, finished or skipped)."""
     row = conn.execute("SELECT 1 FROM task_runs WHERE task_id = ? AND due_at = ?", (task_id, iso(due_at))).fetchone()
     return row is not None
+
+
+def latest_run(conn: sqlite3.Connection) -> RunRecord | None:
+    """The row claimed last, of any task (None before the first)."""
+    row = conn.execute("SELECT * FROM task_runs ORDER BY id DESC LIMIT 1").fetchone()
+    return _record(row) if row is not None else None
+
+
+def outcomes_between(conn: sqlite3.Connection, start: datetime, end: datetime) -> list[tuple[str, str]]:
+    """(task id, status) of every run that finished from `start` to `end`, skipped due times left out."""
+    rows = conn.execute(
+        "SELECT task_id, status FROM task_runs WHERE finished_at >= ? AND finished_at <= ? AND status != 'skipped'",
+        (iso(start), iso(end)),
+    ).fetchall()
+    return [(str(task_id), str(status)) for task_id, status in rows]

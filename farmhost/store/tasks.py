@@ -96,6 +96,11 @@ def update_status(conn: sqlite3.Connection, task_id: str, status: TaskStatus, *,
     conn.execute("UPDATE tasks SET status = ?, next_run = ? WHERE id = ?", (status, iso(next_run), task_id))
 
 
+def set_next_run_if_active(conn: sqlite3.Connection, task_id: str, next_run: datetime) -> None:
+    """Set an active task's next run (a paused or cancelled one is left as it is)."""
+    conn.execute("UPDATE tasks SET next_run = ? WHERE id = ? AND status = 'active'", (iso(next_run), task_id))
+
+
 def advance(
     conn: sqlite3.Connection, task_id: str, *, status: TaskStatus, next_run: datetime | None, last_run: datetime | None
 ) -> None:

@@ -22,7 +22,8 @@ from farmhost_testing import scaled, wait_for_async
 from llm_stub import Fail, Reply, ScriptedLLM
 from runtime_support import settings_for
 
-from farmhost.agents.proxy import LlmProxy, ProxyUsage
+from farmhost.agents.proxy_budget import ProxyUsage
+from farmhost.agents.proxy_server import LlmProxy
 from farmhost.config import Settings
 from farmhost.layout import DataLayout
 
@@ -397,7 +398,7 @@ async def test_accept_failures_back_off_and_are_logged_once_per_change(
     root: Path, llm: ScriptedLLM, caplog: pytest.LogCaptureFixture
 ) -> None:
     llm.script(then=Reply("ok"))
-    logger_name = "farmhost.agents.proxy_socket"
+    logger_name = "farmhost.agents.proxy_listener"
     with caplog.at_level(logging.INFO, logger=logger_name):
         async with proxied(configured(root, llm)) as (client, _, path):
             clients = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(4)]

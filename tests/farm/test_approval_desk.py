@@ -15,8 +15,6 @@ from typing import Any
 import pytest
 from farmhost_testing import FIELD_JID, init_data_dir_in_process
 
-from farmhost.approvals import store
-from farmhost.approvals.store import ApprovalRow
 from farmhost.config import Settings
 from farmhost.farm.audit import AuditLog
 from farmhost.farm.control import approval_requests as asking
@@ -27,7 +25,9 @@ from farmhost.ipc.router import Router
 from farmhost.layout import DataLayout
 from farmhost.protocol.envelope import Outcome
 from farmhost.protocol.requests import AnyRequest
+from farmhost.store import approvals as store
 from farmhost.store import outbox
+from farmhost.store.approvals import ApprovalRow
 from farmhost.store.db import Database, now_utc
 
 ANA = Presser(user_id=42, who="@ana", in_main_chat=True, main_senders=frozenset())

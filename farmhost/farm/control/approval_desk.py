@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
-from farmhost.approvals import store
-from farmhost.approvals.store import ApprovalRow
 from farmhost.background import cancel_and_wait, every
 from farmhost.farm.audit import AuditLog
 from farmhost.farm.control.approval_requests import Choice
@@ -29,7 +27,9 @@ from farmhost.handling import Approved
 from farmhost.outbox.notices import enqueue_notice
 from farmhost.protocol.codes import ErrorCode
 from farmhost.protocol.requests import FarmActionRequest
+from farmhost.store import approvals as store
 from farmhost.store import groups
+from farmhost.store.approvals import ApprovalRow
 from farmhost.store.db import Database, now_utc
 
 if TYPE_CHECKING:

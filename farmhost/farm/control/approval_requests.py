@@ -15,13 +15,13 @@ import sqlite3
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
-from farmhost.approvals import store
-from farmhost.approvals.store import ApprovalRow
 from farmhost.errors import NotAllowed, RateLimited
 from farmhost.farm.control.rules import Approval
 from farmhost.outbox.notices import enqueue_notice
 from farmhost.outbox.stop_messages import stop_keyboard
+from farmhost.store import approvals as store
 from farmhost.store import groups
+from farmhost.store.approvals import ApprovalRow
 
 Choice = Literal["y", "n"]
 CALLBACK_PREFIX: Final = "fa"

@@ -1,7 +1,7 @@
 """Button presses (callback queries): dispatched by the prefix of their data, one handler per kind of button.
 
 Four kinds: the chat-connection approvals (`approve:telegram:<id>` / `reject:telegram:<id>`, approvals.py), the
-farm-action approvals (`fa:<approval id>:y|n`, farmhost/approvals/), the emergency stop (`stop:all`, stop.py) and
+farm-action approvals (`fa:<approval id>:y|n`, farm/control/approval_desk.py), the emergency stop (`stop:all`, stop.py) and
 the farm alerts' Acknowledge / Snooze 1 h (`al:<notice id>:ack|snooze`, farm/state/alert_notifier.py).
 Another kind is one more entry in HANDLERS: a prefix and an async function taking (ports, update_id, query) that
 records the update (InboundPorts.finish or its own transaction with the offset) and answers the press. Data no

@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import resource
 import socket
+from collections.abc import Callable
 from typing import Any, Final
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from farmhost.agents.proxy_errors import error_json
 from farmhost.background import cancel_and_wait
 
 logger = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ class ConnectionCaps:
 
 def refusal(status: int, message: str, kind: str) -> bytes:
     """A whole HTTP response with an OpenAI-shaped error body that closes the connection."""
-    body = json.dumps({"error": {"message": message, "type": kind, "code": kind}}).encode()
+    body = error_json(message, kind).encode()
     reason = {503: "Service Unavailable"}.get(status, "Error")
     head = (
         f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
@@ -186,7 +187,7 @@ class ProxyListener:
             self._refuse(conn, f"too many connections to the LLM proxy from all runs ({self._caps.open}); try later")
             return
         assert self._server is not None
-        tracked = _Tracked(self, self._server())
+        tracked = _Tracked(self._server(), idle_timeout=self._idle_timeout, opened=self._added, closed=self._removed)
         self._caps.open += 1
         try:
             await loop.connect_accepted_socket(lambda: tracked, conn)
@@ -216,9 +217,18 @@ class ProxyListener:
 class _Tracked(asyncio.Protocol):
     """One accepted connection: aiohttp's handler inside, counted while open, aborted when idle too long."""
 
-    def __init__(self, listener: ProxyListener, inner: Any) -> None:
-        self._listener = listener
+    def __init__(
+        self,
+        inner: Any,
+        *,
+        idle_timeout: float,
+        opened: Callable[[_Tracked, asyncio.Transport], None],
+        closed: Callable[[_Tracked], None],
+    ) -> None:
         self._inner = inner
+        self._idle_timeout = idle_timeout
+        self._opened = opened
+        self._closed = closed
         self.transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._busy = 0
@@ -227,7 +237,7 @@ class _Tracked(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        self._listener._added(self, transport)
+        self._opened(self, transport)
         self._inner.connection_made(transport)
         self._arm()
 
@@ -253,7 +263,7 @@ class _Tracked(asyncio.Protocol):
         """No longer counted (idempotent)."""
         if not self._gone:
             self._gone = True
-            self._listener._removed(self)
+            self._closed(self)
 
     def busy(self, inside: bool) -> None:
         """A request is being handled (no idle deadline) or has been (the deadline runs again)."""
@@ -270,7 +280,7 @@ class _Tracked(asyncio.Protocol):
 
     def _arm(self) -> None:
         self._disarm()
-        self._timer = asyncio.get_running_loop().call_later(self._listener._idle_timeout, self.abort)
+        self._timer = asyncio.get_running_loop().call_later(self._idle_timeout, self.abort)
 
     def _disarm(self) -> None:
         if self._timer is not None:

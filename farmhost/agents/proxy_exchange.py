@@ -1,29 +1,30 @@
-"""RunHandler: the HTTP handlers of one run's LLM proxy socket: budget, body, then a buffered or a streamed answer.
+"""RunHandler: one run's exchanges with its agent: the budget reserved, the body read and prepared, an answer given.
 
-Every answer the proxy makes itself is OpenAI-shaped (`{"error": {message, type, code}}`); the upstream's own answers
-pass through redacted.
+An answer is buffered (UpstreamClient.forward) or streamed (proxy_stream.py), and counted against the run's and the
+group's budgets (proxy_budget.py) however it ends. Every answer the proxy makes itself is OpenAI-shaped
+(proxy_errors.py); the upstream's own answers pass through redacted. What every run shares (the upstream client, the
+body parser, the budgets, the rules) is handed in by LlmProxy (proxy_server.py), which owns their lifetimes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
 import time
-from typing import TYPE_CHECKING, Final
+from dataclasses import dataclass
+from typing import Final
 
 import aiohttp
 from aiohttp import web
 
 from farmhost.agents.proxy_body import BodyRefused
 from farmhost.agents.proxy_budget import BudgetExceeded, LlmBudgets, ProxyUsage, Reservation
-from farmhost.agents.proxy_parse import PreparedBody
-from farmhost.agents.proxy_stream import StreamTally
+from farmhost.agents.proxy_errors import error_json
+from farmhost.agents.proxy_parse import BodyParser, PreparedBody
+from farmhost.agents.proxy_stream import StreamRelay, StreamTally
+from farmhost.agents.proxy_tokens import answer_tokens
+from farmhost.agents.proxy_upstream import MAX_RESPONSE_BYTES, UpstreamClient, failure_reason
 from farmhost.config import LlmEndpoint
-
-if TYPE_CHECKING:
-    from farmhost.agents.proxy import LlmProxy
 
 # The proxy's own log lines keep the logger name operators and tests know.
 logger = logging.getLogger("farmhost.agents.proxy")
@@ -34,32 +35,60 @@ NOT_CONFIGURED: Final = (
 )
 
 
+@dataclass(frozen=True, kw_only=True)
+class ExchangeRules:
+    """The model, caps and deadlines every run's exchanges follow (from the settings, fixed for the daemon's life)."""
+
+    model: str  # the one model /v1/models names
+    max_tokens: int  # the cap on each request's max_tokens
+    max_body_bytes: int  # the largest request body accepted (413 above)
+    body_timeout: float  # seconds a request's body has to arrive (408 after)
+    request_timeout: float  # seconds one exchange with the upstream may take, a stream's included
+    stream_idle_timeout: float  # seconds a stream's upstream may send nothing
+    write_timeout: float  # seconds the agent may take to read what a stream wrote
+
+
+class UsageNotice:
+    """Whether the daemon has said yet that a stream came without usage (one log line per daemon, not per request)."""
+
+    def __init__(self) -> None:
+        self._told = False
+
+    def first(self) -> bool:
+        """True the first time it is asked."""
+        first, self._told = not self._told, True
+        return first
+
+
 def _error(status: int, message: str, kind: str, *, close: bool = False) -> web.Response:
     """An OpenAI-shaped error; `x-should-retry: false` stops the openai client from retrying what cannot succeed."""
-    body = {"error": {"message": message, "type": kind, "code": kind}}
     headers = {"x-should-retry": "false"} if status < 500 or status == 503 else {}
     if close:
         headers["Connection"] = "close"  # the rest of an unread body must not be parsed as the next request
-    return web.json_response(body, status=status, headers=headers)
-
-
-def _reported_tokens(data: bytes) -> tuple[int, int]:
-    """The prompt and completion tokens an answer's `usage` reports (0, 0 when it reports none)."""
-    try:
-        reported = json.loads(data).get("usage") or {}
-        prompt = max(0, int(reported.get("prompt_tokens") or 0))
-        completion = max(0, int(reported.get("completion_tokens") or 0))
-    except (ValueError, TypeError, AttributeError):
-        return 0, 0  # no usage reported: nothing to count
-    return prompt, completion
+    return web.Response(text=error_json(message, kind), status=status, headers=headers, content_type="application/json")
 
 
 class RunHandler:
     """The request handlers of one run's socket."""
 
-    def __init__(self, proxy: LlmProxy, budgets: LlmBudgets, folder: str, run_id: str, usage: ProxyUsage) -> None:
-        self._proxy = proxy
+    def __init__(
+        self,
+        *,
+        upstream: UpstreamClient,
+        parser: BodyParser,
+        budgets: LlmBudgets,
+        rules: ExchangeRules,
+        notice: UsageNotice,
+        folder: str,
+        run_id: str,
+        usage: ProxyUsage,
+    ) -> None:
+        """The handlers for run `run_id` of group `folder`, counting into `usage`; the rest is shared by every run."""
+        self._upstream = upstream
+        self._parser = parser
         self._budgets = budgets
+        self._rules = rules
+        self._notice = notice
         self._folder = folder
         self._run_id = run_id
         self._usage = usage
@@ -72,7 +101,7 @@ class RunHandler:
         return response
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        if not self._proxy.configured:
+        if not self._upstream.configured:
             return _error(503, NOT_CONFIGURED, "llm_not_configured")
         try:
             reservation = self._budgets.reserve(self._folder, self._usage)
@@ -85,18 +114,18 @@ class RunHandler:
 
     async def _reserved(self, request: web.Request, reservation: Reservation) -> web.StreamResponse:
         try:
-            async with asyncio.timeout(self._proxy.body_timeout):
+            async with asyncio.timeout(self._rules.body_timeout):
                 raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return _error(413, f"the request body is over {self._proxy.max_body_bytes} bytes", "request_too_large")
+            return _error(413, f"the request body is over {self._rules.max_body_bytes} bytes", "request_too_large")
         except TimeoutError:
-            message = f"the request body did not arrive within {self._proxy.body_timeout:g} s"
+            message = f"the request body did not arrive within {self._rules.body_timeout:g} s"
             return _error(408, message, "request_timeout", close=True)
         except (ConnectionError, web.RequestPayloadError) as err:
             # The client went away mid-body or sent a broken one; nobody may read this answer, but the log line says so.
             return _error(400, f"the request body could not be read ({err})", "invalid_request", close=True)
         try:
-            body = await self._proxy.prepare(raw)
+            body = await self._parser.prepare(raw, max_tokens=self._rules.max_tokens)
         except BodyRefused as err:
             return self._refused(str(err))
         del raw  # only the prepared bytes are held while the upstream answers
@@ -104,9 +133,9 @@ class RunHandler:
         if body.stream:
             return await self._stream(request, body, reservation, StreamTally(relay_usage=body.relay_usage))
         try:
-            status, data, content_type, endpoint = await self._proxy.forward(body)
+            status, data, content_type, endpoint = await self._upstream.forward(body)
         except (TimeoutError, aiohttp.ClientError) as err:
-            return self._unreachable(err, self._proxy.timeout)
+            return self._unreachable(err, self._rules.request_timeout)
         return self._answer(reservation, status, data, content_type, endpoint)
 
     async def _stream(
@@ -114,10 +143,10 @@ class RunHandler:
     ) -> web.StreamResponse:
         """Relay a streamed answer; its tokens are counted however it ends."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._proxy.timeout
-        headers_within = min(self._proxy.timeout, self._proxy.stream_idle_timeout)
+        deadline = loop.time() + self._rules.request_timeout
+        headers_within = min(self._rules.request_timeout, self._rules.stream_idle_timeout)
         try:
-            opened = await self._proxy.open(body, stream=True, headers_within=headers_within)
+            opened = await self._upstream.open(body, stream=True, headers_within=headers_within)
         except (TimeoutError, aiohttp.ClientError) as err:
             return self._unreachable(err, headers_within)
         endpoint = opened.endpoint
@@ -125,18 +154,27 @@ class RunHandler:
             if upstream.status != 200 or upstream.content_type != "text/event-stream":
                 try:  # an error, or an upstream that answers in one piece anyway
                     async with asyncio.timeout_at(deadline):
-                        data = await self._proxy.read(upstream)
+                        data = await self._upstream.read(upstream)
                 except (TimeoutError, aiohttp.ClientError) as err:
-                    return self._unreachable(err, self._proxy.timeout)
+                    return self._unreachable(err, self._rules.request_timeout)
                 return self._answer(reservation, upstream.status, data, upstream.content_type, endpoint)
             self._usage.upstream_answers += 1
             self._usage.answered_by[endpoint.number] = endpoint.label
             extra = {"group": self._folder, "runId": self._run_id}
-            relay = self._proxy.relay(tally, f"llm {self._folder} run {self._run_id}", extra)
+            relay = StreamRelay(
+                tally=tally,
+                redact=self._upstream.redact,
+                total_timeout=self._rules.request_timeout,
+                idle_timeout=self._rules.stream_idle_timeout,
+                write_timeout=self._rules.write_timeout,
+                max_bytes=MAX_RESPONSE_BYTES,
+                name=f"llm {self._folder} run {self._run_id}",
+                log_extra=extra,
+            )
             try:
                 return await relay.run(request, upstream, deadline)
             finally:
-                if tally.done and tally.reported is None and self._proxy.usage_missing():
+                if tally.done and tally.reported is None and self._notice.first():
                     logger.warning(
                         "llm %s run %s: the stream reported no usage; counting tokens as an estimate "
                         "(4 characters a token) for this and later streams without usage",
@@ -152,7 +190,7 @@ class RunHandler:
         if 200 <= status < 300:
             self._usage.upstream_answers += 1
             self._usage.answered_by[endpoint.number] = endpoint.label
-            self._budgets.add_tokens(reservation, *_reported_tokens(data))
+            self._budgets.add_tokens(reservation, *answer_tokens(data))
         elif status >= 500:
             self._usage.upstream_failures += 1
         return web.Response(status=status, body=data, content_type=content_type or "application/json")
@@ -167,16 +205,18 @@ class RunHandler:
         """The 502 for an upstream that did not answer in time or could not be reached, logged."""
         self._usage.upstream_failures += 1
         extra = {"group": self._folder, "runId": self._run_id}
-        several = len(self._proxy.endpoints) > 1
-        which = f"any of the {len(self._proxy.endpoints)} LLM endpoints" if several else "the LLM endpoint"
+        several = len(self._upstream.endpoints) > 1
+        which = f"any of the {len(self._upstream.endpoints)} LLM endpoints" if several else "the LLM endpoint"
         if isinstance(err, TimeoutError):
             logger.warning("llm %s run %s: no answer within %g s", self._folder, self._run_id, timeout, extra=extra)
-            subject = f"none of the {len(self._proxy.endpoints)} LLM endpoints" if several else "the LLM endpoint"
+            subject = f"none of the {len(self._upstream.endpoints)} LLM endpoints" if several else "the LLM endpoint"
             return _error(502, f"{subject} did not answer within {timeout:g} s", "upstream_timeout")
         assert isinstance(err, aiohttp.ClientError)
         logger.warning("llm %s run %s: upstream unreachable: %s", self._folder, self._run_id, err, extra=extra)
         last = " (the last one tried: " if several else " ("
-        return _error(502, f"the host cannot reach {which}{last}{_reason(err)})", "upstream_unavailable")
+        return _error(
+            502, f"the host cannot reach {which}{last}{failure_reason(err, timeout)})", "upstream_unavailable"
+        )
 
     def _log(self, status: int, started: float) -> None:
         usage = self._usage
@@ -195,19 +235,12 @@ class RunHandler:
 
     async def models(self, request: web.Request) -> web.Response:
         """The one model the proxy sends requests with."""
-        if not self._proxy.configured:
+        if not self._upstream.configured:
             return _error(503, NOT_CONFIGURED, "llm_not_configured")
-        model = {"id": self._proxy.model, "object": "model", "created": 0, "owned_by": "farmhost"}
+        model = {"id": self._rules.model, "object": "model", "created": 0, "owned_by": "farmhost"}
         return web.json_response({"object": "list", "data": [model]})
 
     async def unknown(self, request: web.Request) -> web.Response:
         """Anything else: a clear 404."""
         message = f"{request.method} {request.path} is not served; use POST /v1/chat/completions or GET /v1/models"
         return _error(404, message, "not_found")
-
-
-def _reason(err: aiohttp.ClientError) -> str:
-    """Why the upstream could not be reached, without its URL (which may carry credentials)."""
-    if isinstance(err, aiohttp.ClientConnectorError) and err.os_error.errno:
-        return os.strerror(err.os_error.errno)  # its own text names the address
-    return type(err).__name__

@@ -82,6 +82,20 @@ def create(conn: sqlite3.Connection, approval: ApprovalRow) -> None:
     )
 
 
+def count_pending(conn: sqlite3.Connection) -> int:
+    """How many approvals wait for an approver, in every group (past their time too, until the sweep)."""
+    return int(conn.execute("SELECT count(*) FROM approvals WHERE status = 'pending'").fetchone()[0])
+
+
+def count_by_status_between(conn: sqlite3.Connection, start: datetime, end: datetime) -> dict[str, int]:
+    """How many approvals asked for from `start` to `end` are in each status."""
+    rows = conn.execute(
+        "SELECT status, COUNT(*) FROM approvals WHERE created_at >= ? AND created_at <= ? GROUP BY status",
+        (iso(start), iso(end)),
+    ).fetchall()
+    return {str(status): int(n) for status, n in rows}
+
+
 def get(conn: sqlite3.Connection, approval_id: str) -> ApprovalRow | None:
     """One approval by id."""
     row = conn.execute("SELECT * FROM approvals WHERE id = ?", (approval_id,)).fetchone()
