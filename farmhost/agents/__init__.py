@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from farmhost.agents.jobs import AgentJob, AgentOutcome
-from farmhost.agents.proxy_server import LlmProxy
+from farmhost.agents.proxy.server import LlmProxy
 from farmhost.agents.runtime import AgentRuntime
 
 __all__ = ["AgentJob", "AgentOutcome", "AgentRuntime", "LlmProxy"]

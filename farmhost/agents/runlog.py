@@ -13,7 +13,7 @@ from typing import Final
 from farmhost.agents.inputs import AgentResult
 from farmhost.agents.jobs import AgentJob, AgentOutcome
 from farmhost.agents.launch import Exit
-from farmhost.agents.proxy_budget import ProxyUsage
+from farmhost.agents.proxy.budget import ProxyUsage
 from farmhost.agents.sandbox.backends.base import RunLimits
 from farmhost.files import DIR_FLAGS
 from farmhost.store.db import iso, now_utc

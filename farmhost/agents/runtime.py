@@ -22,8 +22,8 @@ from farmhost.agents.jobs import AgentJob, AgentOutcome, Status
 from farmhost.agents.kinds import AgentKind, agent_kind
 from farmhost.agents.launch import Exit, Launch, end_container
 from farmhost.agents.limits import LimitsReader, default_limits, default_llm_budget
-from farmhost.agents.proxy_budget import REQUESTS_PER_TURN, ProxyUsage
-from farmhost.agents.proxy_server import LlmProxy
+from farmhost.agents.proxy.budget import REQUESTS_PER_TURN, ProxyUsage
+from farmhost.agents.proxy.server import LlmProxy
 from farmhost.agents.queue import CHAT, SCHEDULED, QueueClosed, RunQueue
 from farmhost.agents.runlog import RunRecord, log_name, write_run_log_sync
 from farmhost.agents.sandbox.backends import (

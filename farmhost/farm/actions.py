@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from farmhost.errors import FarmhostError
-from farmhost.farm import assist, core_actions, state
+from farmhost.farm import assist, core_actions
 from farmhost.farm.audit import AuditLog, approval_keys
 from farmhost.farm.control import actuator_gate as gate
 from farmhost.farm.control import policy, stopped
@@ -24,7 +24,7 @@ from farmhost.farm.control.effect_rules import ON
 from farmhost.farm.core_actions import check_calls
 from farmhost.farm.dashboards import actions as dashboard_actions
 from farmhost.farm.dashboards import screenshots
-from farmhost.farm.state import history
+from farmhost.farm.state import collector, history
 from farmhost.handling import (
     AsyncHandler,
     Effect,
@@ -46,7 +46,7 @@ ACTION_NAMES: Final = FARM_ACTIONS
 # The router's own timeout sits this far behind the action's, so the action's clearer message wins.
 ROUTER_MARGIN: Final = 2.0
 # Where the implementations live: each row's function is the one of its name in exactly one of these modules.
-IMPLEMENTATION_MODULES: Final = (core_actions, dashboard_actions, assist, history, screenshots, state)
+IMPLEMENTATION_MODULES: Final = (core_actions, dashboard_actions, assist, history, screenshots, collector)
 
 
 @dataclass(frozen=True, kw_only=True)

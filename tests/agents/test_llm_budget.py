@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from farmhost.agents.limits import LlmBudget
-from farmhost.agents.proxy_budget import BudgetExceeded, LlmBudgets, ProxyUsage
+from farmhost.agents.proxy.budget import BudgetExceeded, LlmBudgets, ProxyUsage
 from farmhost.store.db import Database
 from farmhost.store.llm_usage import day_usage
 

@@ -19,11 +19,11 @@ import httpx2
 import openai
 import pytest
 from farmhost_testing import scaled, wait_for_async
-from llm_stub import Fail, Reply, ScriptedLLM
+from llm_stub import Fail, Raw, Reply, ScriptedLLM
 from runtime_support import settings_for
 
-from farmhost.agents.proxy_budget import ProxyUsage
-from farmhost.agents.proxy_server import LlmProxy
+from farmhost.agents.proxy.budget import ProxyUsage
+from farmhost.agents.proxy.server import LlmProxy
 from farmhost.config import Settings
 from farmhost.layout import DataLayout
 
@@ -398,7 +398,7 @@ async def test_accept_failures_back_off_and_are_logged_once_per_change(
     root: Path, llm: ScriptedLLM, caplog: pytest.LogCaptureFixture
 ) -> None:
     llm.script(then=Reply("ok"))
-    logger_name = "farmhost.agents.proxy_listener"
+    logger_name = "farmhost.agents.proxy.listener"
     with caplog.at_level(logging.INFO, logger=logger_name):
         async with proxied(configured(root, llm)) as (client, _, path):
             clients = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(4)]
@@ -464,3 +464,24 @@ async def test_a_client_gone_mid_body_or_sending_a_broken_body_costs_no_tracebac
 
 def _handled(caplog: pytest.LogCaptureFixture) -> int:
     return sum(1 for r in caplog.records if r.name == "farmhost.agents.proxy" and "HTTP " in r.getMessage())
+
+
+@pytest.mark.parametrize("figure", [b"1e999", b"-1e999", b'"many"', b"NaN"])
+async def test_an_upstream_usage_figure_that_is_no_count_costs_neither_the_answer_nor_the_proxy(
+    root: Path, llm: ScriptedLLM, figure: bytes
+) -> None:
+    answer = (
+        b'{"id": "c1", "object": "chat.completion", "created": 1, "model": "m", "choices": [{"index": 0, '
+        b'"message": {"role": "assistant", "content": "The pumps are fine."}, "finish_reason": "stop"}], '
+        b'"usage": {"prompt_tokens": ' + figure + b', "completion_tokens": 3, "total_tokens": 3}}'
+    )
+    llm.script(Raw(answer), Reply("and again"))
+    async with proxied(configured(root, llm)) as (client, usage, _):
+        first = await client.with_raw_response.chat.completions.create(
+            model="x", messages=[{"role": "user", "content": "how are the pumps?"}]
+        )
+        assert first.status_code == 200 and b"The pumps are fine." in first.content
+        assert usage.requests == 1 and usage.prompt_tokens == 0 and usage.completion_tokens == 0
+        second = await ask(client)  # the proxy still serves the run
+    assert second.choices[0].message.content == "and again"
+    assert usage.requests == 2 and usage.prompt_tokens > 0

@@ -18,7 +18,7 @@ import pytest
 from farmhost_testing import Daemon, clean_env, drop, init_data_dir_in_process, ok, wait_for, wait_result
 from llm_stub import Reply, ScriptedLLM
 
-from farmhost.agents.proxy_parse import MAX_DEPTH, MAX_VALUES
+from farmhost.agents.proxy.parse import MAX_DEPTH, MAX_VALUES
 from farmhost_dev.proxy_attack import REPORT, agent_command, status_kb
 
 pytestmark = pytest.mark.slow  # a real daemon and a real agent run in bubblewrap

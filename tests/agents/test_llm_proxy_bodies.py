@@ -12,8 +12,8 @@ import pytest
 from llm_stub import Reply, ScriptedLLM
 from test_llm_proxy import ask, configured, proxied
 
-from farmhost.agents.proxy_body import BodyRefused
-from farmhost.agents.proxy_parse import MAX_DEPTH, MAX_VALUES, scan
+from farmhost.agents.proxy.body import BodyRefused
+from farmhost.agents.proxy.parse import MAX_DEPTH, MAX_VALUES, scan
 
 
 @pytest.fixture

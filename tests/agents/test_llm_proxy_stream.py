@@ -19,11 +19,11 @@ from llm_stub import Fail, Reply, ScriptedLLM, Streamed, ToolCall, ToolCalls
 from openai.types.chat import ChatCompletionChunk
 from test_llm_proxy import KEY, ask, configured, limits_file, proxied
 
-from farmhost.agents.proxy_server import LlmProxy
-from farmhost.agents.proxy_tokens import estimate_prompt_tokens
+from farmhost.agents.proxy.server import LlmProxy
+from farmhost.agents.proxy.tokens import estimate_prompt_tokens
 from farmhost.layout import DataLayout
 
-STREAM_LOGGER = "farmhost.agents.proxy_stream"
+STREAM_LOGGER = "farmhost.agents.proxy.stream"
 
 
 @pytest.fixture

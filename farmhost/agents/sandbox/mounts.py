@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from farmhost.agents.kinds import AgentKind
-from farmhost.agents.proxy_server import SOCKET_NAME
+from farmhost.agents.proxy.server import SOCKET_NAME
 from farmhost.agents.sandbox.backends.base import Mount, RunLimits, SandboxError, SandboxSpec
 from farmhost.agents.sandbox.identity import AgentIdentity, clear_setid_sync, hand_over_sync
 from farmhost.layout import GLOBAL_MEMORY_FOLDER, DataLayout

@@ -4,7 +4,7 @@ The upstream's `text/event-stream` is cut into events at blank lines. Each whole
 reaches the agent, as in a buffered answer) and written at once; nothing waits for the end. The tally reads each
 event's `usage` (the proxy always asks for it with `stream_options.include_usage`) and counts the characters of the
 deltas, so a stream that is cut, or an upstream that reports no usage, is still counted: an estimate by characters
-(proxy_tokens.py). An upstream that dies mid-stream (cut, idle for too long, over its deadline, over the size cap) ends
+(proxy/tokens.py). An upstream that dies mid-stream (cut, idle for too long, over its deadline, over the size cap) ends
 the agent's stream with an OpenAI-style error event, `data: {"error": {...}}`, and the response closes.
 """
 
@@ -21,8 +21,8 @@ from typing import Any, Final
 import aiohttp
 from aiohttp import web
 
-from farmhost.agents.proxy_errors import error_json
-from farmhost.agents.proxy_tokens import estimate_completion_tokens, reported_tokens
+from farmhost.agents.proxy.errors import error_json
+from farmhost.agents.proxy.tokens import estimate_completion_tokens, reported_tokens
 
 logger = logging.getLogger(__name__)
 

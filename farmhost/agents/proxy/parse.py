@@ -6,7 +6,7 @@ once took the daemon from 135 MB to 677 MB and blocked its loop for every group.
 1. a linear tokenising scan counts the values and the nesting depth, and refuses a body over `MAX_VALUES` or
    `MAX_DEPTH` as soon as it gets there (the scan yields the GIL between tokens, so the loop keeps running);
 2. only then `json.loads`, which is now bounded (at most `MAX_VALUES` objects, a few MB and a few ms);
-3. the rewrite (proxy_body.py) and the serialisation, so the daemon holds bytes while the upstream answers, never
+3. the rewrite (proxy/body.py) and the serialisation, so the daemon holds bytes while the upstream answers, never
    the built body.
 One thread for every run's bodies: one parsed body at a time in memory.
 """
@@ -21,8 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final
 
-from farmhost.agents.proxy_body import BodyRefused, rewrite, wants_usage
-from farmhost.agents.proxy_tokens import estimate_prompt_tokens
+from farmhost.agents.proxy.body import BodyRefused, rewrite, wants_usage
+from farmhost.agents.proxy.tokens import estimate_prompt_tokens
 
 # JSON values (strings and object keys included) one body may hold. A long conversation with large tool schemas
 # has a few thousand; 100,000 tiny ones parse in about 10 ms and take about 10 MB, which the worker can afford.

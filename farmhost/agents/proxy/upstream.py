@@ -1,6 +1,6 @@
 """UpstreamClient: the proxy's side toward the LLM endpoints: the HTTP session, the fallback walk, the key, redaction.
 
-A prepared body is POSTed to each endpoint in the chain's order (proxy_chain.py) until one answers below 500, with
+A prepared body is POSTed to each endpoint in the chain's order (proxy/chain.py) until one answers below 500, with
 the endpoint's key added and its model set; a buffered answer is read within MAX_RESPONSE_BYTES. Whatever comes
 back toward an agent passes through `redact`, so no endpoint's key ever reaches one.
 """
@@ -14,8 +14,8 @@ from typing import Final
 
 import aiohttp
 
-from farmhost.agents.proxy_chain import EndpointChain
-from farmhost.agents.proxy_parse import PreparedBody
+from farmhost.agents.proxy.chain import EndpointChain
+from farmhost.agents.proxy.parse import PreparedBody
 from farmhost.config import LlmEndpoint
 
 # A hosted model answers in seconds, a model on a Pi's neighbour in minutes; the run's own timeout bounds it too.
@@ -94,7 +94,7 @@ class UpstreamClient:
         """POST `body` to each endpoint in the chain's order until one answers below 500; its response (headers in).
 
         An endpoint that cannot be reached, sends no headers within `headers_within` seconds or answers 5xx is
-        marked failed (proxy_chain.py) and the next is tried; the last one's failure is what the caller gets. The
+        marked failed (proxy/chain.py) and the next is tried; the last one's failure is what the caller gets. The
         caller releases the response. A stream has no aiohttp deadline: the caller bounds the rest of it.
 
         Raises:

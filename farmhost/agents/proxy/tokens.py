@@ -1,7 +1,7 @@
 """What a request used in tokens: the upstream's own `usage` figures read, or an estimate by characters without them.
 
-The budgets (proxy_budget.py) count what an answer's `usage` reports; a stream that is cut or reports nothing is
-counted by CHARS_PER_TOKEN over the prompt and the deltas that arrived (proxy_stream.py).
+The budgets (proxy/budget.py) count what an answer's `usage` reports; a stream that is cut or reports nothing is
+counted by CHARS_PER_TOKEN over the prompt and the deltas that arrived (proxy/stream.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def reported_tokens(usage: object) -> tuple[int, int] | None:
         return None
     try:
         return max(0, int(usage.get("prompt_tokens") or 0)), max(0, int(usage.get("completion_tokens") or 0))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: 1e999 parses as infinity
         return None
 
 

@@ -5,7 +5,7 @@ one is tried with the same request. A 4xx is the request's fault (a bad body, a 
 endpoint's own) and is passed through, never retried elsewhere. A failed endpoint goes to the back of the order for
 `cooldown` seconds (it is still tried when every other one failed too), so a dead hosted model costs one failed
 connection per cool-down rather than one per request. Pure state and decisions; the HTTP is in
-proxy_upstream.py.
+proxy/upstream.py.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """RunHandler: one run's exchanges with its agent: the budget reserved, the body read and prepared, an answer given.
 
-An answer is buffered (UpstreamClient.forward) or streamed (proxy_stream.py), and counted against the run's and the
-group's budgets (proxy_budget.py) however it ends. Every answer the proxy makes itself is OpenAI-shaped
-(proxy_errors.py); the upstream's own answers pass through redacted. What every run shares (the upstream client, the
-body parser, the budgets, the rules) is handed in by LlmProxy (proxy_server.py), which owns their lifetimes.
+An answer is buffered (UpstreamClient.forward) or streamed (proxy/stream.py), and counted against the run's and the
+group's budgets (proxy/budget.py) however it ends. Every answer the proxy makes itself is OpenAI-shaped
+(proxy/errors.py); the upstream's own answers pass through redacted. What every run shares (the upstream client, the
+body parser, the budgets, the rules) is handed in by LlmProxy (proxy/server.py), which owns their lifetimes.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from typing import Final
 import aiohttp
 from aiohttp import web
 
-from farmhost.agents.proxy_body import BodyRefused
-from farmhost.agents.proxy_budget import BudgetExceeded, LlmBudgets, ProxyUsage, Reservation
-from farmhost.agents.proxy_errors import error_json
-from farmhost.agents.proxy_parse import BodyParser, PreparedBody
-from farmhost.agents.proxy_stream import StreamRelay, StreamTally
-from farmhost.agents.proxy_tokens import answer_tokens
-from farmhost.agents.proxy_upstream import MAX_RESPONSE_BYTES, UpstreamClient, failure_reason
+from farmhost.agents.proxy.body import BodyRefused
+from farmhost.agents.proxy.budget import BudgetExceeded, LlmBudgets, ProxyUsage, Reservation
+from farmhost.agents.proxy.errors import error_json
+from farmhost.agents.proxy.parse import BodyParser, PreparedBody
+from farmhost.agents.proxy.stream import StreamRelay, StreamTally
+from farmhost.agents.proxy.tokens import answer_tokens
+from farmhost.agents.proxy.upstream import MAX_RESPONSE_BYTES, UpstreamClient, failure_reason
 from farmhost.config import LlmEndpoint
 
 # The proxy's own log lines keep the logger name operators and tests know.

@@ -23,7 +23,7 @@ from typing import Any, Final
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from farmhost.agents.proxy_errors import error_json
+from farmhost.agents.proxy.errors import error_json
 from farmhost.background import cancel_and_wait
 
 logger = logging.getLogger(__name__)

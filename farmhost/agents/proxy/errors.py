@@ -1,7 +1,7 @@
 """The OpenAI-shaped error the LLM proxy answers with itself: `{"error": {message, type, code}}`, in one place.
 
-The same body goes out as an HTTP answer (proxy_exchange.py), as the raw response to a refused connection
-(proxy_listener.py) and as the last event of a cut stream (proxy_stream.py); the openai client raises each as an
+The same body goes out as an HTTP answer (proxy/exchange.py), as the raw response to a refused connection
+(proxy/listener.py) and as the last event of a cut stream (proxy/stream.py); the openai client raises each as an
 APIError carrying the message.
 """
 

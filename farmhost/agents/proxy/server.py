@@ -4,11 +4,11 @@ One socket per running group, `<data>/run/<folder>/llm.sock` (`/workspace/run/ll
 run's duration. Served: `POST /v1/chat/completions` (forwarded to `FARMHOST_LLM_BASE_URL` + `/chat/completions`)
 and `GET /v1/models` (answered here: the configured model is the only one an agent can use). This module owns the
 proxy's lifetime and each run's socket and HTTP server; the pieces it wires together own the rest:
-connections accepted within caps and deadlines (proxy_listener.py), one run's exchanges (proxy_exchange.py), bodies
-checked by a bounded scan and parsed off the event loop (proxy_parse.py) and rewritten to known fields
-(proxy_body.py), every request reserved against the run's and the group's daily budgets (proxy_budget.py), the
-endpoints tried in order with the key added and answers redacted (proxy_upstream.py, proxy_chain.py), and streams
-relayed as they arrive (proxy_stream.py).
+connections accepted within caps and deadlines (proxy/listener.py), one run's exchanges (proxy/exchange.py), bodies
+checked by a bounded scan and parsed off the event loop (proxy/parse.py) and rewritten to known fields
+(proxy/body.py), every request reserved against the run's and the group's daily budgets (proxy/budget.py), the
+endpoints tried in order with the key added and answers redacted (proxy/upstream.py, proxy/chain.py), and streams
+relayed as they arrive (proxy/stream.py).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from typing import Final
 from aiohttp import web
 
 from farmhost.agents.limits import LimitsReader, default_limits, default_llm_budget
-from farmhost.agents.proxy_budget import LlmBudgets, ProxyUsage
-from farmhost.agents.proxy_exchange import ExchangeRules, RunHandler, UsageNotice
-from farmhost.agents.proxy_listener import HTTP_ERRORS, ConnectionCaps, ProxyListener
-from farmhost.agents.proxy_parse import BodyParser
-from farmhost.agents.proxy_upstream import LLM_REQUEST_TIMEOUT, UpstreamClient
+from farmhost.agents.proxy.budget import LlmBudgets, ProxyUsage
+from farmhost.agents.proxy.exchange import ExchangeRules, RunHandler, UsageNotice
+from farmhost.agents.proxy.listener import HTTP_ERRORS, ConnectionCaps, ProxyListener
+from farmhost.agents.proxy.parse import BodyParser
+from farmhost.agents.proxy.upstream import LLM_REQUEST_TIMEOUT, UpstreamClient
 from farmhost.config import Settings
 from farmhost.layout import DataLayout
 from farmhost.store.db import Database
