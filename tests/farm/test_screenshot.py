@@ -58,14 +58,17 @@ class Spy:
 
     port: int
     hits: list[str]
+    during: list[str]  # the test that was running when each hit came, to name the one that let it through
 
 
 @pytest.fixture(scope="module")
 def spy() -> Iterator[Spy]:
     hits: list[str] = []
+    during: list[str] = []
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            during.append(os.environ.get("PYTEST_CURRENT_TEST", "?"))
             hits.append(self.path)
             self.send_response(204)
             self.end_headers()
@@ -76,7 +79,7 @@ def spy() -> Iterator[Spy]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield Spy(port=server.server_address[1], hits=hits)
+    yield Spy(port=server.server_address[1], hits=hits, during=during)
     server.shutdown()
     server.server_close()
 
@@ -562,7 +565,7 @@ async def test_a_javascript_iframe_made_in_ha_is_refused_and_changes_nothing(
         refused = True
         assert "Home Assistant's dashboard '/farmhost-hostile'" in err.message
     assert ha_reset.get_state("switch.irrigation_pump")["state"] == "off"
-    assert spy.hits == []
+    assert spy.hits == [], spy.during
     assert refused or not policy_refuses, "the content policy refuses a javascript: iframe URL"
 
 
@@ -590,7 +593,7 @@ async def test_a_listed_custom_card_acting_through_the_frontend_changes_nothing(
         result = None
 
     assert ha.get_state("switch.irrigation_pump")["state"] == "off"
-    assert spy.hits == []
+    assert spy.hits == [], spy.during
     if result is not None:
         assert result["matched"] == 1, "the card ran every attempt before the picture"
         logged = " | ".join(r.getMessage() for r in caplog.records)
