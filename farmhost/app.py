@@ -18,7 +18,7 @@ from farmhost.agents import AgentJob, AgentRuntime
 from farmhost.agents.fallback import AssistFallback
 from farmhost.agents.limits import LimitsReader, default_limits, default_llm_budget
 from farmhost.agents.pause import restore_pause
-from farmhost.config import Settings
+from farmhost.config import Settings, build_config
 from farmhost.emergency_stop import EmergencyStop
 from farmhost.errors import ConfigError
 from farmhost.farm.actions import farm_handlers
@@ -29,8 +29,8 @@ from farmhost.farm.control.effect_rules import EffectRules
 from farmhost.farm.deps import FarmDeps
 from farmhost.farm.homeassistant.client import HAClient
 from farmhost.farm.homeassistant.live_view import LiveView
-from farmhost.farm.state.alert_notifier import SUBSCRIPTIONS_FILE, AlertNotifier, notify_settings
-from farmhost.farm.state.collector import StateCollector, collector_options
+from farmhost.farm.state.alert_notifier import SUBSCRIPTIONS_FILE, AlertNotifier
+from farmhost.farm.state.collector import StateCollector
 from farmhost.farm.state.receipts import ReceiptBook
 from farmhost.groups.handlers import HANDLERS as GROUP_HANDLERS
 from farmhost.handling import Change, Handlers
@@ -109,6 +109,7 @@ class App:
 
     def __init__(self, settings: Settings, *, started_at: datetime | None = None) -> None:
         self.settings = settings
+        self.config = build_config(settings)  # the one look at the host's zone, runtime and name
         self.layout = DataLayout(settings.data_dir)
         self.identity = HostIdentity(pid=os.getpid(), version=__version__, started_at=started_at or now_utc())
         self._lock_fd = -1
@@ -142,7 +143,7 @@ class App:
         self.loop_monitor.start()
         receipts = ReceiptBook()
         farm = FarmDeps(
-            settings=self.settings,
+            settings=self.config.farm,
             layout=self.layout,
             ha=None,
             dashboards_dir=self.layout.dashboards,
@@ -152,11 +153,11 @@ class App:
             self.ha = HAClient(url=self.settings.ha_url, token=self.settings.ha_token)
             await self.ha.start()  # never waits for HA: actions answer upstream_unavailable until it is up
             farm = replace(farm, ha=self.ha)
-            self.collector = StateCollector.from_deps(farm, **collector_options(self.settings))
+            self.collector = StateCollector.from_deps(farm)
             farm = replace(farm, state=self.collector)
             self.alerts = AlertNotifier(
                 db=self.db,
-                settings=notify_settings(self.settings),
+                settings=self.config.alerts,
                 subscriptions_path=self.settings.data_dir / SUBSCRIPTIONS_FILE,
                 wake_outbox=self._wake_outbox,
             )
