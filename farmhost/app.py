@@ -18,7 +18,7 @@ from farmhost.agents import AgentJob, AgentRuntime
 from farmhost.agents.fallback import AssistFallback
 from farmhost.agents.limits import LimitsReader, default_limits, default_llm_budget
 from farmhost.agents.pause import restore_pause
-from farmhost.config import Settings, build_config
+from farmhost.config import Config, Settings, build_config
 from farmhost.emergency_stop import EmergencyStop
 from farmhost.errors import ConfigError
 from farmhost.farm.actions import farm_handlers
@@ -42,7 +42,7 @@ from farmhost.loop_monitor import LoopMonitor
 from farmhost.memory.search import MemoryService, memory_handlers
 from farmhost.mqtt import device
 from farmhost.mqtt.service import MqttService
-from farmhost.outbox.handlers import HANDLERS as MESSAGE_HANDLERS
+from farmhost.outbox.handlers import outbox_handlers
 from farmhost.scheduler.daily_report import DailyReport
 from farmhost.scheduler.handlers import task_handlers
 from farmhost.scheduler.runs import RunReport, TaskRun
@@ -86,18 +86,19 @@ def raise_nofile_limit() -> tuple[int, int]:
 
 
 def build_handlers(
+    config: Config,
     identity: HostIdentity,
     farm: FarmDeps,
     memory: MemoryService | None = None,
     audit: AuditLog | None = None,
     sites: SiteCaller | None = None,
 ) -> Handlers:
-    """The full handler table, assembled from every capability's own table."""
+    """The full handler table, assembled from every capability's own table, each bound to its own section."""
     return {
         **(sites.handlers() if sites is not None else {}),
         **ping_handlers(identity),
-        **MESSAGE_HANDLERS,
-        **task_handlers(farm.ha),
+        **outbox_handlers(config.outbox),
+        **task_handlers(farm.ha, config.scheduler),
         **GROUP_HANDLERS,
         **farm_handlers(farm, audit=audit),
         **memory_handlers(memory or MemoryService(farm.layout)),
@@ -186,7 +187,7 @@ class App:
         self.sites = SiteCaller(
             db=self.db, site=self.settings.site_name, audit=audit, enabled=bool(self.settings.mqtt_url)
         )
-        handlers = build_handlers(self.identity, farm, memory, audit, self.sites)
+        handlers = build_handlers(self.config, self.identity, farm, memory, audit, self.sites)
         # The watcher knows each when task before its schedule_task is answered (and before the live view's first
         # sync): an event right after the answer must find its task, even while the rest of the host starts.
         self.when = when = WhenWatcher(
@@ -196,7 +197,7 @@ class App:
         if self.collector is not None:
             self.collector.add_raised_listener(when.alert_raised)
         self.ipc = IpcService(
-            settings=self.settings, layout=self.layout, db=self.db, handlers=handlers, identity=self.identity
+            settings=self.config.ipc, layout=self.layout, db=self.db, handlers=handlers, identity=self.identity
         )
         self.ipc.add_change_listener(lambda changes: when.refresh() if Change.TASKS in changes else None)
         await self.ipc.start()

@@ -100,10 +100,10 @@ async def farm_host(
     deps = FarmDeps(settings=config.farm, layout=layout, ha=client, dashboards_dir=layout.dashboards)
     db = Database.open(data_dir)
     service = IpcService(
-        settings=settings,
+        settings=config.ipc,
         layout=layout,
         db=db,
-        handlers=build_handlers(identity, deps),
+        handlers=build_handlers(config, identity, deps),
         identity=identity,
     )
     if client is not None:

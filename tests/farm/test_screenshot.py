@@ -146,9 +146,7 @@ class Farm:
         self.workspace = self.layout.workspace("main")
 
     def ctx(self, request_id: str) -> RequestContext:
-        return RequestContext(
-            group=self.group, settings=self.settings, layout=self.layout, db=self.db, now=NOW, request_id=request_id
-        )
+        return RequestContext(group=self.group, layout=self.layout, db=self.db, now=NOW, request_id=request_id)
 
     async def shoot(self, request_id: str, **params: Any) -> dict[str, Any]:
         """The action, with a real HA client on the admin token as the daemon has (none when HA is not set)."""

@@ -23,7 +23,7 @@ from telegram import Bot
 from telegram_stub import FakeTelegram
 
 from farmhost.agents import AgentRuntime
-from farmhost.config import Settings
+from farmhost.config import Settings, build_config
 from farmhost.ipc.ping import ping_handlers
 from farmhost.ipc.service import IpcService
 from farmhost.ipc.snapshots import HostIdentity
@@ -154,7 +154,11 @@ async def running(
         identity = HostIdentity(pid=os.getpid(), version="test", started_at=now_utc())
         layout = DataLayout(settings.data_dir)
         service = IpcService(
-            settings=settings, layout=layout, db=db, handlers=ping_handlers(identity), identity=identity
+            settings=build_config(settings).ipc,
+            layout=layout,
+            db=db,
+            handlers=ping_handlers(identity),
+            identity=identity,
         )
         await service.start()
     runtime = make_runtime(settings)
