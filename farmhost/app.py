@@ -276,7 +276,7 @@ class App:
             await self.telegram.start()
         self.scheduler = SchedulerService(
             db=self.db,
-            settings=self.settings,
+            settings=self.config.scheduler,
             dispatch=self._dispatch_task,
             on_tasks_changed=self._tasks_changed,
             on_sync=self.when.refresh,
@@ -286,7 +286,7 @@ class App:
         self.daily_report = DailyReport(
             db=self.db,
             layout=self.layout,
-            settings=self.settings,
+            settings=self.config.report,
             ha=self.ha,
             limits=LimitsReader(
                 self.layout.agent_limits, default_limits(self.settings), default_llm_budget(self.settings)
