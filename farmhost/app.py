@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Final
 from farmhost import __version__
 from farmhost.agents import AgentJob, AgentRuntime
 from farmhost.agents.fallback import AssistFallback
-from farmhost.agents.limits import LimitsReader, default_limits, default_llm_budget
+from farmhost.agents.limits import LimitsReader
 from farmhost.agents.pause import restore_pause
 from farmhost.config import Config, Settings, build_config
 from farmhost.emergency_stop import EmergencyStop
@@ -222,7 +222,7 @@ class App:
         if self.live_view is not None:
             await self.live_view.start()  # returns at once; listeners are in place before the first sync
         self.runtime = AgentRuntime(
-            settings=self.settings,
+            settings=self.config.agents,
             layout=self.layout,
             group=self._group,
             before_run=self._before_run,
@@ -288,9 +288,7 @@ class App:
             layout=self.layout,
             settings=self.config.report,
             ha=self.ha,
-            limits=LimitsReader(
-                self.layout.agent_limits, default_limits(self.settings), default_llm_budget(self.settings)
-            ),
+            limits=LimitsReader.of(self.layout.agent_limits, self.config.agents),
             wake_outbox=self._wake_outbox,
             runtime=self.runtime,
         )

@@ -91,7 +91,7 @@ async def _no_memory(folder: str, prompt: str) -> list[dict[str, Any]]:
 def make_runtime(settings: Settings) -> AgentRuntime:
     """The real runtime on the settings' data dir, running the echo agent."""
     return AgentRuntime(
-        settings=settings,
+        settings=build_config(settings).agents,
         layout=DataLayout(settings.data_dir),
         group=group_lookup(settings.data_dir),
         before_run=_no_hook,
