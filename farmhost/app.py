@@ -257,13 +257,13 @@ class App:
                 main_group=self._main_group,
             )
             await self.mqtt.start()
-        if self.settings.telegram_enabled:
+        if self.config.telegram.enabled:
             # Imported here: python-telegram-bot and httpx cost ~20 MB of RSS a daemon without Telegram never needs.
             from farmhost.telegram.service import TelegramService
 
             self.telegram = TelegramService(
                 db=self.db,
-                settings=self.settings,
+                settings=self.config.telegram,
                 layout=self.layout,
                 runtime=self.runtime,
                 status=self._status,

@@ -164,9 +164,10 @@ async def running(
     runtime = make_runtime(settings)
     if start_runtime:
         await runtime.start()
-    bot = make_bot(settings)
+    telegram = build_config(settings).telegram
+    bot = make_bot(telegram)
     delivery = (
-        OutboxDelivery(db=db, settings=settings, layout=DataLayout(settings.data_dir), bot=bot) if deliver else None
+        OutboxDelivery(db=db, settings=telegram, layout=DataLayout(settings.data_dir), bot=bot) if deliver else None
     )
     host: Host
 
@@ -182,7 +183,7 @@ async def running(
 
     inbound = TelegramInbound(
         db=db,
-        settings=settings,
+        settings=telegram,
         layout=DataLayout(settings.data_dir),
         bot=bot,
         runtime=runtime,
