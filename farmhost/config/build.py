@@ -8,14 +8,14 @@ once, when the daemon (or a CLI command) loads its settings, never on a service'
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import time, timedelta
 from pathlib import Path
 from typing import Literal
 from zoneinfo import ZoneInfo
 
-from farmhost.broker import site_name
-from farmhost.config.agents import AgentSettings, LimitSettings, LlmSettings, SandboxSettings
+from farmhost.broker import Broker, parse_broker, site_name
+from farmhost.config.agents import AgentSettings, LimitSettings, LlmEndpoint, LlmSettings, SandboxSettings
 from farmhost.config.farm import (
     AlertThresholds,
     FarmSettings,
@@ -27,7 +27,7 @@ from farmhost.config.farm import (
 )
 from farmhost.config.host import detect_runtime, farm_zone, host_name
 from farmhost.config.sections import IpcSettings, OutboxSettings, SchedulerSettings, SiteSettings, TelegramSettings
-from farmhost.config.settings import Settings, broker_of, llm_chain, load_settings, parse_trusted_sites
+from farmhost.config.settings import Settings, load_settings, parse_trusted_sites
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,4 +214,25 @@ def _farm(settings: Settings, zone: ZoneInfo, ha: HaSettings, profile_path: Path
         dashboard_backups=settings.dashboard_backups,
         ha=ha,
         state=state,
+    )
+
+
+def llm_chain(settings: Settings) -> tuple[LlmEndpoint, ...]:
+    """The configured LLM endpoints in the order the proxy tries them (empty: no LLM).
+
+    The parser checked that each fallback has its base URL and model and that the one before it is configured,
+    so the chain is every endpoint with both.
+    """
+    return tuple(
+        LlmEndpoint(number, url, model, key) for number, url, model, key in settings.llm_fields() if url and model
+    )
+
+
+def broker_of(settings: Settings) -> Broker | None:
+    """The broker of FARMHOST_MQTT_URL with its TLS files; None when MQTT is off."""
+    if not settings.mqtt_url:
+        return None
+    broker = parse_broker(settings.mqtt_url)  # valid: checked when the settings were read
+    return replace(
+        broker, ca_file=settings.mqtt_ca_file, cert_file=settings.mqtt_cert_file, key_file=settings.mqtt_key_file
     )

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from dataclasses import replace
 from pathlib import Path
 from typing import Final, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -17,10 +16,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from farmhost.broker import Broker, parse_broker, site_name
-from farmhost.config.agents import KindName, LlmEndpoint, RuntimeName
+from farmhost.broker import parse_broker
+from farmhost.config.agents import KindName, RuntimeName
 from farmhost.config.farm import AlertThresholds, FarmMode
-from farmhost.config.host import detect_runtime, farm_zone, host_name
 from farmhost.errors import ConfigError
 from farmhost.protocol.codes import SITE_RE
 
@@ -337,79 +335,6 @@ class Settings(BaseSettings):
             (2, self.llm_2_base_url, self.llm_2_model, self.llm_2_api_key),
             (3, self.llm_3_base_url, self.llm_3_model, self.llm_3_api_key),
         )
-
-    # Transitional: what the services not yet on their sections still read (removed once all are).
-    @property
-    def llm_endpoints(self) -> tuple[LlmEndpoint, ...]:
-        """The configured endpoints in the order the proxy tries them."""
-        return llm_chain(self)
-
-    @property
-    def agent_command_argv(self) -> tuple[str, ...] | None:
-        """FARMHOST_AGENT_COMMAND as argv."""
-        return tuple(shlex.split(self.agent_command)) if self.agent_command is not None else None
-
-    @property
-    def zone(self) -> ZoneInfo:
-        """The farm's time zone."""
-        return farm_zone(self.tz)
-
-    @property
-    def profile_path(self) -> Path:
-        """The farm profile file."""
-        return self.farm_profile_path or self.data_dir / "farm-profile.json"
-
-    @property
-    def ha_enabled(self) -> bool:
-        """Home Assistant is configured."""
-        return bool(self.ha_url and self.ha_token)
-
-    @property
-    def mqtt_broker(self) -> Broker | None:
-        """The broker with its TLS files."""
-        return broker_of(self)
-
-    @property
-    def site_name(self) -> str:
-        """This farmhost's site on the broker."""
-        return site_name(self.site or host_name())
-
-    @property
-    def trusted_sites(self) -> frozenset[str]:
-        """The sites whose calls this one serves."""
-        return parse_trusted_sites(self.sites_trusted) - {self.site_name}
-
-    @property
-    def telegram_enabled(self) -> bool:
-        """Telegram is configured."""
-        return bool(self.telegram_bot_token)
-
-    @property
-    def llm_enabled(self) -> bool:
-        """An LLM endpoint is configured."""
-        return bool(self.llm_base_url and self.llm_model)
-
-    @property
-    def runtime(self) -> str:
-        """The agent runtime."""
-        return self.agent_runtime or detect_runtime()
-
-
-def llm_chain(settings: Settings) -> tuple[LlmEndpoint, ...]:
-    """The configured endpoints in the order the proxy tries them (empty: no LLM); the fields were checked in order."""
-    return tuple(
-        LlmEndpoint(number, url, model, key) for number, url, model, key in settings.llm_fields() if url and model
-    )
-
-
-def broker_of(settings: Settings) -> Broker | None:
-    """The broker of FARMHOST_MQTT_URL with its TLS files; None when MQTT is off."""
-    if not settings.mqtt_url:
-        return None
-    broker = parse_broker(settings.mqtt_url)  # valid: checked when the settings were read
-    return replace(
-        broker, ca_file=settings.mqtt_ca_file, cert_file=settings.mqtt_cert_file, key_file=settings.mqtt_key_file
-    )
 
 
 def parse_trusted_sites(raw: str | None) -> frozenset[str]:
