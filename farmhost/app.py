@@ -1,4 +1,4 @@
-"""App: builds every service from its own section of the Config, starts them in order, stops them in reverse, owns signals."""
+"""App: builds each service from its own section of the Config, starts and stops them in order, owns signals."""
 
 from __future__ import annotations
 
