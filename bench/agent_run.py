@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # farmhost_dev:
 
 from farmhost.agents import AgentJob, AgentRuntime
 from farmhost.agents.kinds import opencode_binary
-from farmhost.config import Settings
+from farmhost.config import Settings, build_config
 from farmhost.layout import DataLayout
 from farmhost.memory.search import MemoryService
 from farmhost.store.db import Database
@@ -86,7 +86,7 @@ def _runtime(settings: Settings, command: Sequence[str] | None = None) -> AgentR
     groups = _lookup(settings.data_dir)
     memory = MemoryService(DataLayout(settings.data_dir))
     return AgentRuntime(
-        settings=settings,
+        settings=build_config(settings).agents,
         layout=DataLayout(settings.data_dir),
         group=groups.get,
         before_run=_no_hook,
@@ -247,7 +247,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         (data_dir / "groups" / "field" / "MEMORY.md").write_text("# Fields\nThe north field has tomatoes.\n")
         folders = _add_groups(data_dir, 4)
         with running_daemon(data_dir):  # answers the runs' memory_search requests, as in production
-            opencode = not args.no_opencode and opencode_binary(_settings(data_dir, "bwrap", llm)) is not None
+            opencode = (
+                not args.no_opencode and opencode_binary(_settings(data_dir, "bwrap", llm).opencode_bin) is not None
+            )
             report = _measure(data_dir, llm, folders, args.runs, opencode=opencode)
     print(f"\n| {'measure':<24} | {'n':>3} | {'p50 ms':>8} | {'p95 ms':>8} | note |")
     print(f"|{'-' * 26}|{'-' * 4}:|{'-' * 9}:|{'-' * 9}:|------|")

@@ -38,7 +38,7 @@ from typing import Any
 
 import aiohttp
 
-from farmhost.config import Settings
+from farmhost.config import Settings, build_config
 from farmhost.farm.homeassistant.client import HAClient
 from farmhost.farm.homeassistant.live_view import LiveView
 from farmhost.farm.state.alert_notifier import AlertNotifier, NotifySettings
@@ -77,16 +77,16 @@ class Farmhost:
                         is_main=True, added_at=now_utc(),
                     ),
                 )  # fmt: skip
-        settings = Settings(FARMHOST_DATA_DIR=str(data), TZ="UTC")  # type: ignore[call-arg]
+        config = build_config(Settings(FARMHOST_DATA_DIR=str(data), TZ="UTC"))  # type: ignore[call-arg]
         self.client = HAClient(url=ha.url, token=ha.farmhost_token)
         self.view = LiveView(ws_url=ha.ws_url, token=ha.farmhost_token)
         self.collector: StateCollector | None = None
         self.notifier: AlertNotifier | None = None
         if alerts:
-            self.collector = StateCollector(ha=self.client, layout=self.layout, settings=settings)
+            self.collector = StateCollector(ha=self.client, layout=self.layout, settings=config.farm.state)
             self.notifier = AlertNotifier(
                 db=self.db,
-                settings=NotifySettings(zone=settings.zone, repeat=timedelta(minutes=15), flap=timedelta(0)),
+                settings=NotifySettings(zone=config.zone, repeat=timedelta(minutes=15), flap=timedelta(0)),
                 subscriptions_path=data / "alert-subscriptions.json",
             )
             self.collector.attach(notifier=self.notifier, view=self.view)

@@ -39,7 +39,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # farmhost_dev: the dev tools at the repo root
 
 from farmhost.agents import AgentRuntime
-from farmhost.config import Settings
+from farmhost.config import Settings, build_config
 from farmhost.emergency_stop import EmergencyStop
 from farmhost.farm.audit import AuditLog
 from farmhost.farm.control import policy
@@ -157,7 +157,7 @@ async def _measure(ha: HaInstance, data_dir: Path, rounds: int) -> Report:
     layout = DataLayout(data_dir)
     db = Database.open(data_dir)
     runtime = AgentRuntime(
-        settings=settings,
+        settings=build_config(settings).agents,
         layout=layout,
         group=lambda folder: None,
         before_run=_no_hook,

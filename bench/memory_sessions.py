@@ -34,7 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from memory_search import QUERIES, SEED, _sentence, make_workspace, percentile  # bench/ is sys.path[0]
 
-from farmhost.config import Settings
 from farmhost.handling import RequestContext
 from farmhost.layout import DataLayout
 from farmhost.memory.search import MemoryService, memory_handlers
@@ -71,8 +70,7 @@ def _setup(root: Path, chunks: int, messages: int) -> tuple[Database, RequestCon
             transcripts.append(conn, chat_jid=JID, direction="in", sender="ana", text=_sentence(rng), at=now_utc())
     group = get_group(db.conn, "field")
     assert group is not None
-    settings = Settings(data_dir=root, _env_file=None)  # type: ignore[call-arg]
-    ctx = RequestContext(group=group, settings=settings, layout=layout, db=db, now=now_utc(), request_id="bench")
+    ctx = RequestContext(group=group, layout=layout, db=db, now=now_utc(), request_id="bench")
     return db, ctx
 
 

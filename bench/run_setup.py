@@ -31,7 +31,7 @@ from pathlib import Path
 
 from farmhost.agents.jobs import AgentJob
 from farmhost.agents.runtime import AgentRuntime
-from farmhost.config import Settings
+from farmhost.config import Settings, build_config
 from farmhost.layout import DataLayout
 from farmhost.store.db import Database
 from farmhost.store.groups import list_groups
@@ -72,7 +72,7 @@ def _runtime(data_dir: Path) -> AgentRuntime:
     finally:
         db.close()
     return AgentRuntime(
-        settings=settings,
+        settings=build_config(settings).agents,
         layout=DataLayout(data_dir),
         group=groups.get,
         before_run=_no_hook,

@@ -1,4 +1,4 @@
-"""App: builds every service from Settings, starts them in order, stops them in reverse, owns signals."""
+"""App: builds each service from its own section of the Config, starts and stops them in order, owns signals."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, Final
 from farmhost import __version__
 from farmhost.agents import AgentJob, AgentRuntime
 from farmhost.agents.fallback import AssistFallback
-from farmhost.agents.limits import LimitsReader, default_limits, default_llm_budget
+from farmhost.agents.limits import LimitsReader
 from farmhost.agents.pause import restore_pause
-from farmhost.config import Settings
+from farmhost.config import Config, Settings, build_config
 from farmhost.emergency_stop import EmergencyStop
 from farmhost.errors import ConfigError
 from farmhost.farm.actions import farm_handlers
@@ -29,8 +29,8 @@ from farmhost.farm.control.effect_rules import EffectRules
 from farmhost.farm.deps import FarmDeps
 from farmhost.farm.homeassistant.client import HAClient
 from farmhost.farm.homeassistant.live_view import LiveView
-from farmhost.farm.state.alert_notifier import SUBSCRIPTIONS_FILE, AlertNotifier, notify_settings
-from farmhost.farm.state.collector import StateCollector, collector_options
+from farmhost.farm.state.alert_notifier import SUBSCRIPTIONS_FILE, AlertNotifier
+from farmhost.farm.state.collector import StateCollector
 from farmhost.farm.state.receipts import ReceiptBook
 from farmhost.groups.handlers import HANDLERS as GROUP_HANDLERS
 from farmhost.handling import Change, Handlers
@@ -42,7 +42,7 @@ from farmhost.loop_monitor import LoopMonitor
 from farmhost.memory.search import MemoryService, memory_handlers
 from farmhost.mqtt import device
 from farmhost.mqtt.service import MqttService
-from farmhost.outbox.handlers import HANDLERS as MESSAGE_HANDLERS
+from farmhost.outbox.handlers import outbox_handlers
 from farmhost.scheduler.daily_report import DailyReport
 from farmhost.scheduler.handlers import task_handlers
 from farmhost.scheduler.runs import RunReport, TaskRun
@@ -86,18 +86,19 @@ def raise_nofile_limit() -> tuple[int, int]:
 
 
 def build_handlers(
+    config: Config,
     identity: HostIdentity,
     farm: FarmDeps,
     memory: MemoryService | None = None,
     audit: AuditLog | None = None,
     sites: SiteCaller | None = None,
 ) -> Handlers:
-    """The full handler table, assembled from every capability's own table."""
+    """The full handler table, assembled from every capability's own table, each bound to its own section."""
     return {
         **(sites.handlers() if sites is not None else {}),
         **ping_handlers(identity),
-        **MESSAGE_HANDLERS,
-        **task_handlers(farm.ha),
+        **outbox_handlers(config.outbox),
+        **task_handlers(farm.ha, config.scheduler),
         **GROUP_HANDLERS,
         **farm_handlers(farm, audit=audit),
         **memory_handlers(memory or MemoryService(farm.layout)),
@@ -107,9 +108,11 @@ def build_handlers(
 class App:
     """The daemon of one data directory."""
 
-    def __init__(self, settings: Settings, *, started_at: datetime | None = None) -> None:
-        self.settings = settings
-        self.layout = DataLayout(settings.data_dir)
+    def __init__(self, settings: Settings | Config, *, started_at: datetime | None = None) -> None:
+        """The daemon of `settings` (built into their sections here) or of a Config already built from them."""
+        # build_config is the one look at the host's time zone, agent runtime and name
+        self.config = config = settings if isinstance(settings, Config) else build_config(settings)
+        self.layout = DataLayout(config.data_dir)
         self.identity = HostIdentity(pid=os.getpid(), version=__version__, started_at=started_at or now_utc())
         self._lock_fd = -1
         self.db: Database | None = None
@@ -138,41 +141,41 @@ class App:
         self._take_lock()
         if seeded := self.layout.seed_global_memory():
             logger.info("global memory: copied %d starting file(s) into %s", seeded, self.layout.workspace("global"))
-        self.db = Database.open(self.settings.data_dir)
+        self.db = Database.open(self.config.data_dir)
         self.loop_monitor.start()
         receipts = ReceiptBook()
         farm = FarmDeps(
-            settings=self.settings,
+            settings=self.config.farm,
             layout=self.layout,
             ha=None,
             dashboards_dir=self.layout.dashboards,
             receipts=receipts,
         )
-        if self.settings.ha_url and self.settings.ha_token:
-            self.ha = HAClient(url=self.settings.ha_url, token=self.settings.ha_token)
+        ha_url, ha_token = self.config.ha.url, self.config.ha.token
+        if ha_url and ha_token:
+            self.ha = HAClient(url=ha_url, token=ha_token)
             await self.ha.start()  # never waits for HA: actions answer upstream_unavailable until it is up
             farm = replace(farm, ha=self.ha)
-            self.collector = StateCollector.from_deps(farm, **collector_options(self.settings))
+            self.collector = StateCollector.from_deps(farm)
             farm = replace(farm, state=self.collector)
             self.alerts = AlertNotifier(
                 db=self.db,
-                settings=notify_settings(self.settings),
-                subscriptions_path=self.settings.data_dir / SUBSCRIPTIONS_FILE,
+                settings=self.config.alerts,
+                subscriptions_path=self.config.data_dir / SUBSCRIPTIONS_FILE,
                 wake_outbox=self._wake_outbox,
             )
-            if self.settings.ha_token:
-                self.live_view = LiveView(ws_url=self.ha.ws_url, token=self.settings.ha_token, on_link=self._live_link)
+            self.live_view = LiveView(ws_url=self.ha.ws_url, token=ha_token, on_link=self._live_link)
             self.collector.attach(notifier=self.alerts, view=self.live_view)
             await self.alerts.start()
             await self.collector.start()  # returns at once; the first poll runs in the background
         memory = self.memory = MemoryService(self.layout)
-        audit = AuditLog(self.layout.farm_state, max_bytes=self.settings.request_log_max_bytes)
+        audit = AuditLog(self.layout.farm_state, max_bytes=self.config.farm.audit_max_bytes)
         if self.ha is not None and self.live_view is not None:
             self.effects = EffectRules(
                 ha=self.ha,
                 view=self.live_view,
                 db=self.db,
-                profile_path=self.settings.profile_path,
+                profile_path=self.config.farm.profile_path,
                 audit=audit,
                 started_at=self.identity.started_at,
                 wake_outbox=self._wake_outbox,
@@ -182,20 +185,18 @@ class App:
             self.effects.start()
             receipts.follow(self.live_view)
             farm = replace(farm, effects=self.effects)
-        self.sites = SiteCaller(
-            db=self.db, site=self.settings.site_name, audit=audit, enabled=bool(self.settings.mqtt_url)
-        )
-        handlers = build_handlers(self.identity, farm, memory, audit, self.sites)
+        self.sites = SiteCaller(db=self.db, settings=self.config.site, audit=audit)
+        handlers = build_handlers(self.config, self.identity, farm, memory, audit, self.sites)
         # The watcher knows each when task before its schedule_task is answered (and before the live view's first
         # sync): an event right after the answer must find its task, even while the rest of the host starts.
         self.when = when = WhenWatcher(
-            db=self.db, zone=self.settings.zone, view=self.live_view, wake=self._wake_scheduler
+            db=self.db, zone=self.config.zone, view=self.live_view, wake=self._wake_scheduler
         )
         when.start()
         if self.collector is not None:
             self.collector.add_raised_listener(when.alert_raised)
         self.ipc = IpcService(
-            settings=self.settings, layout=self.layout, db=self.db, handlers=handlers, identity=self.identity
+            settings=self.config.ipc, layout=self.layout, db=self.db, handlers=handlers, identity=self.identity
         )
         self.ipc.add_change_listener(lambda changes: when.refresh() if Change.TASKS in changes else None)
         await self.ipc.start()
@@ -211,7 +212,7 @@ class App:
                 ha=self.ha,
                 view=self.live_view,
                 db=self.db,
-                profile_path=self.settings.profile_path,
+                profile_path=self.config.farm.profile_path,
                 audit=audit,
                 started_at=self.identity.started_at,
                 wake_outbox=self._wake_outbox,
@@ -220,7 +221,7 @@ class App:
         if self.live_view is not None:
             await self.live_view.start()  # returns at once; listeners are in place before the first sync
         self.runtime = AgentRuntime(
-            settings=self.settings,
+            settings=self.config.agents,
             layout=self.layout,
             group=self._group,
             before_run=self._before_run,
@@ -237,31 +238,28 @@ class App:
             db=self.db,
             runtime=self.runtime,
             ha=self.ha,
-            profile_path=self.settings.profile_path,
+            profile_path=self.config.farm.profile_path,
             audit=audit,
             wake_outbox=self._wake_outbox,
         )
-        if (broker := self.settings.mqtt_broker) is not None:
+        if self.config.site.broker is not None:
             self.mqtt = MqttService(
-                broker,
-                site=self.settings.site_name,
-                trusted_sites=self.settings.trusted_sites,
+                settings=self.config.site,
                 db=self.db,
                 runtime=self.runtime,
                 alerts=self.collector,
-                zone=self.settings.zone,
                 caller=self.sites,
                 router=self.ipc.router,
                 main_group=self._main_group,
             )
             await self.mqtt.start()
-        if self.settings.telegram_enabled:
+        if self.config.telegram.enabled:
             # Imported here: python-telegram-bot and httpx cost ~20 MB of RSS a daemon without Telegram never needs.
             from farmhost.telegram.service import TelegramService
 
             self.telegram = TelegramService(
                 db=self.db,
-                settings=self.settings,
+                settings=self.config.telegram,
                 layout=self.layout,
                 runtime=self.runtime,
                 status=self._status,
@@ -274,7 +272,7 @@ class App:
             await self.telegram.start()
         self.scheduler = SchedulerService(
             db=self.db,
-            settings=self.settings,
+            settings=self.config.scheduler,
             dispatch=self._dispatch_task,
             on_tasks_changed=self._tasks_changed,
             on_sync=self.when.refresh,
@@ -284,11 +282,9 @@ class App:
         self.daily_report = DailyReport(
             db=self.db,
             layout=self.layout,
-            settings=self.settings,
+            settings=self.config.report,
             ha=self.ha,
-            limits=LimitsReader(
-                self.layout.agent_limits, default_limits(self.settings), default_llm_budget(self.settings)
-            ),
+            limits=LimitsReader.of(self.layout.agent_limits, self.config.agents),
             wake_outbox=self._wake_outbox,
             runtime=self.runtime,
         )
@@ -296,11 +292,11 @@ class App:
         logger.info(
             "farmhost %s started: data dir %s, ipc mode %s, %d group(s); Home Assistant %s, Telegram %s",
             __version__,
-            self.settings.data_dir,
-            self.settings.ipc_mode,
+            self.config.data_dir,
+            self.config.ipc.mode,
             len(self.ipc.groups),
-            "on" if self.settings.ha_enabled else "off",
-            "on" if self.settings.telegram_enabled else "off",
+            "on" if self.config.ha.enabled else "off",
+            "on" if self.config.telegram.enabled else "off",
         )
 
     async def stop(self) -> None:
@@ -443,7 +439,7 @@ class App:
         if self.ipc is not None:
             await self.ipc.refresh_snapshots(folder)
         if self.db is not None:
-            device.count_run(self.db, self.settings.zone, now_utc())
+            device.count_run(self.db, self.config.zone, now_utc())
 
     def _tasks_changed(self) -> None:
         """The scheduler moved a task on (next_run, last_run, status): agents see it in current_tasks.json."""
@@ -470,7 +466,7 @@ class App:
             holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
             os.close(fd)
             raise ConfigError(
-                f"another farmhost daemon (pid {holder}) is already running on {self.settings.data_dir}; "
+                f"another farmhost daemon (pid {holder}) is already running on {self.config.data_dir}; "
                 "stop it first or use another --data-dir"
             ) from None
         os.ftruncate(fd, 0)

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Final
 from farmhost.protocol.envelope import Outcome
 
 if TYPE_CHECKING:
-    from farmhost.config import Settings
     from farmhost.layout import DataLayout
     from farmhost.protocol.requests import AnyRequest
     from farmhost.store.db import Database
@@ -53,10 +52,12 @@ class Approved:
 
 @dataclass(frozen=True, kw_only=True)
 class RequestContext:
-    """Everything a handler may use: the source group (from the directory), settings, store, clock."""
+    """Everything a handler may use: the source group (from the directory), paths, store, clock.
+
+    No settings: a capability binds its own section into its handler rows when the app builds the table.
+    """
 
     group: Group
-    settings: Settings
     layout: DataLayout
     db: Database
     now: datetime

@@ -15,13 +15,12 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final
 
 from farmhost.agents.sandbox.backends.base import UNIX_AND_LOOPBACK_INET, UNIX_ONLY, Mount, SandboxError
-from farmhost.config import Settings
+from farmhost.config import KindName
 from farmhost.layout import REPO_ROOT
 
-KindName = Literal["farmagent", "opencode", "command"]
 # scripts/opencode-install installs exactly this; container/Dockerfile's OPENCODE_VERSION defaults to it.
 OPENCODE_VERSION: Final = "1.18.33"
 # Where scripts/opencode-install puts it in a checkout; an installed farmhost finds it next to its prefix
@@ -48,14 +47,14 @@ class AgentKind:
     socket_families: tuple[int, ...] = UNIX_ONLY
 
 
-def opencode_binary(settings: Settings) -> Path | None:
+def opencode_binary(configured: Path | None) -> Path | None:
     """The host's OpenCode (bwrap, process).
 
-    FARMHOST_OPENCODE_BIN, else the checkout's .tools/opencode, else the install prefix's opencode/ (both installed
-    by scripts/opencode-install), else `opencode` on PATH.
+    `configured` (FARMHOST_OPENCODE_BIN), else the checkout's .tools/opencode, else the install prefix's opencode/
+    (both installed by scripts/opencode-install), else `opencode` on PATH.
     """
-    if settings.opencode_bin is not None:
-        return settings.opencode_bin
+    if configured is not None:
+        return configured
     arch = _NPM_ARCH.get(platform.machine())
     if arch is not None:
         for directory in (OPENCODE_DIR, PREFIX_OPENCODE_DIR):
@@ -67,9 +66,9 @@ def opencode_binary(settings: Settings) -> Path | None:
 
 
 def agent_kind(
-    name: KindName, command: tuple[str, ...] | None, settings: Settings, *, in_image: bool = False
+    name: KindName, command: tuple[str, ...] | None, opencode_bin: Path | None, *, in_image: bool = False
 ) -> AgentKind:
-    """The AgentKind of a run.
+    """The AgentKind of a run (`opencode_bin`: FARMHOST_OPENCODE_BIN).
 
     `in_image`: the run is a container of the agent image (docker, podman), which has its own OpenCode at
     IMAGE_OPENCODE_BIN, so the host's is neither needed nor mounted.
@@ -85,7 +84,7 @@ def agent_kind(
         return AgentKind(name=name, module="farmagent.opencode_run", env={"FARMAGENT_OPENCODE": IMAGE_OPENCODE_BIN},
                          address_limit=False, socket_families=UNIX_AND_LOOPBACK_INET)  # fmt: skip
     if name == "opencode":
-        binary = opencode_binary(settings)
+        binary = opencode_binary(opencode_bin)
         if binary is None or not binary.is_file():
             raise SandboxError(
                 f"agent kind opencode: no OpenCode binary (run scripts/opencode-install for {OPENCODE_VERSION}, "

@@ -10,9 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from farmhost.agents.kinds import KindName
 from farmhost.agents.sandbox.backends.base import RunLimits
-from farmhost.config import Settings
+from farmhost.config import AgentSettings, KindName, LimitSettings, LlmSettings
 
 logger = logging.getLogger(__name__)
 
@@ -78,22 +77,22 @@ class LimitsFile(BaseModel):
     groups: dict[str, LimitsOverride] = {}
 
 
-def default_limits(settings: Settings) -> RunLimits:
+def default_limits(settings: LimitSettings) -> RunLimits:
     """The limits of every run when no file overrides them (FARMHOST_AGENT_* settings)."""
     return RunLimits(
-        timeout_seconds=settings.agent_timeout_seconds,
-        memory_mb=settings.agent_memory_mb,
-        pids=settings.agent_pids,
-        max_turns=settings.agent_max_turns,
-        tmp_mb=settings.agent_tmp_mb,
-        workspace_mb=settings.agent_workspace_mb,
-        cpu_percent=settings.agent_cpu_percent,
+        timeout_seconds=settings.timeout_seconds,
+        memory_mb=settings.memory_mb,
+        pids=settings.pids,
+        max_turns=settings.max_turns,
+        tmp_mb=settings.tmp_mb,
+        workspace_mb=settings.workspace_mb,
+        cpu_percent=settings.cpu_percent,
     )
 
 
-def default_llm_budget(settings: Settings) -> LlmBudget:
+def default_llm_budget(settings: LlmSettings) -> LlmBudget:
     """The daily LLM budgets of every group when no file overrides them (FARMHOST_LLM_*_PER_DAY settings)."""
-    return LlmBudget(requests_per_day=settings.llm_requests_per_day, tokens_per_day=settings.llm_tokens_per_day)
+    return LlmBudget(requests_per_day=settings.requests_per_day, tokens_per_day=settings.tokens_per_day)
 
 
 class LimitsReader:
@@ -105,6 +104,11 @@ class LimitsReader:
         self._llm = llm
         self._seen: tuple[int, int] | None = None
         self._file = LimitsFile()
+
+    @classmethod
+    def of(cls, path: Path, settings: AgentSettings) -> LimitsReader:
+        """A reader of `path` over the defaults of the agent runtime's section (its limits and its LLM budgets)."""
+        return cls(path, default_limits(settings.limits), default_llm_budget(settings.llm))
 
     def limits(self, folder: str) -> RunLimits:
         """The limits of `folder`'s next run."""

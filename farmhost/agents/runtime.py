@@ -21,7 +21,7 @@ from farmhost.agents.inputs import AgentResult, agent_input, parse_result, trim_
 from farmhost.agents.jobs import AgentJob, AgentOutcome, Status
 from farmhost.agents.kinds import AgentKind, agent_kind
 from farmhost.agents.launch import Exit, Launch, end_container
-from farmhost.agents.limits import LimitsReader, default_limits, default_llm_budget
+from farmhost.agents.limits import LimitsReader
 from farmhost.agents.proxy.budget import REQUESTS_PER_TURN, ProxyUsage
 from farmhost.agents.proxy.server import LlmProxy
 from farmhost.agents.queue import CHAT, SCHEDULED, QueueClosed, RunQueue
@@ -42,7 +42,7 @@ from farmhost.agents.sandbox.cgroups import CgroupSupport, detect_sync, open_run
 from farmhost.agents.sandbox.group_trees import GroupTrees
 from farmhost.agents.sandbox.identity import GroupIds, IdentityError
 from farmhost.agents.sandbox.mounts import sandbox_spec
-from farmhost.config import Settings
+from farmhost.config import AgentSettings
 from farmhost.farm.state.receipts import ReceiptBook
 from farmhost.layout import DataLayout
 from farmhost.store.db import now_utc
@@ -77,7 +77,7 @@ class AgentRuntime:
     def __init__(
         self,
         *,
-        settings: Settings,
+        settings: AgentSettings,
         layout: DataLayout,
         group: GroupLookup,
         before_run: BeforeRun,
@@ -93,13 +93,13 @@ class AgentRuntime:
         """Build the runtime; nothing starts before `start()`.
 
         Args:
-            settings: the daemon's settings (runtime, limits, LLM, time zone).
+            settings: the runtime's section: kind, limits, the LLM proxy's and the sandbox's sections, time zone.
             layout: the data directory.
             group: the registry lookup: the Group of a folder, None when it is not registered.
             before_run: awaited with the folder before each run (the app rewrites that group's snapshots).
             memory_snippets: `(folder, prompt) -> hits` (MemoryService.search); trimmed to memory_prompt_chars.
             command: argv inside the sandbox instead of `python -m farmagent.run` (tests run probe scripts).
-            backend: a ready backend instead of the one `settings.runtime` names.
+            backend: a ready backend instead of the one `settings.sandbox.runtime` names.
             proxy: the LLM proxy to serve during runs (default: one built from the settings).
             term_grace: seconds between SIGTERM and SIGKILL when a run times out.
             fallback: who answers a chat message when no LLM is configured or none answers (the daemon gives
@@ -119,8 +119,8 @@ class AgentRuntime:
         self._backend_error: str | None = None
         self._term_grace = term_grace
         self._fallback = fallback
-        self._limits = LimitsReader(layout.agent_limits, default_limits(settings), default_llm_budget(settings))
-        self._proxy = proxy or LlmProxy(settings=settings, layout=layout, limits=self._limits)
+        self._limits = LimitsReader.of(layout.agent_limits, settings)
+        self._proxy = proxy or LlmProxy(settings=settings.llm, layout=layout, limits=self._limits)
         self._queue = RunQueue(settings.max_agents)
         self._active: dict[str, Launch] = {}
         self._finished: set[asyncio.Future[None]] = set()
@@ -129,7 +129,7 @@ class AgentRuntime:
         self._cgroups: CgroupSupport | None = None
         self._ids: GroupIds | None = None  # who each group's runs are (set up with the backend)
         # each group's writable trees as the last run left them (journals need runs refused hard links)
-        self.trees = GroupTrees(journal=settings.sandbox_seccomp == "required")
+        self.trees = GroupTrees(journal=settings.sandbox.seccomp == "required")
         self._paused: str | None = None
 
     @property
@@ -141,19 +141,19 @@ class AgentRuntime:
         """Set up the backend (an unusable one makes every run fail with the reason), clean up, open the proxy."""
         if self._backend is None:
             try:
-                self._backend = await create_backend(self._settings)
+                self._backend = await create_backend(self._settings.sandbox)
             except SandboxError as err:
                 self._backend_error = err.message
                 logger.error("agent runs are off: %s", err.message)
         if self._backend is not None:
-            self._ids = group_ids(self._settings, self._backend)
+            self._ids = group_ids(self._settings.sandbox, self._backend)
             await cleanup_orphans(self._backend)
         if isinstance(self._backend, BwrapBackend):  # docker and podman hold their limits themselves
             self._cgroups = await asyncio.to_thread(detect_sync)
             if self._cgroups.available:
                 logger.info("agent runs get a cgroup v%d each (memory, processes, CPU)", self._cgroups.version)
             else:
-                allowed = self._settings.agent_unenforced_limits == "allow"
+                allowed = self._settings.unenforced_limits == "allow"
                 logger.warning(
                     "agent runs cannot get a cgroup here: %s; %s",
                     self._cgroups.reason,
@@ -167,7 +167,7 @@ class AgentRuntime:
             "agent runtime %s: up to %d run(s) at once, LLM %s",
             self._backend.name if self._backend is not None else "unavailable",
             self._settings.max_agents,
-            "on" if self._settings.llm_enabled else "off (FARMHOST_LLM_BASE_URL/FARMHOST_LLM_MODEL not set)",
+            "on" if self._settings.llm.enabled else "off (FARMHOST_LLM_BASE_URL/FARMHOST_LLM_MODEL not set)",
         )
 
     async def stop(self) -> None:
@@ -253,7 +253,7 @@ class AgentRuntime:
             kind = self._kind(job.folder)
         except SandboxError as err:
             return self._outcome(job, "error", error=err.message, started=started)
-        no_llm = kind.needs_llm and not self._settings.llm_enabled
+        no_llm = kind.needs_llm and not self._settings.llm.enabled
         # The built-in runner needs a model: a chat message goes to Assist instead, which needs no sandbox either.
         if no_llm and (words := self._words(job)) is not None:
             return await self._assist(job, group, words, WHY_NO_LLM, NO_LLM, started)
@@ -288,7 +288,7 @@ class AgentRuntime:
             now=now_utc(),
             memory=memory,
             max_turns=limits.max_turns,
-            model=self._settings.llm_model or "",
+            model=self._settings.llm.model,
         )
         record = RunRecord(job=job, group=group, limits=limits, backend=self._backend.name, memory=len(memory))
         record.phase("hook", started, hooked)
@@ -298,7 +298,7 @@ class AgentRuntime:
             plan = for_identity(self._backend, identity).plan(spec)
             ensure_no_secrets(plan, self._secrets())
             await asyncio.to_thread(self.trees.prepare_sync, self._layout, spec, identity)
-            allow = self._settings.agent_unenforced_limits == "allow"
+            allow = self._settings.unenforced_limits == "allow"
             cgroup = await asyncio.to_thread(
                 open_run_cgroup_sync, self._cgroups, job.run_id, limits, allow_without=allow
             )
@@ -355,7 +355,7 @@ class AgentRuntime:
 
     def _by_fallback(self, outcome: AgentOutcome, answered_by: dict[int, str]) -> AgentOutcome:
         """The answer, saying which fallback LLM endpoint gave it (the farmer should know it is not the usual one)."""
-        first = self._settings.llm_endpoints[0]
+        first = self._settings.llm.endpoints[0]
         used = [f"endpoint {n}, {label}" for n, label in sorted(answered_by.items()) if n != 1]
         some = "partly " if 1 in answered_by else ""
         note = f"({some}answered by the fallback LLM {' and '.join(used)}: endpoint 1, {first.label}, did not answer)"
@@ -382,8 +382,9 @@ class AgentRuntime:
     def _kind(self, folder: str) -> AgentKind:
         if self._command is not None:  # tests run their probes as a command
             return AgentKind(name="command", argv=self._command, needs_llm=False)
-        name, command = self._limits.agent_choice(folder, self._settings.agent_kind, self._settings.agent_command_argv)
-        return agent_kind(name, command, self._settings, in_image=isinstance(self._backend, DockerBackend))
+        name, command = self._limits.agent_choice(folder, self._settings.kind, self._settings.command)
+        in_image = isinstance(self._backend, DockerBackend)
+        return agent_kind(name, command, self._settings.opencode_bin, in_image=in_image)
 
     async def _prepare(self, folder: str) -> None:
         try:
@@ -405,7 +406,7 @@ class AgentRuntime:
     async def _launch(
         self, run_id: str, plan: LaunchPlan, stdin: bytes, timeout: float, cgroup_procs: tuple[str, ...]
     ) -> Exit:
-        output = self._settings.agent_output_bytes
+        output = self._settings.output_bytes
         launch = Launch(plan, output_bytes=output, term_grace=self._term_grace, cgroup_procs=cgroup_procs)
         self._active[run_id] = launch
         try:
@@ -514,8 +515,7 @@ class AgentRuntime:
         )
 
     def _secrets(self) -> list[str | None]:
-        settings = self._settings
-        return [settings.ha_token, settings.telegram_bot_token, settings.llm_api_key]
+        return list(self._settings.secrets)
 
 
 def _ids(job: AgentJob) -> dict[str, str]:

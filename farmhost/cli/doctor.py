@@ -45,7 +45,7 @@ from farmhost.cli.hostchecks import (
     python_check,
     timezone_check,
 )
-from farmhost.config import LlmEndpoint, Settings
+from farmhost.config import AgentSettings, Config, LlmEndpoint, SandboxSettings, Settings, build_config
 from farmhost.farm.control import rules
 from farmhost.farm.control.policy import load_profile, profile_report
 from farmhost.layout import DataLayout
@@ -117,7 +117,7 @@ class _Running:
 
 def doctor(args: argparse.Namespace, settings: Settings) -> int:
     """Run every check; exit 1 when anything is broken."""
-    running = [_Running(probe) for probe in _probes(settings)]
+    running = [_Running(probe) for probe in _probes(build_config(settings), settings)]
     checks: list[Check] = []
     for item in running:
         found = item.wait()
@@ -132,63 +132,63 @@ def doctor(args: argparse.Namespace, settings: Settings) -> int:
     return 1 if any(c.state == "broken" for c in checks) else 0
 
 
-def _probes(settings: Settings) -> list[Probe]:
-    root = settings.data_dir
+def _probes(config: Config, settings: Settings) -> list[Probe]:
+    root = config.data_dir
     db_path = DataLayout(root).db_path
     return [
         Probe("python", lambda: [python_check()], "the Python check"),
         Probe("data dir", lambda: [data_dir_check(root)], f"the data dir {root}"),
-        Probe("database", lambda: _database(settings), f"{db_path} (locked by a stuck writer?)"),
-        Probe("live view", lambda: [safety_checks.live_view(settings)], "the daemon's live view of Home Assistant"),
+        Probe("database", lambda: _database(config), f"{db_path} (locked by a stuck writer?)"),
+        Probe("live view", lambda: [safety_checks.live_view(config)], "the daemon's live view of Home Assistant"),
         Probe("disk", lambda: [disk_check(root)], f"the filesystem of {root}"),
-        Probe("inotify", lambda: [_inotify(settings)], "the inotify limits"),
+        Probe("inotify", lambda: [_inotify(config)], "the inotify limits"),
         Probe("clock", lambda: [clock_check(db_path)], "timedatectl and the clock"),
-        Probe("timezone", lambda: [timezone_check(settings.tz, settings.zone)], "the time zone"),
+        Probe("timezone", lambda: [timezone_check(config.tz, config.zone)], "the time zone"),
         Probe(
             "home assistant",
-            lambda: [ha := _home_assistant(settings), *_ha_user(settings, ha)],
-            f"Home Assistant at {_safe_url(settings.ha_url or '')}",
+            lambda: [ha := _home_assistant(config), *_ha_user(config, ha)],
+            f"Home Assistant at {_safe_url(config.ha.url or '')}",
             PROBE_TIMEOUT + 2,
             "check HA_URL and that Home Assistant runs",
         ),
         Probe(
             "telegram",
-            lambda: [_telegram(settings)],
+            lambda: [_telegram(config)],
             "the Telegram Bot API (getMe)",
             PROBE_TIMEOUT + 2,
             "check the network (DNS, firewall) and TELEGRAM_API_BASE_URL",
         ),
-        *_llm_probes(settings),
+        *_llm_probes(config, settings),
         Probe(
             "sandbox",
-            lambda: _runtime(settings),
-            f"the {settings.runtime} sandbox trial",
+            lambda: _runtime(config),
+            f"the {config.agents.sandbox.runtime} sandbox trial",
             PYTHON_PROBE_TIMEOUT + PROBE_TIMEOUT + 2,
         ),
-        Probe("agent limits", lambda: [_agent_limits(settings)], "agent-limits.json"),
-        Probe("farm profile", lambda: [_farm_profile(settings), _actuator_rules(settings)], "the farm profile"),
+        Probe("agent limits", lambda: [_agent_limits(config)], "agent-limits.json"),
+        Probe("farm profile", lambda: [_farm_profile(config), _actuator_rules(config)], "the farm profile"),
         Probe(
             "guarded",
-            lambda: [safety_checks.guarded_entities(settings)],
+            lambda: [safety_checks.guarded_entities(config)],
             "the guarded entities in Home Assistant",
             safety_checks.STATES_TIMEOUT + 2,
         ),
-        Probe("mqtt", lambda: [Check("mqtt", *_mqtt_state(settings))], "the MQTT broker", PROBE_TIMEOUT + 2),
+        Probe("mqtt", lambda: [Check("mqtt", *_mqtt_state(config))], "the MQTT broker", PROBE_TIMEOUT + 2),
     ]
 
 
-def _inotify(settings: Settings) -> Check:
-    root = settings.data_dir
+def _inotify(config: Config) -> Check:
+    root = config.data_dir
     count = _registered_groups(DataLayout(root).db_path)
     in_use = None
-    if settings.ipc_mode == "inotify":  # what the user's other processes hold; the running daemon is part of the need
+    if config.ipc.mode == "inotify":  # what the user's other processes hold; the running daemon is part of the need
         pid = daemon_pid(root)
         in_use = inotify_in_use(os.getuid(), exclude={os.getpid(), *([pid] if pid else [])})
     return inotify_check(
         groups=count,
-        max_agents=settings.max_agents,
-        ipc_mode=settings.ipc_mode,
-        poll_seconds=settings.ipc_poll_seconds,
+        max_agents=config.agents.max_agents,
+        ipc_mode=config.ipc.mode,
+        poll_seconds=config.ipc.poll_seconds,
         in_use=in_use,
     )
 
@@ -217,15 +217,15 @@ def _safe_url(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
-def _database(settings: Settings) -> list[Check]:
-    if not DataLayout(settings.data_dir).db_path.exists():
-        fix = f"farmhost init --data-dir {settings.data_dir}"
+def _database(config: Config) -> list[Check]:
+    if not DataLayout(config.data_dir).db_path.exists():
+        fix = f"farmhost init --data-dir {config.data_dir}"
         return [
             Check("database", "broken", "farmhost.db is missing", fix),
             Check("groups", "broken", "no registry without farmhost.db", fix),
         ]
     try:
-        db = Database.open(settings.data_dir)
+        db = Database.open(config.data_dir)
     except SchemaTooNew as err:
         detail = (
             f"farmhost.db has schema v{err.found}, newer than this farmhost knows (v{err.known}): "
@@ -258,7 +258,7 @@ def _database(settings: Settings) -> list[Check]:
             )
         )
     if stale:
-        checks.append(_stale_outbox(settings, stale))
+        checks.append(_stale_outbox(config, stale))
     main = next((g for g in registered if g.is_main), None)
     if main is None:
         checks.append(
@@ -277,10 +277,10 @@ def _database(settings: Settings) -> list[Check]:
     return checks
 
 
-def _stale_outbox(settings: Settings, stale: int) -> Check:
+def _stale_outbox(config: Config, stale: int) -> Check:
     minutes = int(OUTBOX_STALE_AFTER.total_seconds() // 60)
     detail = f"{stale} chunk(s) still pending after {minutes} minutes"
-    if not settings.telegram_enabled:
+    if not config.telegram.enabled:
         return Check("outbox", "broken", detail, "Telegram is off: set TELEGRAM_BOT_TOKEN to deliver them")
     fix = "see the telegram check and the daemon log; `farmhost outbox list --status pending` shows each last error"
     return Check("outbox", "broken", detail, fix)
@@ -307,33 +307,30 @@ def _unreachable(err: OSError) -> str:
     return f"unreachable: {reason}"
 
 
-def _home_assistant(settings: Settings) -> Check:
-    if not settings.ha_enabled:
-        missing = " and ".join(
-            name for name, value in (("HA_URL", settings.ha_url), ("HA_TOKEN", settings.ha_token)) if not value
-        )
+def _home_assistant(config: Config) -> Check:
+    url, token = config.ha.url, config.ha.token
+    if not (url and token):
+        missing = " and ".join(name for name, value in (("HA_URL", url), ("HA_TOKEN", token)) if not value)
         return Check("home assistant", "off", f"{missing} not set", "set HA_URL and HA_TOKEN (a long-lived token)")
-    assert settings.ha_url is not None
     return _http_check(
         "home assistant",
-        f"{settings.ha_url}/api/",
-        {"Authorization": f"Bearer {settings.ha_token}"},
+        f"{url}/api/",
+        {"Authorization": f"Bearer {token}"},
         "check HA_URL and that HA_TOKEN is a valid long-lived access token",
-        where=_safe_url(settings.ha_url),
+        where=_safe_url(url),
     )
 
 
-def _ha_user(settings: Settings, reached: Check) -> list[Check]:
+def _ha_user(config: Config, reached: Check) -> list[Check]:
     """Whose token HA_TOKEN is: farmhost's own user, or (a warning) the owner's, whose people would count as agents."""
-    if reached.state != "ok" or settings.ha_url is None or settings.ha_token is None:
+    url, token = config.ha.url, config.ha.token
+    if reached.state != "ok" or url is None or token is None:
         return []
     from farmhost.farm.homeassistant.live_view import current_user  # aiohttp only when the check runs
 
-    ws_url = ("wss" if settings.ha_url.startswith("https") else "ws") + "://" + settings.ha_url.split("://", 1)[1]
+    ws_url = ("wss" if url.startswith("https") else "ws") + "://" + url.split("://", 1)[1]
     try:
-        user = asyncio.run(
-            current_user(ws_url.rstrip("/") + "/api/websocket", settings.ha_token, timeout=PROBE_TIMEOUT)
-        )
+        user = asyncio.run(current_user(ws_url.rstrip("/") + "/api/websocket", token, timeout=PROBE_TIMEOUT))
     except (OSError, TimeoutError, ValueError) as err:
         return [Check("ha user", "warn", f"whose token HA_TOKEN is could not be told ({err})", _OWN_USER_FIX)]
     name = user.get("name") or "?"
@@ -352,22 +349,22 @@ _OWN_USER_FIX: Final = (
 )
 
 
-def _farm_profile(settings: Settings) -> Check:
-    state, detail, fix = profile_report(load_profile(settings.profile_path), farm_mode=settings.farm_mode)
+def _farm_profile(config: Config) -> Check:
+    state, detail, fix = profile_report(load_profile(config.farm.profile_path), farm_mode=config.farm.mode)
     if state == "off" and not fix:
-        fix = f"optional: write {settings.profile_path} to narrow the policy (docs/farm-actions.md)"
+        fix = f"optional: write {config.farm.profile_path} to narrow the policy (docs/farm-actions.md)"
     return Check("farm profile", cast(State, state), detail, fix)
 
 
-def _mqtt_state(settings: Settings) -> tuple[State, str, str]:
+def _mqtt_state(config: Config) -> tuple[State, str, str]:
     from farmhost.mqtt.probe import check_broker  # paho-mqtt only when the check runs
 
-    state, detail, fix = check_broker(settings, timeout=PROBE_TIMEOUT)
+    state, detail, fix = check_broker(config.site, timeout=PROBE_TIMEOUT)
     return cast(State, state), detail, fix
 
 
-def _actuator_rules(settings: Settings) -> Check:
-    loaded = load_profile(settings.profile_path)
+def _actuator_rules(config: Config) -> Check:
+    loaded = load_profile(config.farm.profile_path)
     if not loaded.rules:
         fix = "optional: add policy.rules (approval, automatic off, rate limits; docs/farm-actions.md)"
         return Check("actuator rules", "off", "none: control actions run at once, with no limit on time or rate", fix)
@@ -375,17 +372,18 @@ def _actuator_rules(settings: Settings) -> Check:
     return Check("actuator rules", "ok", f"{len(loaded.rules)} rule(s): {described}")
 
 
-def _telegram(settings: Settings) -> Check:
-    if not settings.telegram_enabled:
+def _telegram(config: Config) -> Check:
+    telegram = config.telegram
+    if not telegram.enabled:
         return Check("telegram", "off", "TELEGRAM_BOT_TOKEN not set", "create a bot with @BotFather and set the token")
-    base = settings.telegram_api_base_url or "https://api.telegram.org"
+    base = telegram.api_base_url or "https://api.telegram.org"
     return _http_check(
-        "telegram", f"{base}/bot{settings.telegram_bot_token}/getMe", {}, "check TELEGRAM_BOT_TOKEN and the network"
+        "telegram", f"{base}/bot{telegram.bot_token}/getMe", {}, "check TELEGRAM_BOT_TOKEN and the network"
     )
 
 
-def _runtime(settings: Settings) -> list[Check]:
-    runtime = settings.runtime
+def _runtime(config: Config) -> list[Check]:
+    runtime = config.agents.sandbox.runtime
     if runtime == "process":
         return [Check("sandbox", "ok", "process runtime: NO isolation (development only)", "use bwrap or docker")]
     binary = shutil.which(runtime)
@@ -393,7 +391,7 @@ def _runtime(settings: Settings) -> list[Check]:
         fix = "apt-get install bubblewrap" if runtime == "bwrap" else f"install {runtime} or set FARMHOST_AGENT_RUNTIME"
         return [Check("sandbox", "broken", f"{runtime} not found on PATH", fix)]
     if runtime == "bwrap":
-        return _bwrap(binary, settings)
+        return _bwrap(binary, config.agents.sandbox)
     return [_engine(runtime, binary)]
 
 
@@ -410,10 +408,10 @@ def _engine(runtime: str, binary: str) -> Check:
     return Check("sandbox", "ok", f"{runtime} ({binary}), engine running")
 
 
-def _bwrap(binary: str, settings: Settings) -> list[Check]:
+def _bwrap(binary: str, sandbox: SandboxSettings) -> list[Check]:
     """Check that bwrap can make its namespaces here, that the agent interpreter imports farmagent, and the filter."""
     try:
-        python = find_python_install_sync(settings.agent_python)
+        python = find_python_install_sync(sandbox.python)
     except SandboxError as err:
         fix = "set FARMHOST_AGENT_PYTHON to a Python 3.11+ with farmagent"
         return [Check("sandbox", "broken", err.message, fix)]
@@ -429,8 +427,8 @@ def _bwrap(binary: str, settings: Settings) -> list[Check]:
         detail = f"bwrap cannot create its namespaces: {done.stderr.strip()}"
         fix = "allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1) or use docker"
         return [Check("sandbox", "broken", detail, fix)]
-    sandbox = Check("sandbox", "ok", f"bwrap ({binary}), agent interpreter {python.executable}")
-    return [sandbox, _seccomp(binary, str(python.executable), settings.sandbox_seccomp)]
+    trial_check = Check("sandbox", "ok", f"bwrap ({binary}), agent interpreter {python.executable}")
+    return [trial_check, _seccomp(binary, str(python.executable), sandbox.seccomp)]
 
 
 def _seccomp(binary: str, python: str, mode: SeccompMode) -> Check:
@@ -472,31 +470,29 @@ def _seccomp(binary: str, python: str, mode: SeccompMode) -> Check:
     return Check("seccomp", "ok", detail)
 
 
-def _agent_limits(settings: Settings) -> Check:
-    path = DataLayout(settings.data_dir).agent_limits
-    limits = default_limits(settings)
+def _agent_limits(config: Config) -> Check:
+    path = DataLayout(config.data_dir).agent_limits
+    limits = default_limits(config.agents.limits)
     defaults = f"{limits.timeout_seconds:g} s, {limits.memory_mb} MB, {limits.pids} processes, {limits.max_turns} turns"
     try:
         parsed = LimitsFile.model_validate(json.loads(path.read_bytes()))
     except FileNotFoundError:
-        return _enforcement(settings, Check("agent limits", "ok", f"every group: {defaults} (no {path.name})"))
+        return _enforcement(config.agents, Check("agent limits", "ok", f"every group: {defaults} (no {path.name})"))
     except (OSError, ValueError) as err:
         fix = f"correct {path} (docs/agent-runtime.md); until then every group runs with the defaults"
         return Check("agent limits", "broken", f"{path}: {explain(err)}", fix)
     detail = f"defaults {defaults}; {len(parsed.groups)} group override(s) in {path.name}"
-    return _enforcement(settings, Check("agent limits", "ok", detail))
+    return _enforcement(config.agents, Check("agent limits", "ok", detail))
 
 
-def _enforcement(settings: Settings, check: Check) -> Check:
+def _enforcement(agents: AgentSettings, check: Check) -> Check:
     """Say which of the limits the kernel holds on this host and which it does not (docs/agent-runtime.md)."""
-    if settings.runtime in ("docker", "podman"):
-        return Check(check.part, check.state, f"{check.detail}; {describe_ids(settings, runtime=settings.runtime)}")
-    if settings.runtime != "bwrap":
+    runtime = agents.sandbox.runtime
+    if runtime in ("docker", "podman"):
+        return Check(check.part, check.state, f"{check.detail}; {describe_ids(agents.sandbox)}")
+    if runtime != "bwrap":
         return check
-    held = (
-        f"{describe_ids(settings, runtime=settings.runtime)}; held: wall time, /tmp and /dev/shm sizes, "
-        "workspace size (before each run)"
-    )
+    held = f"{describe_ids(agents.sandbox)}; held: wall time, /tmp and /dev/shm sizes, workspace size (before each run)"
     support = detect_sync()
     if support.available:
         cgroup = (
@@ -504,20 +500,20 @@ def _enforcement(settings: Settings, check: Check) -> Check:
             f"v{support.version}; no RLIMIT_AS, so an agent starts as many threads as its process limit allows)"
         )
         return Check(check.part, "ok", f"{check.detail}; {held}, {cgroup}")
-    if settings.agent_unenforced_limits == "allow":
+    if agents.unenforced_limits == "allow":
         held += ", memory per process (RLIMIT_AS: at 256 MB a Python agent starts about 6 threads)"
         missing = f"not held: memory summed over a run's processes, processes per run, CPU share ({support.reason})"
         fix = "delegate cgroups to farmhost (docs/agent-runtime.md#limits); runs start anyway (FARMHOST_AGENT_UNENFORCED_LIMITS=allow)"
         return Check(check.part, "warn", f"{check.detail}; {held}; {missing}", fix)
     refused = f"agent runs are refused: no cgroup for them ({support.reason})"
     fix = "delegate cgroups to farmhost (docs/agent-runtime.md#limits), or set FARMHOST_AGENT_UNENFORCED_LIMITS=allow"
-    who = describe_ids(settings, runtime=settings.runtime)
+    who = describe_ids(agents.sandbox)
     return Check(check.part, "broken", f"{check.detail}; {refused}; {who}", fix)
 
 
-def _llm_probes(settings: Settings) -> list[Probe]:
+def _llm_probes(config: Config, settings: Settings) -> list[Probe]:
     """One probe per LLM endpoint of the chain ("llm", then "llm 2", "llm 3"); one "llm" line when none is set."""
-    endpoints = settings.llm_endpoints
+    endpoints = config.agents.llm.endpoints
     if not endpoints:
         return [Probe("llm", lambda: [_llm_off(settings)], "the LLM settings")]
     return [
@@ -541,6 +537,7 @@ def _llm_part(endpoint: LlmEndpoint) -> str:
 
 
 def _llm_off(settings: Settings) -> Check:
+    """Which of the variables of the first endpoint are missing (the parser's fields: they are what is written)."""
     missing = [
         n
         for n, v in (("FARMHOST_LLM_BASE_URL", settings.llm_base_url), ("FARMHOST_LLM_MODEL", settings.llm_model))

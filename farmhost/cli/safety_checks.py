@@ -11,7 +11,7 @@ from typing import Final
 
 from farmhost.cli.health import lock_holder
 from farmhost.cli.hostchecks import Check
-from farmhost.config import Settings
+from farmhost.config import Config
 from farmhost.farm.control import policy
 from farmhost.farm.control.safe_state import guarded, guarded_patterns, matches_any, safe_target
 from farmhost.layout import DataLayout
@@ -24,18 +24,17 @@ _FIX_RULES: Final = "optional: name the actuators in policy.rules (docs/farm-act
 _FIX_OFF: Final = "`farmhost run` follows Home Assistant's events while it runs (HA_URL and HA_TOKEN set)"
 
 
-def guarded_entities(settings: Settings) -> Check:
+def guarded_entities(config: Config) -> Check:
     """Which entities the profile's rules guard, as HA knows them now, with the safe state each is put in."""
-    loaded = policy.load_profile(settings.profile_path)
-    if not loaded.rules or not settings.ha_url or not settings.ha_token:
+    loaded = policy.load_profile(config.farm.profile_path)
+    url, token = config.ha.url, config.ha.token
+    if not loaded.rules or not url or not token:
         return Check("guarded", "off", "no entity is guarded (no rules, or Home Assistant is off)", _FIX_RULES)
     patterns = guarded_patterns(loaded.rules)
     if not patterns:
         detail = "the rules name services or actions only: no entity is guarded by name"
         return Check("guarded", "off", detail, _FIX_RULES)
-    request = urllib.request.Request(
-        f"{settings.ha_url.rstrip('/')}/api/states", headers={"Authorization": f"Bearer {settings.ha_token}"}
-    )
+    request = urllib.request.Request(f"{url.rstrip('/')}/api/states", headers={"Authorization": f"Bearer {token}"})
     try:
         with urllib.request.urlopen(request, timeout=STATES_TIMEOUT) as response:
             states = json.loads(response.read())
@@ -63,11 +62,11 @@ def guarded_entities(settings: Settings) -> Check:
     return Check("guarded", "ok", detail)
 
 
-def live_view(settings: Settings) -> Check:
+def live_view(config: Config) -> Check:
     """Whether the running daemon follows HA's events now (what it recorded last; nothing while it is not running)."""
-    if not settings.ha_enabled:
+    if not config.ha.enabled:
         return Check("live view", "off", "Home Assistant is off: nothing to follow", "set HA_URL and HA_TOKEN")
-    layout = DataLayout(settings.data_dir)
+    layout = DataLayout(config.data_dir)
     if not layout.db_path.is_file() or lock_holder(layout.lock_path) is None:
         return Check("live view", "off", "the daemon is not running", _FIX_OFF)
     try:

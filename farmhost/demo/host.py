@@ -65,9 +65,8 @@ def demo_settings(base: Settings, *, data_dir: Path, ha_url: str, ha_token: str)
     )
 
 
-def install_profile(settings: Settings) -> bool:
-    """Copy the demo farm's profile to the data dir unless a profile is there; True when copied now."""
-    target = settings.profile_path
+def install_profile(target: Path) -> bool:
+    """Copy the demo farm's profile to `target` (the farm profile's place) unless one is there; True when copied now."""
     if target.exists():
         return False
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -77,9 +76,9 @@ def install_profile(settings: Settings) -> bool:
     return True
 
 
-def kept_from_assist(settings: Settings, exposed: list[str]) -> list[str]:
+def kept_from_assist(profile_path: Path, exposed: list[str]) -> list[str]:
     """The exposed entities the profile's rules hold Assist away from (approval, a rate, a range): to un-expose."""
-    loaded = policy.load_profile(settings.profile_path)
+    loaded = policy.load_profile(profile_path)
     return sorted({e for e in exposed for rule in loaded.rules if policy.assist_cannot_keep(rule, e)})
 
 

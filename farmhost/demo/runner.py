@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from farmhost.app import STOP_TIMEOUT, App
-from farmhost.config import Settings
+from farmhost.config import LlmSettings, Settings, build_config
 from farmhost.demo import host
 from farmhost.demo.console import ConsoleChat, StdinLines
 from farmhost.demo.ha import DemoHa, HaProblem
@@ -142,18 +142,18 @@ class Demo:
         if host.ensure_main_group(data_dir):
             self.say("farmhost", f"registered the main group {host.MAIN_JID} (folder {host.MAIN_FOLDER})")
         settings = host.demo_settings(self.base_settings, data_dir=data_dir, ha_url=ha.url, ha_token=ha.farmhost_token)
-        if host.install_profile(settings):
-            self.say(
-                "farmhost", f"wrote the demo farm's safe profile to {settings.profile_path} (docs/farm-actions.md)"
-            )
+        config = build_config(settings)
+        profile = config.farm.profile_path
+        if host.install_profile(profile):
+            self.say("farmhost", f"wrote the demo farm's safe profile to {profile} (docs/farm-actions.md)")
         exposed = [s["entity_id"] for s in await self._blocking(ha.get_states)]
-        if hidden := host.kept_from_assist(settings, exposed):
+        if hidden := host.kept_from_assist(profile, exposed):
             await self._blocking(lambda: ha.hide_from_assist(hidden))
             self.say("ha", f"not exposed to Assist (the farm profile limits them): {', '.join(hidden)}")
-        self._app = App(settings)
+        self._app = App(config)
         await self._until_stop(self._app.start())
         runtime = self._app.runtime.backend.name if self._app.runtime and self._app.runtime.backend else "unavailable"
-        self.say("farmhost", f"running in this process (agent sandbox: {runtime}; LLM: {_llm(settings)})")
+        self.say("farmhost", f"running in this process (agent sandbox: {runtime}; LLM: {_llm(config.agents.llm)})")
 
         simulator = FarmSimulator(
             ha, tick=options.tick, start_hour=options.start_hour, say=lambda line: self.say("sim", line)
@@ -175,20 +175,20 @@ class Demo:
                     screenshot=shot,
                     tick=options.tick,
                     farm_time=clock_text(options.start_hour),
-                    llm=_llm(settings),
+                    llm=_llm(config.agents.llm),
                     log_file=data_dir / LOG_FILE,
                     ha_log=ha.log_path,
                     chat="--exit-after-setup" if options.exit_after_setup else "on" if options.chat else "--no-chat",
                 )
             )
         )
-        if not settings.llm_enabled:
+        if not config.agents.llm.enabled:
             self._write(NO_LLM_HOWTO + "\n")
         if options.exit_after_setup:
             self.say("demo", "set-up done (--exit-after-setup)")
             return 1 if self.problems else 0
         if options.chat:
-            self._start_chat(settings)
+            self._start_chat(config.agents.llm)
         await self._stop.wait()
         return 0
 
@@ -221,7 +221,7 @@ class Demo:
         self.say("farmhost", f"screenshot with ha_capture_screenshot: {path} ({result['width']}x{result['height']})")
         return str(path)
 
-    def _start_chat(self, settings: Settings) -> None:
+    def _start_chat(self, llm: LlmSettings) -> None:
         app = self._app
         assert app is not None and app.db is not None and app.runtime is not None
         console = ConsoleChat(
@@ -229,7 +229,7 @@ class Demo:
             runtime=app.runtime,
             jid=host.MAIN_JID,
             folder=host.MAIN_FOLDER,
-            llm_configured=settings.llm_enabled,
+            llm_configured=llm.enabled,
             say=self._write,
             no_llm_hint=NO_LLM_SHORT,
             alerts=app.alerts,
@@ -346,7 +346,8 @@ class Demo:
         self._log_handlers = []
 
 
-def _llm(settings: Settings) -> str:
-    if not settings.llm_enabled:
+def _llm(llm: LlmSettings) -> str:
+    if not llm.endpoints:
         return "not configured (see below)"
-    return f"{settings.llm_model} at {settings.llm_base_url}"
+    first = llm.endpoints[0]
+    return f"{first.model} at {first.base_url}"

@@ -96,7 +96,7 @@ def farm_handlers(deps: FarmDeps, *, audit: AuditLog | None = None) -> Handlers:
         deps: the farm's runtime (settings, layout, HA client or None, dashboards dir).
         audit: the audit log; by default `farm-state/audit.ndjson`, rotated at FARMHOST_REQUEST_LOG_BYTES.
     """
-    log = audit or AuditLog(deps.layout.farm_state, max_bytes=deps.settings.request_log_max_bytes)
+    log = audit or AuditLog(deps.layout.farm_state, max_bytes=deps.settings.audit_max_bytes)
     return {
         f"farm_action:{name}": HandlerSpec(
             effect=spec.effect, run=_handler(deps, log, name, spec), timeout=spec.timeout + ROUTER_MARGIN
@@ -153,7 +153,7 @@ def permit_target(call: ControlCall) -> str | float | None:
 async def _guarded(deps: FarmDeps, ctx: RequestContext, name: str, spec: FarmActionSpec, params: dict[str, Any]) -> Any:
     loaded = policy.load_profile(deps.settings.profile_path)
     policy.authorise_group(name, folder=ctx.group.folder, is_main=ctx.group.is_main, loaded=loaded)
-    policy.check_control(name, farm_mode=deps.settings.farm_mode, loaded=loaded)
+    policy.check_control(name, farm_mode=deps.settings.mode, loaded=loaded)
     checked = parse_params(spec.row.params, params, name)
     check_calls(checked, loaded)  # what could never run is refused before the rules ask anyone for approval
     call = gate.describe(name, checked)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from farmhost.farm.dashboards.screenshots.ha_user import ScreenshotUser
 
 if TYPE_CHECKING:
-    from farmhost.config import Settings
+    from farmhost.config import FarmSettings
     from farmhost.farm.control.effect_rules import EffectRules
     from farmhost.farm.homeassistant.client import HAClient
     from farmhost.farm.state.collector import StateCollector
@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, kw_only=True)
 class FarmDeps:
-    """The farm's runtime: the HA client (None when HA is not configured), settings and paths."""
+    """The farm's runtime: the HA client (None when HA is not configured), the farm's settings and paths."""
 
-    settings: Settings
+    settings: FarmSettings
     layout: DataLayout
     ha: HAClient | None
     dashboards_dir: Path  # the working copies of the staged dashboards (data dir), seeded from the repo's dashboards/

@@ -28,7 +28,6 @@ from farmhost.store import ledger
 from farmhost.store.db import now_utc
 
 if TYPE_CHECKING:
-    from farmhost.config import Settings
     from farmhost.layout import DataLayout
     from farmhost.ndjson_log import NdjsonLog
     from farmhost.protocol.codes import Queue
@@ -55,7 +54,7 @@ class Router:
         self,
         *,
         handlers: Handlers,
-        settings: Settings,
+        site: str,
         layout: DataLayout,
         db: Database,
         on_change: Callable[[set[Change]], None],
@@ -64,7 +63,7 @@ class Router:
     ) -> None:
         self._handlers = handlers
         self._request_log = request_log
-        self._settings = settings
+        self._site = site  # this farmhost's site: a request naming another one goes to the site row
         self._layout = layout
         self._db = db
         self._on_change = on_change
@@ -74,7 +73,7 @@ class Router:
     def spec_for(self, request: AnyRequest) -> HandlerSpec | None:
         """The handler row of a request, if farmhost has one (a farm action for another site: the site row)."""
         site = getattr(request, "site", None)
-        if site is not None and site != self._settings.site_name:
+        if site is not None and site != self._site:
             return self._handlers.get(SITE_HANDLER)
         return self._handlers.get(handler_key(request.type, request.action_name)) or self._handlers.get(request.type)
 
@@ -202,7 +201,6 @@ class Router:
         started = time.perf_counter()
         ctx = RequestContext(
             group=group,
-            settings=self._settings,
             layout=self._layout,
             db=self._db,
             now=self._clock(),

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from farmhost.background import every
-from farmhost.config import Settings
+from farmhost.config import IpcSettings
 from farmhost.files import DIR_FLAGS
 from farmhost.handling import Change, Handlers
 from farmhost.ipc import snapshots
@@ -69,7 +69,7 @@ class IpcService:
     def __init__(
         self,
         *,
-        settings: Settings,
+        settings: IpcSettings,
         layout: DataLayout,
         db: Database,
         handlers: Handlers,
@@ -84,7 +84,7 @@ class IpcService:
         self._request_log = NdjsonLog(layout.logs, max_bytes=settings.request_log_max_bytes)
         self.router = Router(
             handlers=handlers,
-            settings=settings,
+            site=settings.site,
             layout=layout,
             db=db,
             on_change=self._changed,
@@ -130,21 +130,21 @@ class IpcService:
             db=self._db,
             quarantine=self._quarantine,
             request_log=self._request_log,
-            max_request_bytes=self._settings.ipc_max_request_bytes,
+            max_request_bytes=self._settings.max_request_bytes,
             stale_before=started - self._settings.stale_request_seconds,
             clock=self._clock,
             settle=self._snapshots.settle,
         )
-        if self._settings.ipc_mode == "inotify":
+        if self._settings.mode == "inotify":
             self._watcher = InotifyWatcher(
                 on_queue=self._queue_event, on_group=self._group_event, on_overflow=self._overflowed
             )
             self._watcher.start()
         self.reload_groups()
         self._sweep()
-        rescan = self._settings.ipc_rescan_seconds
-        if self._settings.ipc_mode == "poll":
-            rescan = min(rescan, self._settings.ipc_poll_seconds)
+        rescan = self._settings.rescan_seconds
+        if self._settings.mode == "poll":
+            rescan = min(rescan, self._settings.poll_seconds)
         self._spawn("ipc:rescan", every(rescan, self._rescan))
         self._spawn("ipc:registry", every(REGISTRY_POLL_SECONDS, self._check_registry))
         self._spawn("ipc:heartbeat", every(self._settings.heartbeat_seconds, self._heartbeat))

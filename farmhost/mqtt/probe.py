@@ -10,13 +10,13 @@ from typing import Any
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
-from farmhost.config import Settings
+from farmhost.config import SiteSettings
 from farmhost.errors import ConfigError
 
 
-def check_broker(settings: Settings, *, timeout: float = 5.0) -> tuple[str, str, str]:
+def check_broker(settings: SiteSettings, *, timeout: float = 5.0) -> tuple[str, str, str]:
     """(state ok/off/broken, detail, fix) for FARMHOST_MQTT_URL."""
-    broker = settings.mqtt_broker
+    broker = settings.broker
     if broker is None:
         return "off", "FARMHOST_MQTT_URL not set", "optional: set it to show farmhost in Home Assistant (docs/mqtt.md)"
     answer: dict[str, Any] = {}
@@ -45,6 +45,6 @@ def check_broker(settings: Settings, *, timeout: float = 5.0) -> tuple[str, str,
         return "broken", f"{broker.shown} did not answer the MQTT CONNECT in {timeout:g} s", fix
     if code.is_failure:
         return "broken", f"{broker.shown} refused the login: {code}", fix
-    trusted = ", ".join(sorted(settings.trusted_sites))
+    trusted = ", ".join(sorted(settings.trusted))
     serves = f"serves the calls of {trusted}" if trusted else "serves no other site's calls (FARMHOST_SITES_TRUSTED)"
-    return "ok", f"{broker.shown}, site {settings.site_name}; {serves}", ""
+    return "ok", f"{broker.shown}, site {settings.name}; {serves}", ""

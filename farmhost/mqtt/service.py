@@ -17,10 +17,8 @@ from farmhost.mqtt.link import MqttLink
 from farmhost.sites.server import SiteServer
 
 if TYPE_CHECKING:
-    from datetime import tzinfo
-
     from farmhost.agents.runtime import AgentRuntime
-    from farmhost.broker import Broker
+    from farmhost.config import SiteSettings
     from farmhost.farm.state.collector import StateCollector
     from farmhost.ipc.router import Router
     from farmhost.sites.caller import SiteCaller
@@ -35,18 +33,23 @@ class MqttService:
 
     def __init__(
         self,
-        broker: Broker,
         *,
-        site: str,
-        trusted_sites: frozenset[str],
+        settings: SiteSettings,
         db: Database,
         runtime: AgentRuntime,
         alerts: StateCollector | None,
-        zone: tzinfo,
         caller: SiteCaller,
         router: Router,
         main_group: Callable[[], Group | None],
     ) -> None:
+        """The link to `settings.broker` (MQTT must be on: FARMHOST_MQTT_URL set) and what uses it.
+
+        Raises:
+            ValueError: `settings` has no broker.
+        """
+        broker, site = settings.broker, settings.name
+        if broker is None:
+            raise ValueError("MQTT is off (FARMHOST_MQTT_URL is not set)")
         topics = Topics(site)
         self.link = MqttLink(
             broker,
@@ -55,10 +58,12 @@ class MqttService:
             will_payload=OFFLINE,
             on_connect=self._connected,
         )
-        self.device = HaDevice(link=self.link, topics=topics, db=db, runtime=runtime, alerts=alerts, zone=zone)
+        self.device = HaDevice(link=self.link, topics=topics, db=db, runtime=runtime, alerts=alerts, zone=settings.zone)
         self.caller = caller
         caller.attach(self.link)
-        self.server = SiteServer(site=site, trusted=trusted_sites, link=self.link, router=router, main_group=main_group)
+        self.server = SiteServer(
+            site=site, trusted=settings.trusted, link=self.link, router=router, main_group=main_group
+        )
         self._site = site
 
     async def start(self) -> None:

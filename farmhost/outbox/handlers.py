@@ -7,10 +7,12 @@ import os
 import re
 import sqlite3
 from dataclasses import dataclass
+from functools import partial
 from io import FileIO
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Final
 
+from farmhost.config import OutboxSettings
 from farmhost.errors import InvalidRequest, NotAllowed, RateLimited, Unauthorized
 from farmhost.handling import Change, Effect, Handlers, HandlerSpec, RequestContext
 from farmhost.outbox.chunking import split_text
@@ -70,13 +72,13 @@ class _FileCopy:
     size: int
 
 
-async def prepare_file(ctx: RequestContext, request: AnyRequest) -> _FileCopy:
+async def prepare_file(settings: OutboxSettings, ctx: RequestContext, request: AnyRequest) -> _FileCopy:
     """Authorise, then copy the workspace file into the host's outbox store in a thread (it may be 50 MB)."""
     assert isinstance(request, FileRequest)
     authorised_target(ctx.db.conn, ctx.group, request.chatJid)
     workspace = ctx.layout.workspace(ctx.group.folder)
     target = ctx.layout.outbox_files / ctx.group.folder / f"{ctx.request_id}{_suffix(request.path)}"
-    limit, rate = ctx.settings.outbox_group_max_bytes, ctx.settings.file_copy_bytes_per_second
+    limit, rate = settings.group_max_bytes, settings.file_copy_bytes_per_second
     return await asyncio.to_thread(_copy_sync, workspace, request.path, target, limit, rate)
 
 
@@ -144,7 +146,9 @@ def _copy_sync(workspace: Path, path: str, target: Path, limit: int, rate: float
     return _FileCopy(path=target, size=size)
 
 
-HANDLERS: Final[Handlers] = {
-    "message": HandlerSpec(effect=Effect.STATE, apply=apply_message),
-    "file": HandlerSpec(effect=Effect.STATE, prepare=prepare_file, apply=apply_file),
-}
+def outbox_handlers(settings: OutboxSettings) -> Handlers:
+    """The messages/ handlers; `settings` bound what a group's file copies may hold and how fast they are made."""
+    return {
+        "message": HandlerSpec(effect=Effect.STATE, apply=apply_message),
+        "file": HandlerSpec(effect=Effect.STATE, prepare=partial(prepare_file, settings), apply=apply_file),
+    }

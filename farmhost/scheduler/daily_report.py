@@ -15,7 +15,7 @@ import json
 import logging
 import sqlite3
 from dataclasses import dataclass, field
-from datetime import datetime, time, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Final
 
 from farmhost.errors import FarmhostError
@@ -29,11 +29,12 @@ from farmhost.store.db import now_utc
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
     from zoneinfo import ZoneInfo
 
     from farmhost.agents import AgentRuntime
     from farmhost.agents.limits import LimitsReader
-    from farmhost.config import Settings
+    from farmhost.config import ReportSettings
     from farmhost.farm.homeassistant.client import HAClient
     from farmhost.layout import DataLayout
     from farmhost.store.db import Database
@@ -102,7 +103,13 @@ def report_text(facts: ReportFacts, zone: ZoneInfo) -> str:
 
 
 async def gather_facts(
-    *, db: Database, layout: DataLayout, settings: Settings, ha: HAClient | None, limits: LimitsReader, end: datetime
+    *,
+    db: Database,
+    layout: DataLayout,
+    settings: ReportSettings,
+    ha: HAClient | None,
+    limits: LimitsReader,
+    end: datetime,
 ) -> ReportFacts:
     """The facts of the 24 h before `end`, from the farm state, HA's recorder and the store."""
     start = end - PERIOD
@@ -116,7 +123,7 @@ async def gather_facts(
         problem = "Home Assistant is not configured"
     else:
         try:
-            actuators = await _actuators(ha, settings, start, end, zone)
+            actuators = await _actuators(ha, settings.profile_path, start, end, zone)
         except FarmhostError as err:
             problem = err.message
     with db.tx() as conn:
@@ -146,7 +153,7 @@ class DailyReport:
         *,
         db: Database,
         layout: DataLayout,
-        settings: Settings,
+        settings: ReportSettings,
         ha: HAClient | None,
         limits: LimitsReader,
         wake_outbox: Callable[[], None],
@@ -162,7 +169,7 @@ class DailyReport:
 
     async def start(self) -> None:
         """Send today's report if it is due and was not sent, then wait for the next one (nothing when off)."""
-        if self._settings.daily_report is not None and self._task is None:
+        if self._settings.at is not None and self._task is None:
             self._task = asyncio.create_task(self._loop(), name="daily-report")
 
     async def stop(self) -> None:
@@ -190,7 +197,7 @@ class DailyReport:
             db=self._db, layout=self._layout, settings=self._settings, ha=self._ha, limits=self._limits, end=now
         )
         text = report_text(facts, self._settings.zone)
-        if self._settings.daily_report_by_agent and self._runtime is not None:
+        if self._settings.by_agent and self._runtime is not None:
             text = await self._by_agent(main.folder, main.jid, text) or text
         with self._db.tx() as conn:
             if outbox.has_key(conn, report_key(day)):
@@ -214,10 +221,9 @@ class DailyReport:
 
     def _due_at(self, now: datetime) -> datetime:
         """The report's time on the farm day of `now`."""
-        assert self._settings.daily_report is not None
-        hours, minutes = (int(part) for part in self._settings.daily_report.split(":"))
+        assert self._settings.at is not None
         local = now.astimezone(self._settings.zone)
-        return datetime.combine(local.date(), time(hours, minutes), tzinfo=self._settings.zone)
+        return datetime.combine(local.date(), self._settings.at, tzinfo=self._settings.zone)
 
     async def _by_agent(self, folder: str, jid: str, facts: str) -> str | None:
         from farmhost.agents import AgentJob
@@ -246,9 +252,9 @@ def _alerts(layout: DataLayout) -> AlertBook:
 
 
 async def _actuators(
-    ha: HAClient, settings: Settings, start: datetime, end: datetime, zone: ZoneInfo
+    ha: HAClient, profile_path: Path, start: datetime, end: datetime, zone: ZoneInfo
 ) -> list[tuple[str, int, int]]:
-    loaded = policy.load_profile(settings.profile_path)
+    loaded = policy.load_profile(profile_path)
     globs = [g for rule in loaded.rules for g in (rule.entities or [])]
     known = [str(s.get("entity_id")) for s in await ha.get_states()]
     guarded = sorted(

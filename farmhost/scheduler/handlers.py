@@ -8,6 +8,7 @@ import secrets
 import sqlite3
 import time
 from datetime import datetime
+from functools import partial
 from typing import TYPE_CHECKING, Final
 
 from farmhost.errors import Conflict, InvalidRequest, NotAllowed, NotFound, Unauthorized
@@ -29,6 +30,7 @@ from farmhost.store.db import iso
 from farmhost.store.tasks import Task
 
 if TYPE_CHECKING:
+    from farmhost.config import SchedulerSettings
     from farmhost.farm.homeassistant.client import HAClient
 
 # A when task's entity is looked up in HA before the task is stored; a slow HA only loses the warning.
@@ -67,8 +69,10 @@ class _EntityCheck:
         return None
 
 
-def apply_schedule(ctx: RequestContext, request: AnyRequest, conn: sqlite3.Connection) -> Outcome:
-    """Create a task for the source group (or, from main, for any registered group)."""
+def apply_schedule(
+    settings: SchedulerSettings, ctx: RequestContext, request: AnyRequest, conn: sqlite3.Connection
+) -> Outcome:
+    """Create a task for the source group (or, from main, for any registered group), in the farm's zone."""
     assert isinstance(request, ScheduleTaskRequest)
     folder = request.groupFolder or ctx.group.folder
     if folder != ctx.group.folder:
@@ -76,7 +80,7 @@ def apply_schedule(ctx: RequestContext, request: AnyRequest, conn: sqlite3.Conne
             raise Unauthorized(f"group {ctx.group.folder!r} may only schedule tasks for itself")
         if groups.get_group(conn, folder) is None:
             raise NotFound(f"groupFolder {folder!r} is not a registered group")
-    zone = ctx.settings.zone
+    zone = settings.zone
     try:
         spec = parse_schedule(request.schedule_type, request.schedule_value, tz=zone)
         next_run = first_run(spec, tz=zone, now=ctx.now)
@@ -85,7 +89,7 @@ def apply_schedule(ctx: RequestContext, request: AnyRequest, conn: sqlite3.Conne
     task_id = request.taskId or f"task-{time.time_ns()}-{secrets.token_hex(3)}"
     if tasks.get_task(conn, task_id) is not None:
         raise Conflict(f"a task with id {task_id!r} already exists")
-    limit = ctx.settings.tasks_per_group_max
+    limit = settings.tasks_per_group_max
     if tasks.count_scheduled(conn, folder) >= limit:
         raise NotAllowed(
             f"group {folder!r} already has {limit} active or paused tasks (the limit); cancel one first "
@@ -115,7 +119,9 @@ def apply_schedule(ctx: RequestContext, request: AnyRequest, conn: sqlite3.Conne
     return Outcome(result=result)
 
 
-def apply_task_change(ctx: RequestContext, request: AnyRequest, conn: sqlite3.Connection) -> Outcome:
+def apply_task_change(
+    settings: SchedulerSettings, ctx: RequestContext, request: AnyRequest, conn: sqlite3.Connection
+) -> Outcome:
     """Pause, resume or cancel a task the source group owns (main: any task)."""
     assert isinstance(request, TaskIdRequest)
     task = tasks.get_task(conn, request.taskId)
@@ -133,7 +139,7 @@ def apply_task_change(ctx: RequestContext, request: AnyRequest, conn: sqlite3.Co
     elif request.type == "resume_task":
         if task.status == "active":
             raise Conflict(f"task {task.id!r} is not paused")
-        next_run = _resumed_next_run(ctx, task)
+        next_run = _resumed_next_run(settings, ctx, task)
         tasks.update_status(conn, task.id, "active", next_run=next_run)
         status = "active"
     else:
@@ -143,26 +149,30 @@ def apply_task_change(ctx: RequestContext, request: AnyRequest, conn: sqlite3.Co
     return Outcome(result={"taskId": task.id, "status": status, "nextRun": iso(next_run)})
 
 
-def _resumed_next_run(ctx: RequestContext, task: Task) -> datetime | None:
+def _resumed_next_run(settings: SchedulerSettings, ctx: RequestContext, task: Task) -> datetime | None:
     if task.next_run is not None and task.next_run > ctx.now:
         return task.next_run
     if task.schedule_type == ScheduleType.WHEN:
         return None  # it waits for its next event; an edge while it was paused is not replayed
     spec = ScheduleSpec(type=ScheduleType(task.schedule_type), value=task.schedule_value)
-    upcoming = next_run_after(spec, tz=ctx.settings.zone, anchor=task.anchor, now=ctx.now)
+    upcoming = next_run_after(spec, tz=settings.zone, anchor=task.anchor, now=ctx.now)
     # A once task whose time passed while it was paused runs as soon as it is resumed.
     return upcoming if upcoming is not None else ctx.now
 
 
-def task_handlers(ha: HAClient | None) -> Handlers:
-    """The tasks/ handlers; `ha` answers whether a when task's entity exists (a warning, never a refusal)."""
+def task_handlers(ha: HAClient | None, settings: SchedulerSettings) -> Handlers:
+    """The tasks/ handlers; `ha` answers whether a when task's entity exists (a warning, never a refusal).
+
+    Args:
+        ha: the HA client (None: Home Assistant is off).
+        settings: the farm's zone (schedules) and the tasks one group may have.
+    """
+    change = partial(apply_task_change, settings)
     return {
-        "schedule_task": HandlerSpec(effect=Effect.STATE, apply=apply_schedule, prepare=_EntityCheck(ha)),
-        "pause_task": HandlerSpec(effect=Effect.STATE, apply=apply_task_change),
-        "resume_task": HandlerSpec(effect=Effect.STATE, apply=apply_task_change),
-        "cancel_task": HandlerSpec(effect=Effect.STATE, apply=apply_task_change),
+        "schedule_task": HandlerSpec(
+            effect=Effect.STATE, apply=partial(apply_schedule, settings), prepare=_EntityCheck(ha)
+        ),
+        "pause_task": HandlerSpec(effect=Effect.STATE, apply=change),
+        "resume_task": HandlerSpec(effect=Effect.STATE, apply=change),
+        "cancel_task": HandlerSpec(effect=Effect.STATE, apply=change),
     }
-
-
-# Without Home Assistant (tests of the IPC core, a host with HA off).
-HANDLERS: Final[Handlers] = task_handlers(None)

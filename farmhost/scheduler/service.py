@@ -27,7 +27,7 @@ from typing import Any, Final
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.date import DateTrigger
 
-from farmhost.config import Settings
+from farmhost.config import SchedulerSettings
 from farmhost.handling import Change
 from farmhost.scheduler import claims
 from farmhost.scheduler.runs import Dispatch, RunReport, TaskRun
@@ -53,7 +53,7 @@ class SchedulerService:
         self,
         *,
         db: Database,
-        settings: Settings,
+        settings: SchedulerSettings,
         dispatch: Dispatch,
         on_tasks_changed: Callable[[], None],
         clock: Callable[[], datetime] = now_utc,
@@ -132,7 +132,7 @@ class SchedulerService:
     @property
     def grace(self) -> float:
         """How late (seconds) a missed run may still start."""
-        return self._settings.task_grace_seconds
+        return self._settings.grace_seconds
 
     # scheduling --------------------------------------------------------------------------------
 
@@ -247,7 +247,7 @@ class SchedulerService:
                     report,
                     now=self._clock(),
                     zone=self._zone,
-                    alert_after=self._settings.task_failure_alert_after,
+                    alert_after=self._settings.failure_alert_after,
                 )
         except Exception:  # the row stays `running`; the next start marks it interrupted
             logger.exception(

@@ -31,6 +31,7 @@ from farmhost.store.db import now_utc
 from farmhost.store.site_calls import SiteCall
 
 if TYPE_CHECKING:
+    from farmhost.config import SiteSettings
     from farmhost.farm.audit import AuditLog
     from farmhost.mqtt.link import Incoming, MqttLink
     from farmhost.store.db import Database
@@ -53,19 +54,19 @@ class SiteCaller:
         self,
         *,
         db: Database,
-        site: str,
+        settings: SiteSettings,
         audit: AuditLog,
-        enabled: bool,
         clock: Callable[[], datetime] = now_utc,
         resend_seconds: float = RESEND_SECONDS,
     ) -> None:
         self._db = db
-        self.site = site
+        self.site = site = settings.name
         self._audit = audit
         self._clock = clock
         self._resend_seconds = resend_seconds
         self.directory = SiteDirectory(site, on_online=self._target_online, clock=clock)
-        self._enabled = enabled  # FARMHOST_MQTT_URL is set: the link is attached once the daemon has started
+        # FARMHOST_MQTT_URL is set: the link is attached once the daemon has started
+        self._enabled = settings.broker is not None
         self._attached = asyncio.Event()
         self._link: MqttLink | None = None
         self._waiters: dict[str, asyncio.Future[dict[str, Any]]] = {}

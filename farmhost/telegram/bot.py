@@ -9,7 +9,7 @@ from telegram import Bot
 from telegram.request import HTTPXRequest
 
 if TYPE_CHECKING:
-    from farmhost.config import Settings
+    from farmhost.config import TelegramSettings
 
 DEFAULT_API_ROOT: Final = "https://api.telegram.org"
 JID_PREFIX: Final = "telegram:"
@@ -32,19 +32,19 @@ GET_UPDATES_READ_MARGIN: Final = 15.0
 GET_UPDATES_POOL_SIZE: Final = 2
 
 
-def api_root(settings: Settings) -> str:
+def api_root(settings: TelegramSettings) -> str:
     """The Bot API server root: TELEGRAM_API_BASE_URL, else Telegram's."""
-    return settings.telegram_api_base_url or DEFAULT_API_ROOT
+    return settings.api_base_url or DEFAULT_API_ROOT
 
 
-def make_bot(settings: Settings) -> Bot:
+def make_bot(settings: TelegramSettings) -> Bot:
     """Build the Bot used for every call to Telegram; its owner calls `initialize()` and `shutdown()`.
 
     Sends and the long poll use separate connection pools (PTB's `get_updates_request`), so a hung
     getUpdates never delays a send.
 
     Args:
-        settings: Needs `telegram_bot_token`; `telegram_api_base_url` (a self-hosted Bot API server or a test
+        settings: Needs `bot_token`; `api_base_url` (a self-hosted Bot API server or a test
             server) replaces Telegram's root: methods at `<root>/bot<token>/<method>`, files at
             `<root>/file/bot<token>/<path>`.
 
@@ -54,7 +54,7 @@ def make_bot(settings: Settings) -> Bot:
     Raises:
         ValueError: Telegram is not configured (no token).
     """
-    if not settings.telegram_bot_token:
+    if not settings.bot_token:
         raise ValueError("TELEGRAM_BOT_TOKEN is not set; Telegram is off")
     # PTB 22 warns on every RetryAfter unless it may already give durations as timedelta (its next major
     # version's behaviour); failures.classify reads both forms.
@@ -76,7 +76,7 @@ def make_bot(settings: Settings) -> Bot:
         pool_timeout=POOL_TIMEOUT,
     )
     return Bot(
-        settings.telegram_bot_token,
+        settings.bot_token,
         base_url=f"{root}/bot",
         base_file_url=f"{root}/file/bot",
         request=request,

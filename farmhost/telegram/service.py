@@ -9,7 +9,7 @@ import telegram
 from telegram.error import TelegramError
 
 from farmhost.agents import AgentRuntime
-from farmhost.config import Settings
+from farmhost.config import TelegramSettings
 from farmhost.emergency_stop import EmergencyStop
 from farmhost.farm.control.approval_desk import ApprovalDesk
 from farmhost.farm.state.alert_notifier import AlertNotifier
@@ -30,7 +30,7 @@ class TelegramService:
         self,
         *,
         db: Database,
-        settings: Settings,
+        settings: TelegramSettings,
         layout: DataLayout,
         runtime: AgentRuntime,
         status: StatusSource,

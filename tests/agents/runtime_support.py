@@ -13,7 +13,7 @@ from farmhost_testing import group_lookup, register_in_process
 
 from farmhost.agents import AgentJob, AgentOutcome, AgentRuntime
 from farmhost.agents.sandbox.backends import SandboxBackend
-from farmhost.config import Settings
+from farmhost.config import Settings, build_config
 from farmhost.layout import DataLayout
 
 # Secrets the host holds; no sandbox may ever see one (argv, environment, files).
@@ -395,7 +395,7 @@ def make_runtime(
 ) -> AgentRuntime:
     """An AgentRuntime on the settings' data dir that runs the probe."""
     return AgentRuntime(
-        settings=settings,
+        settings=build_config(settings).agents,
         layout=DataLayout(settings.data_dir),
         group=group_lookup(settings.data_dir),
         before_run=before_run,

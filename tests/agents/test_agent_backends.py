@@ -7,6 +7,7 @@ import json
 import os
 import resource
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,7 @@ from farmhost.agents.sandbox.backends.share import LAUNCHER
 from farmhost.agents.sandbox.identity import AgentIdentity
 from farmhost.agents.sandbox.mounts import sandbox_spec
 from farmhost.agents.sandbox.seccomp import engine_profile
-from farmhost.config import Settings
+from farmhost.config import build_config
 from farmhost.layout import REPO_ROOT, DataLayout
 
 LIMITS = RunLimits(timeout_seconds=30, memory_mb=512, pids=64, max_turns=4)
@@ -155,9 +156,9 @@ def test_the_engine_cli_gets_only_what_locates_the_engine() -> None:
 async def test_no_backend_carries_a_secret(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for key, value in SECRETS.items():
         monkeypatch.setenv(key, value)  # the daemon's own environment holds them (systemd EnvironmentFile=)
-    settings = settings_for(root, **SECRETS)
+    settings = build_config(settings_for(root, **SECRETS)).agents.sandbox
     for runtime in ("bwrap", "process"):
-        backend = await create_backend(settings.model_copy(update={"agent_runtime": runtime}))
+        backend = await create_backend(replace(settings, runtime=runtime))
         ids = group_ids(settings, backend)
         for folder, is_main in (("main", True), ("field", False)):
             plan = for_identity(backend, await ids.identity(folder)).plan(spec(root, folder, is_main=is_main))
@@ -326,9 +327,8 @@ def test_docker_command_for_each_agent_kind(root: Path, tmp_path: Path, kind: st
     binary = tmp_path / "opencode-linux-x64" / "bin" / "opencode"
     binary.parent.mkdir(parents=True)
     binary.write_bytes(b"\x7fELF")
-    settings = Settings(_env_file=None, FARMHOST_DATA_DIR=root, FARMHOST_OPENCODE_BIN=binary)  # type: ignore[call-arg]
     command = ("/workspace/group/agent", "--fast") if kind == "command" else None
-    chosen = agent_kind(kind, command, settings, in_image=True)  # type: ignore[arg-type]
+    chosen = agent_kind(kind, command, binary, in_image=True)  # type: ignore[arg-type]
     layout = DataLayout(root)
     run = sandbox_spec(layout, folder="field", run_id="r-1", is_main=False, limits=LIMITS, timezone="UTC", kind=chosen)
     argv = list(DockerBackend(image="farmagent:1", user=(1000, 1001), data_root=str(root)).plan(run).argv)
@@ -349,9 +349,8 @@ def test_docker_command_for_each_agent_kind(root: Path, tmp_path: Path, kind: st
 @pytest.mark.parametrize("kind", ["farmagent", "opencode", "command"])
 def test_each_kind_gets_the_seccomp_rules_of_its_socket_families(root: Path, tmp_path: Path, kind: str) -> None:
     """docker: farmhost's profile file for the kind's families; bwrap: the filter built for them."""
-    settings = Settings(_env_file=None, FARMHOST_DATA_DIR=root, FARMHOST_OPENCODE_BIN=tmp_path / "oc")  # type: ignore[call-arg]
     command = ("/workspace/group/agent",) if kind == "command" else None
-    chosen = agent_kind(kind, command, settings, in_image=True)  # type: ignore[arg-type]
+    chosen = agent_kind(kind, command, tmp_path / "oc", in_image=True)  # type: ignore[arg-type]
     run = sandbox_spec(DataLayout(root), folder="field", run_id="r-1", is_main=False, limits=LIMITS, timezone="UTC",
                        kind=chosen)  # fmt: skip
     wanted = UNIX_AND_LOOPBACK_INET if kind == "opencode" else UNIX_ONLY

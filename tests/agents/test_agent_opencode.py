@@ -29,7 +29,7 @@ async def test_opencode_answers_through_the_proxy(root: Path, llm_stub: Scripted
     settings = settings_for(
         root, FARMHOST_AGENT_RUNTIME="bwrap", FARMHOST_LLM_BASE_URL=llm_stub.base_url, FARMHOST_LLM_MODEL="farm-model"
     )
-    assert opencode_binary(settings) is not None, "scripts/opencode-install (make opencode) installs it"
+    assert opencode_binary(settings.opencode_bin) is not None, "scripts/opencode-install (make opencode) installs it"
     llm_stub.script(Reply("The soil in field 2 is fine."))
     runtime = make_runtime(settings, command=None)
     await runtime.start()

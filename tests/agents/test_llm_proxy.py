@@ -22,9 +22,10 @@ from farmhost_testing import scaled, wait_for_async
 from llm_stub import Fail, Raw, Reply, ScriptedLLM
 from runtime_support import settings_for
 
+from farmhost.agents.limits import LimitsReader
 from farmhost.agents.proxy.budget import ProxyUsage
 from farmhost.agents.proxy.server import LlmProxy
-from farmhost.config import Settings
+from farmhost.config import Settings, build_config
 from farmhost.layout import DataLayout
 
 KEY = "sk-upstream-secret-0123456789"
@@ -51,13 +52,19 @@ def configured(root: Path, llm: ScriptedLLM, **extra: Any) -> Settings:
     )
 
 
+def proxy_for(settings: Settings, layout: DataLayout, **options: Any) -> LlmProxy:
+    """The proxy the runtime of `settings` builds: its LLM section, the limits file over the settings' defaults."""
+    agents = build_config(settings).agents
+    return LlmProxy(settings=agents.llm, layout=layout, limits=LimitsReader.of(layout.agent_limits, agents), **options)
+
+
 @asynccontextmanager
 async def proxied(
     settings: Settings, *, max_requests: int = 8, **options: Any
 ) -> AsyncIterator[tuple[openai.AsyncOpenAI, ProxyUsage, str]]:
     """A proxy serving group `field`, and an openai client that reaches it through its socket as an agent does."""
     layout = DataLayout(settings.data_dir)
-    proxy = LlmProxy(settings=settings, layout=layout, **options)
+    proxy = proxy_for(settings, layout, **options)
     await proxy.start()
     try:
         async with proxy.serve("field", "run-1", max_requests=max_requests) as usage:
@@ -269,7 +276,7 @@ async def test_connections_over_a_runs_cap_or_the_total_are_refused_at_once(root
     llm.script(then=Reply("ok"))
     settings = configured(root, llm, FARMHOST_LLM_RUN_CONNECTIONS="2", FARMHOST_LLM_MAX_CONNECTIONS="3")
     layout = DataLayout(settings.data_dir)
-    proxy = LlmProxy(settings=settings, layout=layout)
+    proxy = proxy_for(settings, layout)
     await proxy.start()
     try:
         async with proxy.serve("field", "run-1", max_requests=8), proxy.serve("barn", "run-2", max_requests=8):

@@ -17,9 +17,8 @@ import pytest
 from farmhost_testing import scaled, wait_for_async
 from llm_stub import Fail, Reply, ScriptedLLM, Streamed, ToolCall, ToolCalls
 from openai.types.chat import ChatCompletionChunk
-from test_llm_proxy import KEY, ask, configured, limits_file, proxied
+from test_llm_proxy import KEY, ask, configured, limits_file, proxied, proxy_for
 
-from farmhost.agents.proxy.server import LlmProxy
 from farmhost.agents.proxy.tokens import estimate_prompt_tokens
 from farmhost.layout import DataLayout
 
@@ -194,7 +193,7 @@ async def test_an_idle_upstream_is_cut_and_a_stream_is_bounded_by_the_upstream_t
 
 async def test_the_stream_idle_timeout_is_the_setting(root: Path, llm: ScriptedLLM) -> None:
     """FARMHOST_LLM_STREAM_IDLE_TIMEOUT (90 s by default) is how long the real proxy lets an upstream stay silent."""
-    assert LlmProxy(settings=configured(root, llm), layout=DataLayout(root)).rules.stream_idle_timeout == 90
+    assert proxy_for(configured(root, llm), DataLayout(root)).rules.stream_idle_timeout == 90
     stalled = Streamed(Reply("pump north on, pump south off"), chunk_chars=4, hold_after=3)
     try:
         llm.script(stalled)

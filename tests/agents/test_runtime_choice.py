@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from farmhost.config import DOCKER_SOCKET, Settings, default_runtime
+from farmhost.config import DOCKER_SOCKET, Settings, build_config, default_runtime
 
 
 @pytest.fixture
@@ -50,12 +50,13 @@ def test_an_engine_makes_docker_the_default_only_with_its_cli(engine_socket: Pat
 
 
 def test_the_settings_decide_with_what_this_host_has(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Unset, Settings.runtime is default_runtime of this host's PATH, DOCKER_HOST and socket, whatever they are."""
+    """Unset, the sandbox's runtime is default_runtime of this host's PATH, DOCKER_HOST and socket, whatever they are."""
     monkeypatch.delenv("FARMHOST_AGENT_RUNTIME", raising=False)
     found = default_runtime(
         docker_cli=shutil.which("docker"), docker_host=os.environ.get("DOCKER_HOST"), socket=DOCKER_SOCKET
     )
-    assert Settings(_env_file=None).runtime == found  # type: ignore[call-arg]
+    before = build_config(Settings(_env_file=None))  # type: ignore[call-arg]
+    assert before.agents.sandbox.runtime == found
     # A docker CLI on PATH and DOCKER_HOST set: docker, on any machine.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -63,10 +64,12 @@ def test_the_settings_decide_with_what_this_host_has(monkeypatch: pytest.MonkeyP
     (bin_dir / "docker").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     monkeypatch.setenv("DOCKER_HOST", "unix:///run/user/1000/docker.sock")
-    assert Settings(_env_file=None).runtime == "docker"  # type: ignore[call-arg]
+    assert build_config(Settings(_env_file=None)).agents.sandbox.runtime == "docker"  # type: ignore[call-arg]
+    # Looked up once, when the settings were built: a section built before keeps its answer.
+    assert before.agents.sandbox.runtime == found
 
 
 def test_an_explicit_runtime_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FARMHOST_AGENT_RUNTIME", "process")
     monkeypatch.setenv("DOCKER_HOST", "unix:///run/user/1000/docker.sock")
-    assert Settings(_env_file=None).runtime == "process"  # type: ignore[call-arg]
+    assert build_config(Settings(_env_file=None)).agents.sandbox.runtime == "process"  # type: ignore[call-arg]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from farmhost.config import Settings
+from farmhost.config import Settings, build_config
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / ".env.example"
@@ -73,7 +73,9 @@ def test_the_example_values_are_valid_settings_and_everything_is_off_by_default(
     # Every value shown, switched on at once, is accepted (init values win over the environment and .env).
     settings = Settings(_env_file=None, **values)  # type: ignore[call-arg]
     assert settings.max_agents == 2 and settings.agent_memory_mb == 1024 and settings.heartbeat_seconds == 5
-    assert settings.ha_enabled and settings.telegram_enabled and settings.llm_enabled
+    config = build_config(settings)
+    assert config.ha.enabled and config.telegram.enabled and config.agents.llm.enabled
+    assert [endpoint.number for endpoint in config.agents.llm.endpoints] == [1, 2, 3]  # the fallbacks, in order
     # Copied as it is, the file sets nothing: every line is commented out, so defaults and "off" apply.
     active = [line for line in EXAMPLE.read_text(encoding="utf-8").splitlines() if line and not line.startswith("#")]
     assert active == []

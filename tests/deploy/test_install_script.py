@@ -145,8 +145,7 @@ def test_opencode_is_installed_in_the_prefix_where_the_installed_farmhost_finds_
     binary = installed.prefix / "opencode" / "node_modules" / f"opencode-linux-{arch}" / "bin" / "opencode"
     assert f"OpenCode {OPENCODE_VERSION}" in installed.output and str(binary) in installed.output
     # The installed farmhost, as the daemon's user and with no setting pointing at it, finds that binary...
-    probe = "from farmhost.agents.kinds import opencode_binary; from farmhost.config import Settings; "
-    probe += "print(opencode_binary(Settings(_env_file=None)))"
+    probe = "from farmhost.agents.kinds import opencode_binary; print(opencode_binary(None))"
     found = subprocess.run(
         _as_user(str(installed.prefix / "bin" / "python"), "-c", probe),
         check=True, capture_output=True, text=True, cwd=installed.root, env=clean_env(), timeout=scaled(60),

@@ -14,7 +14,7 @@ from typing import Any
 from farmhost_testing import drop, init_data_dir_in_process, read_result, wait_for_async
 
 from farmhost.app import build_handlers
-from farmhost.config import Settings, load_settings
+from farmhost.config import FarmSettings, build_config, load_settings
 from farmhost.farm.deps import FarmDeps
 from farmhost.farm.homeassistant.client import HAClient
 from farmhost.ipc.service import IpcService
@@ -40,7 +40,7 @@ class FarmHost:
     """farmhost's IPC engine with the real farm handler table, in this process, on `data_dir`."""
 
     data_dir: Path
-    settings: Settings
+    settings: FarmSettings
     ha: HAClient | None
 
     async def ask(
@@ -90,26 +90,27 @@ async def farm_host(
     update: dict[str, Any] = {"ha_url": None, "ha_token": None, "farm_profile_path": None, **settings}
     if ha_env is not None:
         update |= {"ha_url": ha_env["HA_URL"], "ha_token": ha_env["HA_TOKEN"]}
-    config = load_settings(data_dir=data_dir, env_file=None).model_copy(update=update)
+    settings = load_settings(data_dir=data_dir, env_file=None).model_copy(update=update)
+    config = build_config(settings)
     layout = DataLayout(data_dir)
     identity = HostIdentity(pid=os.getpid(), version="test", started_at=now_utc())
     client = None
-    if config.ha_url and config.ha_token:
-        client = HAClient(url=config.ha_url, token=config.ha_token, request_timeout=request_timeout)
-    deps = FarmDeps(settings=config, layout=layout, ha=client, dashboards_dir=layout.dashboards)
+    if config.ha.url and config.ha.token:
+        client = HAClient(url=config.ha.url, token=config.ha.token, request_timeout=request_timeout)
+    deps = FarmDeps(settings=config.farm, layout=layout, ha=client, dashboards_dir=layout.dashboards)
     db = Database.open(data_dir)
     service = IpcService(
-        settings=config,
+        settings=config.ipc,
         layout=layout,
         db=db,
-        handlers=build_handlers(identity, deps),
+        handlers=build_handlers(config, identity, deps),
         identity=identity,
     )
     if client is not None:
         await client.start()
     await service.start()
     try:
-        yield FarmHost(data_dir=data_dir, settings=config, ha=client)
+        yield FarmHost(data_dir=data_dir, settings=config.farm, ha=client)
     finally:
         await service.stop()
         if client is not None:

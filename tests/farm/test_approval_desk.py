@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from farmhost_testing import FIELD_JID, init_data_dir_in_process
 
-from farmhost.config import Settings
 from farmhost.farm.audit import AuditLog
 from farmhost.farm.control import approval_requests as asking
 from farmhost.farm.control.approval_desk import ApprovalDesk, Presser
@@ -88,9 +87,8 @@ def desk(db: Database, root: Path, clock: Clock, ran: list[Approved] | None = No
         return Outcome(result={})
 
     layout = DataLayout(root)
-    settings = Settings(_env_file=None, FARMHOST_DATA_DIR=root)  # type: ignore[call-arg]
     handlers = {"farm_action:ha_set_entity": HandlerSpec(effect=Effect.EXTERNAL, run=run)}
-    router = Router(handlers=handlers, settings=settings, layout=layout, db=db, on_change=lambda changes: None)
+    router = Router(handlers=handlers, site="farm", layout=layout, db=db, on_change=lambda changes: None)
     audit = AuditLog(layout.farm_state, max_bytes=1 << 20)
     return ApprovalDesk(db=db, audit=audit, door=router, clock=clock)
 

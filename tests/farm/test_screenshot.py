@@ -20,7 +20,7 @@ import pytest
 from farmhost_testing import Daemon, clean_env, drop, wait_result
 from ha_fixture import HaInstance, WsSession
 
-from farmhost.config import Settings
+from farmhost.config import Settings, build_config
 from farmhost.errors import FarmhostError, InvalidRequest, NotAllowed, NotFound, Unavailable
 from farmhost.farm.dashboards import policy as dashboard_policy
 from farmhost.farm.dashboards.lovelace import url_path
@@ -144,21 +144,20 @@ class Farm:
         assert group is not None
         self.group = group
         settings = {"data_dir": root, "ha_url": ha_url, "ha_token": ha_token}
-        self.settings = Settings(**settings, _env_file=None)  # type: ignore[call-arg]
+        self.settings = build_config(Settings(**settings, _env_file=None)).farm  # type: ignore[call-arg]
         self.deps = FarmDeps(settings=self.settings, layout=self.layout, ha=None, dashboards_dir=root / "dashboards")
         self.workspace = self.layout.workspace("main")
 
     def ctx(self, request_id: str) -> RequestContext:
-        return RequestContext(
-            group=self.group, settings=self.settings, layout=self.layout, db=self.db, now=NOW, request_id=request_id
-        )
+        return RequestContext(group=self.group, layout=self.layout, db=self.db, now=NOW, request_id=request_id)
 
     async def shoot(self, request_id: str, **params: Any) -> dict[str, Any]:
         """The action, with a real HA client on the admin token as the daemon has (none when HA is not set)."""
-        if not (self.settings.ha_url and self.settings.ha_token):
+        url, token = self.settings.ha.url, self.settings.ha.token
+        if not (url and token):
             checked = parse_action_params(HaCaptureScreenshotParams, params, "ha_capture_screenshot")
             return await ha_capture_screenshot(self.deps, self.ctx(request_id), checked)  # type: ignore[no-any-return]
-        async with HAClient(url=self.settings.ha_url, token=self.settings.ha_token) as ha:
+        async with HAClient(url=url, token=token) as ha:
             checked = parse_action_params(HaCaptureScreenshotParams, params, "ha_capture_screenshot")
             result: dict[str, Any] = await ha_capture_screenshot(
                 dataclasses.replace(self.deps, ha=ha), self.ctx(request_id), checked

@@ -9,9 +9,9 @@ import os
 import re
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo
 
@@ -20,12 +20,12 @@ from farmhost_testing import scaled, wait_for_async
 from ha_core_support import farm_host, make_data_dir
 from ha_fixture import CALENDAR_ENTITY, HaInstance
 
-from farmhost.config import Settings
+from farmhost.config import FarmSettings, Settings, build_config
 from farmhost.errors import InvalidRequest, Unavailable
 from farmhost.farm.deps import FarmDeps
 from farmhost.farm.homeassistant.client import HaAuthFailed, HAClient, HaUnavailable
 from farmhost.farm.state.alerts import AlertThresholds
-from farmhost.farm.state.collector import StateCollector, collector_options, farm_state_refresh
+from farmhost.farm.state.collector import StateCollector, farm_state_refresh
 from farmhost.farm.state.inventory import calendar_events, devices_document
 from farmhost.farm.state.telemetry import file_name, numeric_values, prune_sync
 from farmhost.layout import DataLayout
@@ -60,8 +60,9 @@ def read(path: Path) -> Any:
     return json.loads(path.read_text())
 
 
-def settings_for(root: Path, ha: HaInstance, **extra: Any) -> Settings:
-    return Settings(_env_file=None, data_dir=root, tz=FARM_TZ, ha_url=ha.url, ha_token=ha.farmhost_token, **extra)  # type: ignore[call-arg]
+def settings_for(root: Path, ha: HaInstance, **extra: Any) -> FarmSettings:
+    settings = Settings(_env_file=None, data_dir=root, tz=FARM_TZ, ha_url=ha.url, ha_token=ha.farmhost_token, **extra)  # type: ignore[call-arg]
+    return build_config(settings).farm
 
 
 @pytest.fixture
@@ -76,7 +77,7 @@ def layout(tmp_path: Path) -> DataLayout:
 
 
 def collector_for(client: HAClient, layout: DataLayout, ha: HaInstance, **options: Any) -> StateCollector:
-    return StateCollector(ha=client, layout=layout, settings=settings_for(layout.root, ha), **options)
+    return StateCollector(ha=client, layout=layout, settings=replace(settings_for(layout.root, ha).state, **options))
 
 
 def alert_keys(doc: dict[str, Any], which: str = "active") -> list[tuple[str, str, str]]:
@@ -496,25 +497,22 @@ async def test_farm_state_refresh_through_the_ipc_engine(tmp_path: Path, ha_rese
     assert stale["haConnected"] is False and stale["staleSince"] == done["result"]["generatedAt"]
 
 
-def test_collector_options_come_from_settings(tmp_path: Path) -> None:
-    settings = Settings(_env_file=None, data_dir=tmp_path)  # type: ignore[call-arg]
-    assert collector_options(settings)["thresholds"] == AlertThresholds()  # the defaults, wherever they are declared
-    # the names the operator's settings carry (farmhost/config.py), read the same way from any settings object
-    operator = SimpleNamespace(
-        state_poll_seconds=5.0,
-        telemetry_seconds=60.0,
-        alert_soil_low_percent=30.0,
-        alert_frost_celsius=None,  # not set: the default stays
-        alert_ignore_entities="sensor.freezer, sensor.cold_room,",
+def test_the_collector_settings_come_from_the_environment(tmp_path: Path) -> None:
+    state = build_config(Settings(_env_file=None, data_dir=tmp_path)).farm.state  # type: ignore[call-arg]
+    assert state.thresholds == AlertThresholds()  # the defaults, wherever they are declared
+    operator = Settings(  # type: ignore[call-arg]
+        _env_file=None,
+        FARMHOST_DATA_DIR=tmp_path,
+        FARMHOST_STATE_POLL_SECONDS="5",
+        FARMHOST_TELEMETRY_SECONDS="60",
+        FARMHOST_ALERT_SOIL_LOW_PERCENT="30",
+        FARMHOST_ALERT_IGNORE_ENTITIES="sensor.freezer, sensor.cold_room,",
     )
-    options = collector_options(operator)  # type: ignore[arg-type]
-    assert options == {
-        "poll_seconds": 5.0,
-        "telemetry_seconds": 60.0,
-        "thresholds": AlertThresholds(
-            soil_low_percent=30.0, ignored_entities=frozenset({"sensor.freezer", "sensor.cold_room"})
-        ),
-    }
+    state = build_config(operator).farm.state
+    assert (state.poll_seconds, state.telemetry_seconds, state.inventory_seconds) == (5.0, 60.0, 300.0)
+    assert state.thresholds == AlertThresholds(
+        soil_low_percent=30.0, ignored_entities=frozenset({"sensor.freezer", "sensor.cold_room"})
+    )
 
 
 # ---------------------------------------------------------------------------------------------- pure helpers

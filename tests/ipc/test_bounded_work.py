@@ -21,7 +21,7 @@ from farmhost_testing import (
 from ipc_support import uid
 
 from farmhost.app import build_handlers
-from farmhost.config import load_settings
+from farmhost.config import build_config, load_settings
 from farmhost.farm.deps import FarmDeps
 from farmhost.handling import Handlers
 from farmhost.ipc.service import IpcService
@@ -90,16 +90,17 @@ def test_deeply_nested_json_is_refused_quickly(data_dir: Path) -> None:
 
 def _handlers(data_dir: Path) -> Handlers:
     settings = load_settings(data_dir=data_dir, env_file=None).model_copy(update={"ha_url": None, "ha_token": None})
+    config = build_config(settings)
     layout = DataLayout(data_dir)
-    farm = FarmDeps(settings=settings, layout=layout, ha=None, dashboards_dir=layout.dashboards)
-    return build_handlers(HostIdentity(pid=os.getpid(), version="test", started_at=now_utc()), farm)
+    farm = FarmDeps(settings=config.farm, layout=layout, ha=None, dashboards_dir=layout.dashboards)
+    return build_handlers(config, HostIdentity(pid=os.getpid(), version="test", started_at=now_utc()), farm)
 
 
 @contextlib.asynccontextmanager
 async def _service(data_dir: Path) -> AsyncIterator[IpcService]:
     db = Database.open(data_dir)
     service = IpcService(
-        settings=load_settings(data_dir=data_dir, env_file=None),
+        settings=build_config(load_settings(data_dir=data_dir, env_file=None)).ipc,
         layout=DataLayout(data_dir),
         db=db,
         handlers=_handlers(data_dir),

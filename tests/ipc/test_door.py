@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from farmhost_testing import init_data_dir_in_process
 
-from farmhost.config import Settings
 from farmhost.handling import Approved, Effect, HandlerSpec, RequestContext
 from farmhost.ipc.router import Router
 from farmhost.layout import DataLayout
@@ -60,11 +59,8 @@ class Toggle:
 
 def router(root: Path, db: Database, run: Toggle, log: NdjsonLog) -> Router:
     layout = DataLayout(root)
-    settings = Settings(_env_file=None, FARMHOST_DATA_DIR=root)  # type: ignore[call-arg]
     handlers = {"farm_action:ha_call_service": HandlerSpec(effect=Effect.EXTERNAL, run=run)}
-    return Router(
-        handlers=handlers, settings=settings, layout=layout, db=db, on_change=lambda changes: None, request_log=log
-    )
+    return Router(handlers=handlers, site="farm", layout=layout, db=db, on_change=lambda changes: None, request_log=log)
 
 
 def logged(root: Path) -> list[dict[str, Any]]:

@@ -38,7 +38,7 @@ from ipc_support import (
 )
 
 from farmhost.app import build_handlers
-from farmhost.config import load_settings
+from farmhost.config import build_config, load_settings
 from farmhost.farm.deps import FarmDeps
 from farmhost.handling import Effect, Handlers, HandlerSpec, RequestContext
 from farmhost.ipc.service import IpcService
@@ -290,7 +290,7 @@ async def _service(data_dir: Path, handlers: Handlers, **settings: Any) -> Async
     identity = HostIdentity(pid=os.getpid(), version="test", started_at=now_utc())
     db = Database.open(data_dir)
     service = IpcService(
-        settings=load_settings(data_dir=data_dir, env_file=None).model_copy(update=settings),
+        settings=build_config(load_settings(data_dir=data_dir, env_file=None).model_copy(update=settings)).ipc,
         layout=DataLayout(data_dir),
         db=db,
         handlers=handlers,
@@ -313,9 +313,10 @@ def quick_data_dir(tmp_path: Path) -> Path:
 def _table(data_dir: Path | None = None) -> Handlers:
     root = data_dir or Path("/nonexistent-farmhost-test-data")
     settings = load_settings(data_dir=root, env_file=None).model_copy(update={"ha_url": None, "ha_token": None})
+    config = build_config(settings)
     layout = DataLayout(root)
-    farm = FarmDeps(settings=settings, layout=layout, ha=None, dashboards_dir=layout.dashboards)
-    return build_handlers(HostIdentity(pid=os.getpid(), version="test", started_at=now_utc()), farm)
+    farm = FarmDeps(settings=config.farm, layout=layout, ha=None, dashboards_dir=layout.dashboards)
+    return build_handlers(config, HostIdentity(pid=os.getpid(), version="test", started_at=now_utc()), farm)
 
 
 async def test_slow_handler_stalls_only_its_own_queue(quick_data_dir: Path, caplog: pytest.LogCaptureFixture) -> None:

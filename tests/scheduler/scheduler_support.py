@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo
 
 from farmhost_testing import wait_for_async
 
-from farmhost.config import Settings
+from farmhost.config import Settings, build_config
 from farmhost.scheduler.runs import RunReport, TaskRun
 from farmhost.scheduler.service import SchedulerService
 from farmhost.scheduler.specs import first_run, parse_schedule
@@ -88,7 +88,7 @@ async def scheduler(
     changes: list[datetime] = []
     service = SchedulerService(
         db=db,
-        settings=settings_for(data_dir, **settings),
+        settings=build_config(settings_for(data_dir, **settings)).scheduler,
         dispatch=recorder,
         on_tasks_changed=lambda: changes.append(now_utc()),
         clock=clock,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from farmhost.agents.sandbox.identity import IdentityError, IdRange, allocate_sync, describe_ids, host_claim
-from farmhost.config import AGENT_UID_BASE, Settings
+from farmhost.config import AGENT_UID_BASE, Settings, build_config
 from farmhost.store import agent_ids
 from farmhost.store.db import Database
 
@@ -70,8 +70,8 @@ def test_subordinate_ranges_hold_their_ids() -> None:
 
 
 def test_the_doctor_sentence_says_which_holds(tmp_path: Path) -> None:
-    settings = Settings(_env_file=None, FARMHOST_DATA_DIR=tmp_path)  # type: ignore[call-arg]
-    said = describe_ids(settings, runtime="bwrap")
+    settings = Settings(_env_file=None, FARMHOST_DATA_DIR=tmp_path, FARMHOST_AGENT_RUNTIME="bwrap")  # type: ignore[call-arg]
+    said = describe_ids(build_config(settings).agents.sandbox)
     if os.geteuid() == 0:
         assert said.startswith(f"agents run as per-group uids {BASE}..{BASE + 65535} (root daemon, gid = uid)")
     else:

@@ -23,7 +23,7 @@ from telegram import Bot
 from telegram_stub import FakeTelegram
 
 from farmhost.agents import AgentRuntime
-from farmhost.config import Settings
+from farmhost.config import Settings, build_config
 from farmhost.ipc.ping import ping_handlers
 from farmhost.ipc.service import IpcService
 from farmhost.ipc.snapshots import HostIdentity
@@ -91,7 +91,7 @@ async def _no_memory(folder: str, prompt: str) -> list[dict[str, Any]]:
 def make_runtime(settings: Settings) -> AgentRuntime:
     """The real runtime on the settings' data dir, running the echo agent."""
     return AgentRuntime(
-        settings=settings,
+        settings=build_config(settings).agents,
         layout=DataLayout(settings.data_dir),
         group=group_lookup(settings.data_dir),
         before_run=_no_hook,
@@ -154,15 +154,20 @@ async def running(
         identity = HostIdentity(pid=os.getpid(), version="test", started_at=now_utc())
         layout = DataLayout(settings.data_dir)
         service = IpcService(
-            settings=settings, layout=layout, db=db, handlers=ping_handlers(identity), identity=identity
+            settings=build_config(settings).ipc,
+            layout=layout,
+            db=db,
+            handlers=ping_handlers(identity),
+            identity=identity,
         )
         await service.start()
     runtime = make_runtime(settings)
     if start_runtime:
         await runtime.start()
-    bot = make_bot(settings)
+    telegram = build_config(settings).telegram
+    bot = make_bot(telegram)
     delivery = (
-        OutboxDelivery(db=db, settings=settings, layout=DataLayout(settings.data_dir), bot=bot) if deliver else None
+        OutboxDelivery(db=db, settings=telegram, layout=DataLayout(settings.data_dir), bot=bot) if deliver else None
     )
     host: Host
 
@@ -178,7 +183,7 @@ async def running(
 
     inbound = TelegramInbound(
         db=db,
-        settings=settings,
+        settings=telegram,
         layout=DataLayout(settings.data_dir),
         bot=bot,
         runtime=runtime,

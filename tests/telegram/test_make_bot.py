@@ -9,12 +9,12 @@ import pytest
 from farmhost_testing import wait_for_async
 from telegram_stub import FakeTelegram
 
-from farmhost.config import Settings
+from farmhost.config import Settings, TelegramSettings, build_config
 from farmhost.telegram.bot import chat_id_of, jid_of, make_bot
 
 
-def settings_for(tmp_path: Path, **values: object) -> Settings:
-    return Settings(_env_file=None, data_dir=tmp_path, **values)  # type: ignore[call-arg]
+def settings_for(tmp_path: Path, **values: object) -> TelegramSettings:
+    return build_config(Settings(_env_file=None, data_dir=tmp_path, **values)).telegram  # type: ignore[call-arg]
 
 
 async def test_a_long_poll_and_a_send_run_at_once_on_the_configured_server(
@@ -31,7 +31,7 @@ async def test_a_long_poll_and_a_send_run_at_once_on_the_configured_server(
     assert bot.base_file_url == f"{fake_telegram.api_root}/file/bot{fake_telegram.token}"
     async with bot:
         assert bot.username == fake_telegram.username
-        poll = asyncio.create_task(bot.get_updates(timeout=settings.telegram_poll_timeout))
+        poll = asyncio.create_task(bot.get_updates(timeout=settings.poll_timeout))
         # recorded when the poll arrives (calls are recorded when answered)
         await wait_for_async(lambda: fake_telegram.offsets, what="the long poll to reach the fake Bot API")
         message = await bot.send_message(-100, "sent while the poll waits")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,7 +15,7 @@ from farmhost_testing import farmhost, wait_for_async
 from telegram import Bot
 from telegram_stub import Call, FakeTelegram
 
-from farmhost.config import Settings
+from farmhost.config import Settings, TelegramSettings, build_config
 from farmhost.layout import DataLayout
 from farmhost.outbox.chunking import split_text
 from farmhost.store import outbox, transcripts
@@ -53,7 +53,7 @@ class Rig:
     root: Path
     db: Database
     layout: DataLayout
-    settings: Settings
+    settings: TelegramSettings
     bot: Bot
     fake: FakeTelegram
     deliveries: list[OutboxDelivery] = field(default_factory=list)
@@ -118,9 +118,10 @@ async def rig(tmp_path: Path, fake_telegram: FakeTelegram) -> AsyncIterator[Rig]
         telegram_api_base_url=fake_telegram.api_root,
         outbox_max_attempts=4,
     )
-    bot = make_bot(settings)
+    telegram = build_config(settings).telegram
+    bot = make_bot(telegram)
     await bot.initialize()
-    rig = Rig(root=root, db=db, layout=layout, settings=settings, bot=bot, fake=fake_telegram)
+    rig = Rig(root=root, db=db, layout=layout, settings=telegram, bot=bot, fake=fake_telegram)
     try:
         yield rig
     finally:
@@ -131,7 +132,7 @@ async def rig(tmp_path: Path, fake_telegram: FakeTelegram) -> AsyncIterator[Rig]
 
 
 def with_settings(rig: Rig, **values: Any) -> None:
-    rig.settings = rig.settings.model_copy(update=values)
+    rig.settings = replace(rig.settings, **values)
 
 
 def long_reply() -> str:
@@ -395,9 +396,10 @@ async def test_an_unreachable_api_never_uses_up_the_attempts(tmp_path: Path) -> 
         telegram_api_base_url="http://127.0.0.1:9",
         outbox_max_attempts=2,
     )
-    bot = make_bot(settings)
+    telegram = build_config(settings).telegram
+    bot = make_bot(telegram)
     delivery = OutboxDelivery(
-        db=db, settings=settings, layout=DataLayout(root), bot=bot, backoff_base=0.01, backoff_cap=0.05
+        db=db, settings=telegram, layout=DataLayout(root), bot=bot, backoff_base=0.01, backoff_cap=0.05
     )
     with db.tx() as conn:
         outbox.enqueue(conn, message_key="k", chat_jid="telegram:1", source_folder=None, chunks=["hi"], at=now_utc())

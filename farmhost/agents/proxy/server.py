@@ -22,13 +22,13 @@ from typing import Final
 
 from aiohttp import web
 
-from farmhost.agents.limits import LimitsReader, default_limits, default_llm_budget
+from farmhost.agents.limits import LimitsReader
 from farmhost.agents.proxy.budget import LlmBudgets, ProxyUsage
 from farmhost.agents.proxy.exchange import ExchangeRules, RunHandler, UsageNotice
 from farmhost.agents.proxy.listener import HTTP_ERRORS, ConnectionCaps, ProxyListener
 from farmhost.agents.proxy.parse import BodyParser
 from farmhost.agents.proxy.upstream import LLM_REQUEST_TIMEOUT, UpstreamClient
-from farmhost.config import Settings
+from farmhost.config import LlmSettings
 from farmhost.layout import DataLayout
 from farmhost.store.db import Database
 
@@ -56,9 +56,9 @@ class LlmProxy:
     def __init__(
         self,
         *,
-        settings: Settings,
+        settings: LlmSettings,
         layout: DataLayout,
-        limits: LimitsReader | None = None,
+        limits: LimitsReader,
         request_timeout: float = LLM_REQUEST_TIMEOUT,
         max_body_bytes: int = MAX_BODY_BYTES,
         idle_timeout: float = IDLE_TIMEOUT,
@@ -68,9 +68,9 @@ class LlmProxy:
         """A proxy for the daemon's runs; nothing opens before `start()`.
 
         Args:
-            settings: the LLM endpoint, the connection caps, max_tokens and the default daily budgets.
-            layout: the data directory (the run sockets, agent-limits.json, the database).
-            limits: the limits file reader (the runtime's, so a broken file is reported once); default: a new one.
+            settings: the LLM endpoints in order, the connection caps, max_tokens, the farm's zone (the budgets' days).
+            layout: the data directory (the run sockets, the database).
+            limits: the limits file reader, the runtime's (so a broken file is reported once): each group's budgets.
             request_timeout: seconds the upstream has to answer one request.
             max_body_bytes: the largest request body accepted (413 above).
             idle_timeout: seconds a connection may stay outside a request before it is dropped.
@@ -80,35 +80,29 @@ class LlmProxy:
         """
         self._settings = settings
         self._layout = layout
-        self._limits = limits or LimitsReader(
-            layout.agent_limits, default_limits(settings), default_llm_budget(settings)
-        )
+        self._limits = limits
         self._idle_timeout = idle_timeout
         self.rules = ExchangeRules(
-            model=settings.llm_model or "",
-            max_tokens=settings.llm_max_tokens,
+            model=settings.model,
+            max_tokens=settings.max_tokens,
             max_body_bytes=max_body_bytes,
             body_timeout=body_timeout,
             request_timeout=request_timeout,
-            stream_idle_timeout=(
-                settings.llm_stream_idle_timeout if stream_idle_timeout is None else stream_idle_timeout
-            ),
+            stream_idle_timeout=(settings.stream_idle_timeout if stream_idle_timeout is None else stream_idle_timeout),
             write_timeout=idle_timeout,
         )
         self._notice = UsageNotice()
-        self._caps = ConnectionCaps(settings.llm_max_connections)
+        self._caps = ConnectionCaps(settings.max_connections)
         self._db: Database | None = None
         self._budgets: LlmBudgets | None = None
-        self._upstream = UpstreamClient(
-            settings.llm_endpoints, cooldown=settings.llm_cooldown_seconds, timeout=request_timeout
-        )
+        self._upstream = UpstreamClient(settings.endpoints, cooldown=settings.cooldown_seconds, timeout=request_timeout)
         self._parser = BodyParser()
 
     async def start(self) -> None:
         """Open the budgets' database connection, the body parser and the upstream HTTP session (if configured)."""
         self._parser.start()
         if self._db is None:
-            self._db = Database.open(self._settings.data_dir)
+            self._db = Database.open(self._layout.root)
             self._budgets = LlmBudgets(self._db, zone=self._settings.zone, budget=self._limits.llm_budget)
             self._budgets.prune()
         self._upstream.start()
@@ -147,7 +141,7 @@ class LlmProxy:
             listener = ProxyListener(
                 _bind(directory),
                 name=f"{folder} run {run_id}",
-                per_run=self._settings.llm_run_connections,
+                per_run=self._settings.run_connections,
                 caps=self._caps,
                 idle_timeout=self._idle_timeout,
             )

@@ -26,7 +26,7 @@ from typing import Final
 
 from farmhost.agents.sandbox.backends.share import inotify_share
 from farmhost.agents.sandbox.treewalk import clear_setid_at, walk_sync
-from farmhost.config import Settings
+from farmhost.config import SandboxSettings
 from farmhost.errors import FarmhostError
 from farmhost.store import agent_ids
 from farmhost.store.db import Database, now_utc
@@ -67,9 +67,9 @@ class IdRange:
     count: int
 
     @classmethod
-    def of(cls, settings: Settings) -> IdRange:
+    def of(cls, settings: SandboxSettings) -> IdRange:
         """FARMHOST_AGENT_UID_BASE and FARMHOST_AGENT_UID_COUNT."""
-        return cls(base=settings.agent_uid_base, count=settings.agent_uid_count)
+        return cls(base=settings.uid_base, count=settings.uid_count)
 
     @property
     def last(self) -> int:
@@ -178,8 +178,9 @@ def daemon_identity() -> AgentIdentity:
     return AgentIdentity(uid=os.geteuid(), gid=os.getegid(), switch=False)
 
 
-def describe_ids(settings: Settings, *, runtime: str) -> str:
+def describe_ids(settings: SandboxSettings) -> str:
     """The doctor's sentence on who agents are: per-group uids (root daemon), or the daemon's own shared uid."""
+    runtime = settings.runtime
     if runtime == "process":
         return "agents run as the daemon itself (runtime process, no isolation)"
     if os.geteuid() == 0:

@@ -20,17 +20,20 @@ import logging
 import re
 import sqlite3
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
-from datetime import datetime, time, timedelta, tzinfo
+from dataclasses import replace
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
+from farmhost.config import NotifySettings, QuietHours
 from farmhost.farm.state.alerts import Alert, Rule, Severity
 from farmhost.outbox.notices import enqueue_notice
 from farmhost.outbox.stop_messages import stop_keyboard
 from farmhost.store import alert_notices, groups
 from farmhost.store.alert_notices import AlertNotice
 from farmhost.store.db import Database, now_utc
+
+__all__ = ["AlertNotifier", "NotifySettings", "QuietHours", "keyboard", "parse_callback", "read_subscriptions"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,48 +57,6 @@ _RULE_WORDS: Final = {
     Rule.UNAVAILABLE.value: "No data",
     Rule.VIOLATION.value: "Change undone",
 }
-
-
-@dataclass(frozen=True, kw_only=True)
-class QuietHours:
-    """`HH-HH` in the farm's time zone: warnings due inside wait for the end; start == end is never quiet."""
-
-    start: int
-    end: int
-
-    @classmethod
-    def parse(cls, text: str) -> QuietHours:
-        """Read `22-06`.
-
-        Raises:
-            ValueError: not two hours 0-23 joined by `-`.
-        """
-        match = re.fullmatch(r"\s*([0-9]{1,2})\s*-\s*([0-9]{1,2})\s*", text)
-        if match is None or int(match[1]) > 23 or int(match[2]) > 23:
-            raise ValueError(f"{text!r} is not quiet hours: write two hours 0-23 as HH-HH, e.g. 22-06")
-        return cls(start=int(match[1]), end=int(match[2]))
-
-    def end_after(self, now: datetime, zone: tzinfo) -> datetime | None:
-        """When the quiet hours `now` is in end (None: `now` is not in quiet hours)."""
-        local = now.astimezone(zone)
-        hour = local.hour
-        inside = self.start <= hour < self.end if self.start < self.end else hour >= self.start or hour < self.end
-        if self.start == self.end or not inside:
-            return None
-        end = datetime.combine(local.date(), time(self.end), tzinfo=zone)
-        if end <= local:
-            end = datetime.combine(local.date() + timedelta(days=1), time(self.end), tzinfo=zone)
-        return end
-
-
-@dataclass(frozen=True, kw_only=True)
-class NotifySettings:
-    """How alerts are told: the farm's zone, the repeat interval, the flap window and the quiet hours."""
-
-    zone: tzinfo
-    repeat: timedelta
-    flap: timedelta
-    quiet: QuietHours | None = None
 
 
 def parse_callback(data: str | None) -> tuple[int, str] | None:
@@ -421,14 +382,3 @@ class AlertNotifier:
 def _wants(rules: frozenset[str] | None, rule: str) -> bool:
     """Whether a chat told about `rules` (None: all, the main chat) is told about `rule`."""
     return rules is None or rule in rules or "*" in rules
-
-
-def notify_settings(settings: Any) -> NotifySettings:
-    """The notifier's settings from farmhost's (FARMHOST_ALERT_REPEAT_MINUTES, _FLAP_MINUTES, FARMHOST_QUIET_HOURS)."""
-    quiet = settings.quiet_hours
-    return NotifySettings(
-        zone=settings.zone,
-        repeat=timedelta(minutes=settings.alert_repeat_minutes),
-        flap=timedelta(minutes=settings.alert_flap_minutes),
-        quiet=QuietHours.parse(quiet) if quiet else None,
-    )

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, tzinfo
 from enum import StrEnum
 from typing import Any, Final
+
+from farmhost.config import AlertThresholds
 
 # HA's placeholders for "no value": a rule never fires on them, and an alert is held (not resolved) while its
 # entity shows one, so an HA restart (every entity briefly `unavailable`) does not resolve and re-raise alerts.
@@ -41,19 +43,6 @@ class Rule(StrEnum):
 # enough for the farmer to see it on the dashboard and in MQTT, short enough not to become noise.
 EVENT_ALERT_HOLD: Final = timedelta(hours=1)
 _SEVERITY_ORDER: Final = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
-
-
-@dataclass(frozen=True, kw_only=True)
-class AlertThresholds:
-    """The operator's thresholds for the rules."""
-
-    # 2 °C: air at 2 m reads a few degrees warmer than the crop on a clear night, so ground frost starts above 0 °C.
-    frost_celsius: float = 2.0
-    # 25 %: volumetric water content where most field crops in loam start to suffer; tune per soil and probe.
-    soil_low_percent: float = 25.0
-    # 10 min: long enough to ride out an HA restart or a Zigbee hiccup, short enough to notice a dead probe the same hour.
-    unavailable_minutes: float = 10.0
-    ignored_entities: frozenset[str] = field(default_factory=frozenset)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,7 +18,6 @@ from farmhost.farm.state import telemetry
 from farmhost.farm.state.alerts import (
     Alert,
     AlertBook,
-    AlertThresholds,
     Rule,
     Severity,
     alert_id,
@@ -32,7 +31,7 @@ from farmhost.farm.state.inventory import CALENDAR, DEVICES, entities_document, 
 from farmhost.files import dump_json
 
 if TYPE_CHECKING:
-    from farmhost.config import Settings
+    from farmhost.config import StateSettings
     from farmhost.farm.deps import FarmDeps
     from farmhost.farm.homeassistant.client import HAClient
     from farmhost.farm.homeassistant.live_view import EntityView, LiveView, StateChange
@@ -45,19 +44,6 @@ logger = logging.getLogger(__name__)
 
 CURRENT: Final = "current.json"
 ALERTS: Final = "alerts.json"
-
-# 30 s: a soil probe or thermometer changes over minutes, and two small REST calls every 30 s cost HA nothing.
-POLL_SECONDS: Final = 30.0
-# 5 min: fine enough to plot a day of moisture or a frost night, 288 lines a day per file.
-TELEMETRY_SECONDS: Final = 300.0
-# 5 min: devices, areas and calendar events change rarely; an explicit farm_state_refresh picks changes up at once.
-INVENTORY_SECONDS: Final = 300.0
-# 90 days: a season of telemetry for comparing this week with last month, a few MB in all.
-TELEMETRY_RETENTION_DAYS: Final = 90
-# 14 days: the planning horizon of farm work (spraying, harvest, deliveries) an agent needs from the calendar.
-CALENDAR_DAYS: Final = 14
-# 50: a few days of history at a busy farm, so an agent can see what happened overnight; the file stays small.
-RESOLVED_KEEP: Final = 50
 
 # What current.json's context holds from HA (kept from the last good poll while HA is down).
 _HA_CONTEXT_KEYS: Final = frozenset({"haVersion", "haTimezone", "location"})
@@ -113,35 +99,30 @@ class StateCollector:
         *,
         ha: HAClient,
         layout: DataLayout,
-        settings: Settings,
-        poll_seconds: float = POLL_SECONDS,
-        telemetry_seconds: float = TELEMETRY_SECONDS,
-        inventory_seconds: float = INVENTORY_SECONDS,
-        telemetry_retention_days: int = TELEMETRY_RETENTION_DAYS,
-        calendar_days: int = CALENDAR_DAYS,
-        resolved_keep: int = RESOLVED_KEEP,
-        thresholds: AlertThresholds | None = None,
+        settings: StateSettings,
         clock: Clock = utc_now,
     ) -> None:
-        if min(poll_seconds, telemetry_seconds, inventory_seconds) <= 0:
+        if min(settings.poll_seconds, settings.telemetry_seconds, settings.inventory_seconds) <= 0:
             raise ValueError("cadences must be positive")
         self.ha = ha
         self.layout = layout
         self.settings = settings
         self.zone: ZoneInfo = settings.zone
-        self.poll_seconds = poll_seconds
-        self.telemetry_seconds = telemetry_seconds
-        self.inventory_seconds = inventory_seconds
-        self.calendar_days = calendar_days
-        self.resolved_keep = resolved_keep
-        self.thresholds = thresholds or AlertThresholds()
+        self.poll_seconds = settings.poll_seconds
+        self.telemetry_seconds = settings.telemetry_seconds
+        self.inventory_seconds = settings.inventory_seconds
+        self.calendar_days = settings.calendar_days
+        self.resolved_keep = settings.resolved_keep
+        self.thresholds = settings.thresholds
         self.clock = clock
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._loaded = False
         self._book = AlertBook()
         self._snapshot = _Snapshot()
-        self._store = StateStore(layout.farm_state, zone=self.zone, telemetry_retention_days=telemetry_retention_days)
+        self._store = StateStore(
+            layout.farm_state, zone=self.zone, telemetry_retention_days=settings.telemetry_retention_days
+        )
         self._connected: bool | None = None
         self._down_since = 0.0
         self._last_failure = ""
@@ -154,15 +135,15 @@ class StateCollector:
         self._live_task: asyncio.Task[None] | None = None
 
     @classmethod
-    def from_deps(cls, deps: FarmDeps, **options: Any) -> StateCollector:
-        """A collector for the app's HA client and data directory; `options` are the constructor's keywords.
+    def from_deps(cls, deps: FarmDeps) -> StateCollector:
+        """A collector for the app's HA client, data directory and the farm's collector settings.
 
         Raises:
             Unavailable: Home Assistant is not configured.
         """
         if deps.ha is None:
             raise Unavailable("Home Assistant is not configured on this host (the operator sets HA_URL and HA_TOKEN)")
-        return cls(ha=deps.ha, layout=deps.layout, settings=deps.settings, **options)
+        return cls(ha=deps.ha, layout=deps.layout, settings=deps.settings.state)
 
     @property
     def running(self) -> bool:
@@ -458,44 +439,6 @@ class StateCollector:
         self._last_failure = text
 
 
-# Settings the collector reads: constructor keyword -> (Settings attribute, environment variable). The lead adds
-# the attributes to farmhost/config.py; until then each falls back to the constructor's default.
-SETTINGS: Final = {
-    "poll_seconds": ("state_poll_seconds", "FARMHOST_STATE_POLL_SECONDS"),
-    "telemetry_seconds": ("telemetry_seconds", "FARMHOST_TELEMETRY_SECONDS"),
-    "inventory_seconds": ("state_inventory_seconds", "FARMHOST_STATE_INVENTORY_SECONDS"),
-    "telemetry_retention_days": ("telemetry_retention_days", "FARMHOST_TELEMETRY_RETENTION_DAYS"),
-    "calendar_days": ("calendar_days", "FARMHOST_CALENDAR_DAYS"),
-    "resolved_keep": ("alert_resolved_keep", "FARMHOST_ALERT_RESOLVED_KEEP"),
-}
-THRESHOLD_SETTINGS: Final = {
-    "frost_celsius": ("alert_frost_celsius", "FARMHOST_ALERT_FROST_CELSIUS"),
-    "soil_low_percent": ("alert_soil_low_percent", "FARMHOST_ALERT_SOIL_LOW_PERCENT"),
-    "unavailable_minutes": ("alert_unavailable_minutes", "FARMHOST_ALERT_UNAVAILABLE_MINUTES"),
-    "ignored_entities": ("alert_ignore_entities", "FARMHOST_ALERT_IGNORE_ENTITIES"),
-}
-
-
-def collector_options(settings: Settings) -> dict[str, Any]:
-    """The collector's keyword arguments from the operator's settings (a setting that is absent keeps the default)."""
-    options: dict[str, Any] = {}
-    for keyword, (attribute, _env) in SETTINGS.items():
-        value = getattr(settings, attribute, None)
-        if value is not None:
-            options[keyword] = value
-    thresholds: dict[str, Any] = {}
-    for keyword, (attribute, _env) in THRESHOLD_SETTINGS.items():
-        value = getattr(settings, attribute, None)
-        if value is None:
-            continue
-        if keyword == "ignored_entities":
-            items = value.split(",") if isinstance(value, str) else value
-            value = frozenset(str(item).strip() for item in items if str(item).strip())
-        thresholds[keyword] = value
-    options["thresholds"] = AlertThresholds(**thresholds)
-    return options
-
-
 async def farm_state_refresh(deps: FarmDeps, ctx: RequestContext, params: NoParams) -> dict[str, Any]:
     """Poll HA now and rewrite `farm-state/*.json`; returns {entities, activeAlerts, haConnected, files, generatedAt}.
 
@@ -507,7 +450,7 @@ async def farm_state_refresh(deps: FarmDeps, ctx: RequestContext, params: NoPara
     # picks up the alerts from alerts.json.
     collector = deps.state
     if collector is None:
-        collector = StateCollector.from_deps(deps, **collector_options(deps.settings))
+        collector = StateCollector.from_deps(deps)
     summary = await collector.refresh_now()
     if summary.error is not None:
         err = summary.error

@@ -40,7 +40,7 @@ from farmhost.telegram.delivery.sending import Delivered, Undeliverable, send_en
 if TYPE_CHECKING:
     from telegram import Bot
 
-    from farmhost.config import Settings
+    from farmhost.config import TelegramSettings
     from farmhost.layout import DataLayout
     from farmhost.store.db import Database
     from farmhost.store.outbox import OutboxEntry
@@ -66,7 +66,7 @@ class OutboxDelivery:
         self,
         *,
         db: Database,
-        settings: Settings,
+        settings: TelegramSettings,
         layout: DataLayout,
         bot: Bot,
         clock: Callable[[], datetime] = now_utc,
@@ -79,7 +79,7 @@ class OutboxDelivery:
 
         Args:
             db: The daemon's database (used from the event loop's thread).
-            settings: `outbox_max_attempts` is read from it.
+            settings: Telegram's section; `outbox_max_attempts` is read from it.
             layout: Where the private copies of files to send live (`outbox_files`).
             bot: The PTB bot from `make_bot`; its owner initialises and shuts it down.
             clock: The current time (aware); due times are compared against it.

@@ -23,7 +23,7 @@ from telegram.constants import ChatAction
 
 from farmhost.agents import AgentJob, AgentOutcome, AgentRuntime
 from farmhost.agents.fallback import ASSISTANT_NAME, NOTICE_KEY, assist_notice
-from farmhost.config import Settings
+from farmhost.config import TelegramSettings
 from farmhost.outbox.notices import enqueue_answer, enqueue_notice
 from farmhost.outbox.text import one_line
 from farmhost.store import chat_notices, groups, telegram_state
@@ -50,7 +50,7 @@ class ChatRuns:
         self,
         *,
         db: Database,
-        settings: Settings,
+        settings: TelegramSettings,
         bot: Bot,
         runtime: AgentRuntime,
         wake_outbox: Callable[[], None],

@@ -50,7 +50,7 @@ async def on_message(
     jid = jid_of(chat.id)
     group = groups.find_by_jid(ports.db.conn, jid)
     text = message.text or message.caption or ""
-    ref = media_of(message, max_bytes=ports.settings.telegram_media_max_bytes)
+    ref = media_of(message, max_bytes=ports.settings.media_max_bytes)
     sender = message.from_user
     if group is not None and message.migrate_to_chat_id is not None:
         logger.warning(

@@ -117,7 +117,7 @@ class MessageStore:
                 self._ports.layout.workspace(group.folder),
                 message_id=message.message_id,
                 local_time=message.date.astimezone(settings.zone),
-                max_bytes=settings.telegram_media_max_bytes,
+                max_bytes=settings.media_max_bytes,
             )
         except MediaRetry as err:
             tries = self._media_failures.get(update_id, 0) + 1

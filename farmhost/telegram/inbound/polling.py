@@ -122,7 +122,7 @@ class Poller:
             if self._failures:
                 logger.info("telegram: polling works again after %d failed attempt(s)", self._failures)
                 self._failures = 0
-            if not batch and self._ports.settings.telegram_poll_timeout == 0:
+            if not batch and self._ports.settings.poll_timeout == 0:
                 await asyncio.sleep(SHORT_POLL_PAUSE)
             for update in batch:
                 if isinstance(update, _Unreadable):
@@ -146,7 +146,7 @@ class Poller:
         """The next updates; a batch PTB cannot read is fetched again raw and read one update at a time."""
         try:
             updates = await self._bot.get_updates(
-                offset=offset, timeout=self._ports.settings.telegram_poll_timeout, allowed_updates=list(ALLOWED_UPDATES)
+                offset=offset, timeout=self._ports.settings.poll_timeout, allowed_updates=list(ALLOWED_UPDATES)
             )
         except TelegramError:
             raise

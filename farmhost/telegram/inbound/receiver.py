@@ -25,7 +25,7 @@ from typing import Final
 from telegram import Bot, Update
 
 from farmhost.agents import AgentRuntime
-from farmhost.config import Settings
+from farmhost.config import TelegramSettings
 from farmhost.emergency_stop import EmergencyStop
 from farmhost.errors import ConfigError
 from farmhost.farm.control.approval_desk import ApprovalDesk
@@ -54,7 +54,7 @@ class TelegramInbound:
         self,
         *,
         db: Database,
-        settings: Settings,
+        settings: TelegramSettings,
         layout: DataLayout,
         bot: Bot,
         runtime: AgentRuntime,
@@ -91,7 +91,7 @@ class TelegramInbound:
             ConfigError: FARMHOST_TELEGRAM_MAIN_SENDERS is not a list of user ids.
         """
         try:
-            main_senders = parse_senders(settings.telegram_main_senders)
+            main_senders = parse_senders(settings.main_senders)
         except ValueError as err:
             raise ConfigError(str(err)) from None
         self._ports = InboundPorts(

@@ -17,7 +17,7 @@ from typing import Final
 from telegram import Bot, CallbackQuery, Chat
 from telegram.error import TelegramError
 
-from farmhost.config import Settings
+from farmhost.config import TelegramSettings
 from farmhost.emergency_stop import EmergencyStop
 from farmhost.farm.control.approval_desk import ApprovalDesk
 from farmhost.farm.state.alert_notifier import AlertNotifier
@@ -41,7 +41,7 @@ class InboundPorts:
     """The daemon's side of the inbound handlers (see TelegramInbound for what each one is)."""
 
     db: Database
-    settings: Settings
+    settings: TelegramSettings
     layout: DataLayout
     bot: Bot
     clock: Callable[[], datetime]

@@ -31,7 +31,7 @@ from farmhost.agents.sandbox.backends.process import ProcessBackend
 from farmhost.agents.sandbox.backends.share import inotify_share
 from farmhost.agents.sandbox.identity import AgentIdentity, GroupIds, IdRange, daemon_identity
 from farmhost.agents.sandbox.seccomp import SeccompUnavailable, engine_profile, filter_for
-from farmhost.config import Settings
+from farmhost.config import SandboxSettings
 from farmhost.layout import DataLayout
 
 __all__ = [
@@ -55,20 +55,20 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def container_user(settings: Settings) -> tuple[int, int]:
+def container_user(data_dir: Path) -> tuple[int, int]:
     """The uid:gid of docker/podman runs of a daemon that is not root: the data directory's owner."""
-    info = os.stat(settings.data_dir)
+    info = os.stat(data_dir)
     return info.st_uid, info.st_gid
 
 
-def group_ids(settings: Settings, backend: SandboxBackend) -> GroupIds:
+def group_ids(settings: SandboxSettings, backend: SandboxBackend) -> GroupIds:
     """Who each group's runs are under `backend`: a uid per group when the daemon is root, else one shared."""
     per_group = IdRange.of(settings) if os.geteuid() == 0 else None
     shared: AgentIdentity | None = None
     if isinstance(backend, BwrapBackend):
         shared = daemon_identity()
     elif isinstance(backend, DockerBackend):  # podman too
-        uid, gid = backend.user or container_user(settings)
+        uid, gid = backend.user or container_user(settings.data_dir)
         shared = AgentIdentity(uid=uid, gid=gid, switch=False)
     else:
         per_group = None  # the `process` runtime: the daemon itself
@@ -86,7 +86,7 @@ def for_identity(backend: SandboxBackend, identity: AgentIdentity | None) -> San
     return backend
 
 
-async def create_backend(settings: Settings) -> SandboxBackend:
+async def create_backend(settings: SandboxSettings) -> SandboxBackend:
     """The backend of `settings.runtime`, with what it needs of the host looked up once.
 
     Raises:
@@ -96,12 +96,12 @@ async def create_backend(settings: Settings) -> SandboxBackend:
     runtime = settings.runtime
     if runtime == "process":
         logger.warning("agent runtime 'process': agents run WITHOUT isolation (development only)")
-        return ProcessBackend(python=settings.agent_python or Path(sys.executable))
+        return ProcessBackend(python=settings.python or Path(sys.executable))
     binary = shutil.which(runtime)
     if binary is None:
         raise SandboxError(f"agent runtime {runtime!r}: {runtime} is not installed (or set FARMHOST_AGENT_RUNTIME)")
     if runtime == "bwrap":
-        python = await asyncio.to_thread(find_python_install_sync, settings.agent_python)
+        python = await asyncio.to_thread(find_python_install_sync, settings.python)
         if python.farmagent is None:
             logger.error("the agent interpreter %s cannot import farmagent; agent runs will fail", python.executable)
         as_root = os.geteuid() == 0
@@ -113,7 +113,7 @@ async def create_backend(settings: Settings) -> SandboxBackend:
                 "agent runs drop to their group's own uid, from %d..%d (the daemon is root)", ids.base, ids.last
             )
         try:
-            filters = await asyncio.to_thread(filter_for, settings.sandbox_seccomp)
+            filters = await asyncio.to_thread(filter_for, settings.seccomp)
         except SeccompUnavailable as err:
             raise SandboxError(err.message) from err
         if filters is not None:
@@ -128,10 +128,10 @@ async def create_backend(settings: Settings) -> SandboxBackend:
             seccomp=bpf,
             inotify_share=0 if as_root else inotify_share(settings.max_agents),
         )
-    user = None if os.geteuid() == 0 else container_user(settings)  # root: each group's own (for_identity)
-    image, root, environ = settings.agent_image, str(settings.data_dir), cli_env(os.environ)
+    user = None if os.geteuid() == 0 else container_user(settings.data_dir)  # root: each group's own (for_identity)
+    image, root, environ = settings.image, str(settings.data_dir), cli_env(os.environ)
     profiles = None
-    if settings.sandbox_seccomp == "required":
+    if settings.seccomp == "required":
         try:
             profiles = await asyncio.to_thread(write_engine_profiles_sync, DataLayout(settings.data_dir))
         except SeccompUnavailable as err:

@@ -74,7 +74,7 @@ def find_python_install_sync(executable: Path | None) -> PythonInstall:
     """Ask the agent's interpreter where it lives (blocking; call it through `asyncio.to_thread`).
 
     Args:
-        executable: settings.agent_python, or None for the daemon's own interpreter.
+        executable: FARMHOST_AGENT_PYTHON, or None for the daemon's own interpreter.
 
     Raises:
         SandboxError: the interpreter cannot be run or gives no usable answer.

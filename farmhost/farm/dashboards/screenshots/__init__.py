@@ -59,9 +59,9 @@ async def ha_capture_screenshot(
     """
     shot = ShotParams.of(params)
     settings, ha = deps.settings, deps.ha
-    if not (settings.ha_url and settings.ha_token) or ha is None:
+    if not settings.ha.enabled or settings.ha.url is None or ha is None:
         raise Unavailable("Home Assistant is not configured on this host (the operator sets HA_URL and HA_TOKEN)")
-    base_url = settings.ha_url
+    base_url = settings.ha.url
     dir_fd = open_screenshots_dir(ctx.layout.workspace(ctx.group.folder))  # before seconds are spent on HA
     try:
         async with _bounded(shot):

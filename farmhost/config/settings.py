@@ -1,51 +1,30 @@
-"""Settings: the one place that reads the environment and `.env`; everything else receives a Settings."""
+"""Settings: the one parser of the environment and `.env` (names, defaults, validation, one-line errors).
+
+Nothing but the entry points reads a Settings: `build_config` (config/build.py) turns it into the sections the
+services receive.
+"""
 
 from __future__ import annotations
 
 import os
 import re
 import shlex
-import shutil
-import socket
-import stat
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final, Literal
-from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from farmhost.broker import Broker, parse_broker, site_name
+from farmhost.broker import parse_broker
+from farmhost.config.agents import KindName, RuntimeName
+from farmhost.config.farm import AlertThresholds, FarmMode
 from farmhost.errors import ConfigError
 from farmhost.protocol.codes import SITE_RE
 
 DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024
 # 0x70000000: the first id past systemd-nspawn's container ranges, in the span systemd's uid table leaves unused.
 AGENT_UID_BASE: Final = 0x7000_0000
-
-
-@dataclass(frozen=True)
-class LlmEndpoint:
-    """One OpenAI-compatible endpoint of the chain: its place (1 is FARMHOST_LLM_*), URL, model and key."""
-
-    number: int
-    base_url: str
-    model: str
-    api_key: str | None = field(default=None, repr=False)
-
-    @property
-    def env_prefix(self) -> str:
-        """The settings' prefix: FARMHOST_LLM for the first, FARMHOST_LLM_<n> for the fallbacks."""
-        return "FARMHOST_LLM" if self.number == 1 else f"FARMHOST_LLM_{self.number}"
-
-    @property
-    def label(self) -> str:
-        """How logs, replies and the doctor name it: the model and the host, never the path or credentials."""
-        host = urlsplit(self.base_url).hostname or "?"
-        port = urlsplit(self.base_url).port
-        return f"{self.model} at {host}{f':{port}' if port else ''}"
 
 
 class Settings(BaseSettings):
@@ -61,15 +40,13 @@ class Settings(BaseSettings):
     tz: str | None = Field(default=None, validation_alias="TZ")
     ha_url: str | None = Field(default=None, validation_alias="HA_URL")
     ha_token: str | None = Field(default=None, validation_alias="HA_TOKEN", repr=False)
-    farm_mode: Literal["demo", "production"] = Field(default="demo", validation_alias="FARM_MODE")
+    farm_mode: FarmMode = Field(default="demo", validation_alias="FARM_MODE")
     farm_profile_path: Path | None = Field(default=None, validation_alias="FARM_PROFILE_PATH")
     # 3: enough for an agent's plan (pump, valve, duration) while no approver has to read a wall of requests.
     max_pending_approvals: int = Field(default=3, ge=1, le=100, validation_alias="FARMHOST_MAX_PENDING_APPROVALS")
     telegram_bot_token: str | None = Field(default=None, validation_alias="TELEGRAM_BOT_TOKEN", repr=False)
     telegram_api_base_url: str | None = Field(default=None, validation_alias="TELEGRAM_API_BASE_URL")
-    agent_runtime: Literal["docker", "podman", "bwrap", "process"] | None = Field(
-        default=None, validation_alias="FARMHOST_AGENT_RUNTIME"
-    )
+    agent_runtime: RuntimeName | None = Field(default=None, validation_alias="FARMHOST_AGENT_RUNTIME")
     agent_image: str = Field(default="farmhost-agent:latest", validation_alias="FARMHOST_AGENT_IMAGE")
     max_agents: int = Field(default=2, ge=1, le=64, validation_alias="FARMHOST_MAX_AGENTS")
     llm_base_url: str | None = Field(default=None, validation_alias="FARMHOST_LLM_BASE_URL")
@@ -106,9 +83,7 @@ class Settings(BaseSettings):
     agent_max_turns: int = Field(default=12, ge=1, le=100, validation_alias="FARMHOST_AGENT_MAX_TURNS")
     agent_python: Path | None = Field(default=None, validation_alias="FARMHOST_AGENT_PYTHON")
     # What a run starts (docs/agent-runtime.md#agent-kinds): the built-in runner, or any program of the operator's.
-    agent_kind: Literal["farmagent", "opencode", "command"] = Field(
-        default="farmagent", validation_alias="FARMHOST_AGENT_KIND"
-    )
+    agent_kind: KindName = Field(default="farmagent", validation_alias="FARMHOST_AGENT_KIND")
     agent_command: str | None = Field(default=None, validation_alias="FARMHOST_AGENT_COMMAND")
     opencode_bin: Path | None = Field(default=None, validation_alias="FARMHOST_OPENCODE_BIN")
     # A root daemon gives each group's runs their own uid (= gid) from [base, base+count) (docs/security.md): above
@@ -193,17 +168,28 @@ class Settings(BaseSettings):
     request_log_max_bytes: int = Field(default=10 * 1024 * 1024, ge=4096, validation_alias="FARMHOST_REQUEST_LOG_BYTES")
     dashboard_backups: int = Field(default=10, ge=1, le=1000, validation_alias="FARMHOST_DASHBOARD_BACKUPS")
     # farm state collector (docs/farm-state.md)
+    # 30 s: a soil probe or thermometer changes over minutes, and two small REST calls every 30 s cost HA nothing.
     state_poll_seconds: float = Field(default=30.0, gt=0, validation_alias="FARMHOST_STATE_POLL_SECONDS")
+    # 5 min: fine enough to plot a day of moisture or a frost night, 288 lines a day per file.
     telemetry_seconds: float = Field(default=300.0, gt=0, validation_alias="FARMHOST_TELEMETRY_SECONDS")
+    # 5 min: devices, areas and calendar events change rarely; an explicit farm_state_refresh picks changes up at once.
     state_inventory_seconds: float = Field(default=300.0, gt=0, validation_alias="FARMHOST_STATE_INVENTORY_SECONDS")
+    # 90 days: a season of telemetry for comparing this week with last month, a few MB in all.
     telemetry_retention_days: int = Field(default=90, ge=1, validation_alias="FARMHOST_TELEMETRY_RETENTION_DAYS")
+    # 14 days: the planning horizon of farm work (spraying, harvest, deliveries) an agent needs from the calendar.
     calendar_days: int = Field(default=14, ge=1, le=366, validation_alias="FARMHOST_CALENDAR_DAYS")
+    # 50: a few days of history at a busy farm, so an agent can see what happened overnight; the file stays small.
     alert_resolved_keep: int = Field(default=50, ge=0, validation_alias="FARMHOST_ALERT_RESOLVED_KEEP")
-    alert_frost_celsius: float = Field(default=2.0, validation_alias="FARMHOST_ALERT_FROST_CELSIUS")
-    alert_soil_low_percent: float = Field(
-        default=25.0, ge=0, le=100, validation_alias="FARMHOST_ALERT_SOIL_LOW_PERCENT"
+    # the alert rules' thresholds: config/farm.py's AlertThresholds says why these defaults
+    alert_frost_celsius: float = Field(
+        default=AlertThresholds.frost_celsius, validation_alias="FARMHOST_ALERT_FROST_CELSIUS"
     )
-    alert_unavailable_minutes: float = Field(default=10.0, ge=0, validation_alias="FARMHOST_ALERT_UNAVAILABLE_MINUTES")
+    alert_soil_low_percent: float = Field(
+        default=AlertThresholds.soil_low_percent, ge=0, le=100, validation_alias="FARMHOST_ALERT_SOIL_LOW_PERCENT"
+    )
+    alert_unavailable_minutes: float = Field(
+        default=AlertThresholds.unavailable_minutes, ge=0, validation_alias="FARMHOST_ALERT_UNAVAILABLE_MINUTES"
+    )
     alert_ignore_entities: str | None = Field(default=None, validation_alias="FARMHOST_ALERT_IGNORE_ENTITIES")
     # alerts told to the chats (docs/telegram.md#farm-alerts)
     alert_repeat_minutes: float = Field(default=15.0, gt=0, le=1440, validation_alias="FARMHOST_ALERT_REPEAT_MINUTES")
@@ -322,11 +308,13 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _fallbacks_in_order(self) -> Settings:
-        previous = "FARMHOST_LLM"
-        configured = self.llm_enabled
-        for number, (url, model, key) in ((2, self._llm_2), (3, self._llm_3)):
-            prefix = f"FARMHOST_LLM_{number}"
-            if url or model or key:
+        configured = True
+        previous = ""
+        for number, url, model, key in self.llm_fields():
+            prefix = "FARMHOST_LLM" if number == 1 else f"FARMHOST_LLM_{number}"
+            if number == 1:
+                configured = bool(url and model)
+            elif url or model or key:
                 if not (url and model):
                     missing = f"{prefix}_BASE_URL" if not url else f"{prefix}_MODEL"
                     raise ValueError(f"the fallback LLM endpoint {number} needs {missing} too")
@@ -340,86 +328,12 @@ class Settings(BaseSettings):
             previous = prefix
         return self
 
-    @property
-    def _llm_2(self) -> tuple[str | None, str | None, str | None]:
-        return self.llm_2_base_url, self.llm_2_model, self.llm_2_api_key
-
-    @property
-    def _llm_3(self) -> tuple[str | None, str | None, str | None]:
-        return self.llm_3_base_url, self.llm_3_model, self.llm_3_api_key
-
-    @property
-    def llm_endpoints(self) -> tuple[LlmEndpoint, ...]:
-        """The configured OpenAI-compatible endpoints in the order the proxy tries them (empty: no LLM)."""
-        if not self.llm_enabled:
-            return ()
-        assert self.llm_base_url is not None and self.llm_model is not None
-        found = [LlmEndpoint(1, self.llm_base_url, self.llm_model, self.llm_api_key)]
-        for number, (url, model, key) in ((2, self._llm_2), (3, self._llm_3)):
-            if url and model:
-                found.append(LlmEndpoint(number, url, model, key))
-        return tuple(found)
-
-    @property
-    def agent_command_argv(self) -> tuple[str, ...] | None:
-        """FARMHOST_AGENT_COMMAND as argv."""
-        return tuple(shlex.split(self.agent_command)) if self.agent_command is not None else None
-
-    @property
-    def zone(self) -> ZoneInfo:
-        """The farm's time zone (TZ, else the system zone)."""
-        if self.tz:
-            return ZoneInfo(self.tz)
-        from tzlocal import get_localzone
-
-        local = get_localzone()
-        return local if isinstance(local, ZoneInfo) else ZoneInfo("UTC")
-
-    @property
-    def profile_path(self) -> Path:
-        """The farm profile file (policy, validation status)."""
-        return self.farm_profile_path or self.data_dir / "farm-profile.json"
-
-    @property
-    def ha_enabled(self) -> bool:
-        """Home Assistant is configured."""
-        return bool(self.ha_url and self.ha_token)
-
-    @property
-    def mqtt_broker(self) -> Broker | None:
-        """The broker of FARMHOST_MQTT_URL with its TLS files; None when MQTT is off."""
-        if not self.mqtt_url:
-            return None
-        broker = parse_broker(self.mqtt_url)  # valid: checked when the settings were read
-        return replace(broker, ca_file=self.mqtt_ca_file, cert_file=self.mqtt_cert_file, key_file=self.mqtt_key_file)
-
-    @property
-    def site_name(self) -> str:
-        """This farmhost's site on the broker: FARMHOST_SITE, else the host name (lower case, topic-safe)."""
-        return site_name(self.site or socket.gethostname())
-
-    @property
-    def trusted_sites(self) -> frozenset[str]:
-        """The sites whose calls this one serves (FARMHOST_SITES_TRUSTED), never itself."""
-        return parse_trusted_sites(self.sites_trusted) - {self.site_name}
-
-    @property
-    def telegram_enabled(self) -> bool:
-        """Telegram is configured."""
-        return bool(self.telegram_bot_token)
-
-    @property
-    def llm_enabled(self) -> bool:
-        """An LLM endpoint is configured."""
-        return bool(self.llm_base_url and self.llm_model)
-
-    @property
-    def runtime(self) -> str:
-        """The agent runtime: the configured one, else docker when its CLI and engine are there, else bwrap."""
-        if self.agent_runtime:
-            return self.agent_runtime
-        return default_runtime(
-            docker_cli=shutil.which("docker"), docker_host=os.environ.get("DOCKER_HOST"), socket=DOCKER_SOCKET
+    def llm_fields(self) -> tuple[tuple[int, str | None, str | None, str | None], ...]:
+        """Each LLM endpoint's place, base URL, model and key as written, in the order they are tried."""
+        return (
+            (1, self.llm_base_url, self.llm_model, self.llm_api_key),
+            (2, self.llm_2_base_url, self.llm_2_model, self.llm_2_api_key),
+            (3, self.llm_3_base_url, self.llm_3_model, self.llm_3_api_key),
         )
 
 
@@ -436,25 +350,6 @@ def parse_trusted_sites(raw: str | None) -> frozenset[str]:
                 f"{name!r} is not a site name (1-63 lower-case letters, digits, - and _, as the site's FARMHOST_SITE)"
             )
     return frozenset(names)
-
-
-DOCKER_SOCKET: Final = Path("/var/run/docker.sock")  # where a local Docker engine listens by default
-
-
-def default_runtime(*, docker_cli: str | None, docker_host: str | None, socket: Path) -> str:
-    """The runtime when none is configured, from what the host has: `docker` or `bwrap`.
-
-    Docker needs its CLI (`docker_cli`, the program found on PATH) and an engine: DOCKER_HOST set, or a Unix
-    socket at `socket`. A docker CLI without an engine (common on CI machines) must not make every agent run fail.
-    """
-    if not docker_cli:
-        return "bwrap"
-    if docker_host:
-        return "docker"
-    try:
-        return "docker" if stat.S_ISSOCK(os.stat(socket).st_mode) else "bwrap"
-    except OSError:
-        return "bwrap"
 
 
 def load_settings(*, data_dir: Path | None = None, env_file: str | None = ".env") -> Settings:
