@@ -17,6 +17,7 @@ from farmhost.app import build_handlers
 from farmhost.config import Settings, load_settings
 from farmhost.farm.deps import FarmDeps
 from farmhost.farm.homeassistant.client import HAClient
+from farmhost.groups.live import GroupRegistry
 from farmhost.ipc.service import IpcService
 from farmhost.ipc.snapshots import HostIdentity
 from farmhost.layout import DataLayout
@@ -102,6 +103,7 @@ async def farm_host(
         settings=config,
         layout=layout,
         db=db,
+        registry=GroupRegistry(db),
         handlers=build_handlers(identity, deps),
         identity=identity,
     )

@@ -40,6 +40,7 @@ from ipc_support import (
 from farmhost.app import build_handlers
 from farmhost.config import load_settings
 from farmhost.farm.deps import FarmDeps
+from farmhost.groups.live import GroupRegistry
 from farmhost.handling import Effect, Handlers, HandlerSpec, RequestContext
 from farmhost.ipc.service import IpcService
 from farmhost.ipc.snapshots import HostIdentity
@@ -293,6 +294,7 @@ async def _service(data_dir: Path, handlers: Handlers, **settings: Any) -> Async
         settings=load_settings(data_dir=data_dir, env_file=None).model_copy(update=settings),
         layout=DataLayout(data_dir),
         db=db,
+        registry=GroupRegistry(db),
         handlers=handlers,
         identity=identity,
     )
