@@ -215,7 +215,7 @@ def test_group_add_and_remove_while_running(fast: Env) -> None:
     assert done.returncode == 0, done.stderr
     rid = uid("barn")
     drop(data_dir, "barn", "actions", {"type": "ping", "requestId": rid})
-    # The registry is polled every 0.25 s ("within a second"); the slack is for a loaded CI machine.
+    # The commit watcher sees the CLI's commit at once ("within a second"); the slack is for a loaded CI machine.
     assert wait_result(data_dir, "barn", rid, timeout=10.0)["status"] == "success"
     assert "serving group barn (telegram:300)" in daemon.log()
 
