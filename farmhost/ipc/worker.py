@@ -9,7 +9,7 @@ from typing import Any
 
 from farmhost.background import cancel_and_wait
 from farmhost.ipc.admission import FairAdmission
-from farmhost.ipc.groupdir import GroupDir
+from farmhost.ipc.groupdir import GroupDir, KeepsBeingReplaced
 from farmhost.ipc.processor import ClaimedFile, Detach, RequestProcessor
 from farmhost.ipc.reader import claim, pending_names
 from farmhost.protocol.codes import Queue
@@ -188,6 +188,8 @@ class QueueWorker:
                 await self.drain()
             except asyncio.CancelledError:
                 raise
+            except KeepsBeingReplaced as err:  # the agent's doing: one line, no traceback (its group's check retries)
+                logger.error("group %s: queue %s: %s; retrying at the next rescan", self.folder, self.queue, err)
             except Exception:
                 # A bug must not stop a queue for good; the request stays in the spool and is retried.
                 logger.exception("group %s: queue %s failed; retrying at the next rescan", self.folder, self.queue)
