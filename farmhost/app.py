@@ -1,4 +1,9 @@
-"""App: builds each service from its own section of the Config, starts and stops them in order, owns signals."""
+"""App: builds each service from its own section of the Config, starts and stops them in order, owns signals.
+
+It also wires the two pieces of state every service shares: the group registry (`GroupRegistry`, the one copy of the
+registered groups in memory, whose announcements the IPC service follows) and the one watch for other processes'
+commits (`CommitWatcher`, which tells the registry and the scheduler to re-read).
+"""
 
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ from farmhost.farm.state.alert_notifier import SUBSCRIPTIONS_FILE, AlertNotifier
 from farmhost.farm.state.collector import StateCollector
 from farmhost.farm.state.receipts import ReceiptBook
 from farmhost.groups.handlers import HANDLERS as GROUP_HANDLERS
+from farmhost.groups.live import GroupRegistry
 from farmhost.handling import Change, Handlers
 from farmhost.ipc.ping import ping_handlers
 from farmhost.ipc.service import IpcService
@@ -51,6 +57,7 @@ from farmhost.scheduler.watcher import WhenWatcher, event_prompt
 from farmhost.scheduler.when import ConditionError, load_condition
 from farmhost.sites.caller import SiteCaller
 from farmhost.store import host_state, when_state
+from farmhost.store.commits import CommitWatcher
 from farmhost.store.db import Database, iso, now_utc
 from farmhost.store.groups import Group
 
@@ -116,6 +123,8 @@ class App:
         self.identity = HostIdentity(pid=os.getpid(), version=__version__, started_at=started_at or now_utc())
         self._lock_fd = -1
         self.db: Database | None = None
+        self.commits: CommitWatcher | None = None  # other processes' commits (the CLI's group add/remove)
+        self.groups: GroupRegistry | None = None
         self.ipc: IpcService | None = None
         self.ha: HAClient | None = None
         self.collector: StateCollector | None = None
@@ -142,6 +151,11 @@ class App:
         if seeded := self.layout.seed_global_memory():
             logger.info("global memory: copied %d starting file(s) into %s", seeded, self.layout.workspace("global"))
         self.db = Database.open(self.config.data_dir)
+        # The watcher first: a commit after it takes its baseline, even one before the registry's first read, is told.
+        self.commits = CommitWatcher(self.db, inotify=self.config.ipc.mode == "inotify")
+        self.groups = GroupRegistry(self.db)
+        self.commits.subscribe(self.groups.reload)
+        self.commits.start()
         self.loop_monitor.start()
         receipts = ReceiptBook()
         farm = FarmDeps(
@@ -196,7 +210,12 @@ class App:
         if self.collector is not None:
             self.collector.add_raised_listener(when.alert_raised)
         self.ipc = IpcService(
-            settings=self.config.ipc, layout=self.layout, db=self.db, handlers=handlers, identity=self.identity
+            settings=self.config.ipc,
+            layout=self.layout,
+            db=self.db,
+            registry=self.groups,
+            handlers=handlers,
+            identity=self.identity,
         )
         self.ipc.add_change_listener(lambda changes: when.refresh() if Change.TASKS in changes else None)
         await self.ipc.start()
@@ -263,7 +282,7 @@ class App:
                 layout=self.layout,
                 runtime=self.runtime,
                 status=self._status,
-                on_groups_changed=self.ipc.reload_groups,
+                on_groups_changed=self.groups.reload,
                 desk=self.desk,
                 stop=self.emergency_stop,
                 alerts=self.alerts,
@@ -278,6 +297,7 @@ class App:
             on_sync=self.when.refresh,
         )
         self.ipc.add_change_listener(self.scheduler.ipc_changed)
+        self.commits.subscribe(self.scheduler.sync)
         await self.scheduler.start()
         self.daily_report = DailyReport(
             db=self.db,
@@ -294,7 +314,7 @@ class App:
             __version__,
             self.config.data_dir,
             self.config.ipc.mode,
-            len(self.ipc.groups),
+            len(self.groups.groups),
             "on" if self.config.ha.enabled else "off",
             "on" if self.config.telegram.enabled else "off",
         )
@@ -325,6 +345,10 @@ class App:
         if self.ha is not None:
             await self.ha.close()
             self.ha = None
+        if self.commits is not None:
+            await self.commits.stop()
+            self.commits = None
+        self.groups = None
         if self.db is not None:
             self.db.close()
             self.db = None
@@ -426,13 +450,11 @@ class App:
         return {"version": __version__, "started_at": self.identity.started_at, "home_assistant": home_assistant}
 
     def _main_group(self) -> Group | None:
-        groups = self.ipc.groups if self.ipc is not None else []
-        return next((g for g in groups if g.is_main), None)
+        return self.groups.main() if self.groups is not None else None
 
     def _group(self, folder: str) -> Group | None:
         """The registered group of `folder` (None when it is not registered)."""
-        groups = self.ipc.groups if self.ipc is not None else []
-        return next((g for g in groups if g.folder == folder), None)
+        return self.groups.get(folder) if self.groups is not None else None
 
     async def _before_run(self, folder: str) -> None:
         """Rewrite the snapshots so the agent starts from the current tasks and groups (SPEC section 6)."""

@@ -1,1 +1,1 @@
-"""Groups: validating, registering and removing chats bound to workspace folders."""
+"""Groups: validating, registering and removing chats bound to folders; the daemon's live registry of them."""

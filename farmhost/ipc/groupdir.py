@@ -24,6 +24,10 @@ Evict = Callable[[int, str, os.stat_result, str], bool]
 _OPEN_ATTEMPTS = 4
 
 
+class KeepsBeingReplaced(OSError):
+    """A directory an agent replaced again at every attempt to open it (a swap storm): not a fault of the host."""
+
+
 @dataclass(eq=False)
 class _Held:
     """One held queue-directory descriptor; closed only when retired and no lease uses it any more."""
@@ -124,7 +128,9 @@ class GroupDir:
                 if err.errno not in (errno.ELOOP, errno.ENOTDIR):
                     raise
                 self._evict_non_directory(name)
-        raise OSError(errno.EIO, f"cannot open {self.folder}/{name} as a directory (it keeps being replaced)")
+        raise KeepsBeingReplaced(
+            errno.EIO, f"cannot open {self.folder}/{name} as a directory (it keeps being replaced)"
+        )
 
     def _evict_non_directory(self, name: str) -> None:
         # Linux reports a symlink opened with O_DIRECTORY | O_NOFOLLOW as ENOTDIR, so look at the entry itself.

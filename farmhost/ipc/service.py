@@ -1,4 +1,9 @@
-"""IpcService: keeps a GroupDir and queue workers per registered group, wakes them, writes snapshots."""
+"""IpcService: keeps a GroupDir and queue workers per registered group, wakes them, writes snapshots.
+
+Which groups it serves is the group registry's (`farmhost/groups/live.py`) to say: it attaches the registered groups
+at start and then follows the registry's announcements (attach the added, detach the removed, serve the changed
+with their new fields). It keeps no list of its own beyond what it attached.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from typing import Any
 from farmhost.background import every
 from farmhost.config import IpcSettings
 from farmhost.files import DIR_FLAGS
+from farmhost.groups.live import GroupChange, GroupRegistry
 from farmhost.handling import Change, Handlers
 from farmhost.ipc import snapshots
 from farmhost.ipc.admission import FairAdmission
@@ -29,15 +35,12 @@ from farmhost.ipc.worker import QueueWorker
 from farmhost.layout import DataLayout
 from farmhost.ndjson_log import NdjsonLog
 from farmhost.protocol.codes import HOST_STATUS, Queue
-from farmhost.store import groups as group_store
 from farmhost.store import ledger
 from farmhost.store.db import Database, now_utc
 from farmhost.store.groups import Group
 
 logger = logging.getLogger(__name__)
 
-# How often the daemon checks whether the CLI changed the registry (a cheap PRAGMA read).
-REGISTRY_POLL_SECONDS = 0.25
 SWEEP_SECONDS = 3600.0
 # A host temp file older than this was abandoned by a crash: no write takes a minute.
 HOST_TEMP_GRACE_SECONDS = 60.0
@@ -56,12 +59,6 @@ class _Attached:
     def __post_init__(self) -> None:
         self.churn = ChurnBackoff(self.group.folder)
 
-    def update(self, group: Group) -> None:
-        """The registry changed this group's fields (name, trigger): serve it with the new ones."""
-        self.group = group
-        for worker in self.workers.values():
-            worker.group = group
-
 
 class IpcService:
     """The IPC engine of one data directory."""
@@ -72,11 +69,13 @@ class IpcService:
         settings: IpcSettings,
         layout: DataLayout,
         db: Database,
+        registry: GroupRegistry,
         handlers: Handlers,
         identity: snapshots.HostIdentity,
         clock: Callable[[], datetime] = now_utc,
     ) -> None:
         self._settings = settings
+        self._registry = registry
         self._layout = layout
         self._db = db
         self._identity = identity
@@ -96,7 +95,6 @@ class IpcService:
         self._tasks: list[asyncio.Task[None]] = []
         self._unknown_dirs: set[str] = set()
         self._failing_snapshots: set[tuple[str, str]] = set()
-        self._data_version = -1
         self._ipc_fd = self._errors_fd = self._spool_fd = -1
         self._watcher: InotifyWatcher | None = None
         self._processor: RequestProcessor | None = None
@@ -140,13 +138,15 @@ class IpcService:
                 on_queue=self._queue_event, on_group=self._group_event, on_overflow=self._overflowed
             )
             self._watcher.start()
-        self.reload_groups()
+        for group in self._registry.groups:
+            self._attach(group)
+        self._registry.subscribe(self._groups_changed)
+        self.write_snapshots({Change.TASKS, Change.GROUPS})
         self._sweep()
         rescan = self._settings.rescan_seconds
         if self._settings.mode == "poll":
             rescan = min(rescan, self._settings.poll_seconds)
         self._spawn("ipc:rescan", every(rescan, self._rescan))
-        self._spawn("ipc:registry", every(REGISTRY_POLL_SECONDS, self._check_registry))
         self._spawn("ipc:heartbeat", every(self._settings.heartbeat_seconds, self._heartbeat))
         self._spawn("ipc:sweep", every(SWEEP_SECONDS, self._sweep))
         await self._snapshots.settle()  # agents find current snapshots as soon as the host is up
@@ -154,6 +154,7 @@ class IpcService:
 
     async def stop(self) -> None:
         """Stop every worker (the request in progress finishes or stays spooled) and say `stopped`."""
+        self._registry.unsubscribe(self._groups_changed)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -190,21 +191,26 @@ class IpcService:
 
     # registry ----------------------------------------------------------------------------------
 
-    def reload_groups(self) -> None:
-        """Attach new groups, detach removed ones, refresh changed ones; rewrite snapshots."""
-        self._data_version = self._db.data_version()
-        current = {g.folder: g for g in group_store.list_groups(self._db.conn)}
-        for folder in list(self._groups):
-            if folder not in current:
-                self._spawn(f"ipc:detach:{folder}", self._detach(self._groups.pop(folder), status="stopped"))
-            elif current[folder] != self._groups[folder].group:
-                self._groups[folder].update(current[folder])
-        added = [group for folder, group in current.items() if folder not in self._groups]
+    def _groups_changed(self, change: GroupChange) -> None:
+        """The registry announced a change: detach the removed groups, attach the added, serve the changed anew."""
+        for group in change.removed:
+            attached = self._groups.pop(group.folder, None)
+            if attached is not None:
+                self._spawn(f"ipc:detach:{group.folder}", self._detach(attached, status="stopped"))
+        for group in change.changed:
+            if group.folder in self._groups:
+                self._groups[group.folder].group = group  # its workers read it from here at each request
+        added = [group for group in change.added if group.folder not in self._groups]
         for group in added:
             self._attach(group)
         self.write_snapshots({Change.TASKS, Change.GROUPS})
-        if added and self._tasks:  # a group added while running says "alive" now, not at the next heartbeat
-            self._spawn("ipc:heartbeat-new", self._heartbeat())
+        if added and self._tasks:
+            # A group added while running says "alive" before its first request can be answered (its workers only
+            # run once this returns to the loop), not at the next heartbeat: one small write per registration.
+            document = snapshots.host_status(self._identity, status="alive", now=self._clock())
+            for group in added:
+                if (attached := self._groups.get(group.folder)) is not None:
+                    self._write_snapshot(attached, HOST_STATUS, document)
 
     def _attach(self, group: Group) -> None:
         assert self._processor is not None
@@ -219,7 +225,7 @@ class IpcService:
         attached = _Attached(group=group, gdir=gdir, spool_fds=spool_fds)
         for queue in Queue:
             worker = QueueWorker(
-                group=group,
+                group=lambda: attached.group,  # the attachment holds the group as last announced
                 gdir=gdir,
                 queue=queue,
                 spool_fd=spool_fds[queue],
@@ -331,10 +337,6 @@ class IpcService:
                 logger.warning("ipc/%s is not a registered group folder; ignoring it", name)
                 self._unknown_dirs.add(name)
 
-    def _check_registry(self) -> None:
-        if self._db.data_version() != self._data_version:
-            self.reload_groups()
-
     async def _heartbeat(self) -> None:
         document = snapshots.host_status(self._identity, status="alive", now=self._clock())
         # Sixteen fsyncs would stall every queue for tens of milliseconds on an SD card: write them in a thread,
@@ -384,9 +386,8 @@ class IpcService:
 
     def _changed(self, changes: set[Change]) -> None:
         if Change.GROUPS in changes:
-            self.reload_groups()
-        else:
-            self.write_snapshots(changes)
+            self._registry.reload()  # a request registered a group: attached (announced) before it is answered
+        self.write_snapshots(changes)
         for listener in self._change_listeners:
             try:
                 listener(set(changes))

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from farmhost.background import cancel_and_wait
 from farmhost.ipc.admission import FairAdmission
-from farmhost.ipc.groupdir import GroupDir
+from farmhost.ipc.groupdir import GroupDir, KeepsBeingReplaced
 from farmhost.ipc.processor import ClaimedFile, Detach, RequestProcessor
 from farmhost.ipc.reader import claim, pending_names
 from farmhost.protocol.codes import Queue
@@ -31,14 +31,26 @@ class QueueWorker:
     def __init__(
         self,
         *,
-        group: Group,
+        group: Callable[[], Group],
         gdir: GroupDir,
         queue: Queue,
         spool_fd: int,
         processor: RequestProcessor,
         admission: FairAdmission,
     ) -> None:
-        self.group = group
+        """Nothing runs before `start()`.
+
+        Args:
+            group: The group as currently registered (its name or trigger may change while it is served; its
+                folder never does), read at each request.
+            gdir: The group's held IPC directories.
+            queue: The queue this worker drains.
+            spool_fd: The host-private spool of this group's queue.
+            processor: Processes one claimed file.
+            admission: Shares the loop fairly between the groups.
+        """
+        self._group = group
+        self.folder = group().folder
         self._admission = admission
         self.queue = queue
         self._gdir = gdir
@@ -56,7 +68,7 @@ class QueueWorker:
     def start(self) -> None:
         """Start draining; the first pass recovers the spool and scans the queue."""
         self._wake.set()
-        self._task = asyncio.create_task(self._loop(), name=f"ipc:{self.group.folder}/{self.queue.value}")
+        self._task = asyncio.create_task(self._loop(), name=f"ipc:{self.folder}/{self.queue.value}")
 
     async def stop(self) -> None:
         """Stop after the request in progress (a cancelled request stays in the spool and is recovered)."""
@@ -93,7 +105,7 @@ class QueueWorker:
                         try:
                             claimed = claim(queue_fd, name, self._spool_fd)
                         except OSError as err:
-                            logger.error("group %s: cannot claim %s/%s: %s", self.group.folder, self.queue, name, err)
+                            logger.error("group %s: cannot claim %s/%s: %s", self.folder, self.queue, name, err)
                             return done
                         if claimed:
                             if not await self._process(name, at_start=at_start):
@@ -110,7 +122,7 @@ class QueueWorker:
             return None
 
         def detach(work: Coroutine[Any, Any, bool]) -> None:
-            task = asyncio.create_task(self._in_background(name, work), name=f"ipc:{self.group.folder}/{name}")
+            task = asyncio.create_task(self._in_background(name, work), name=f"ipc:{self.folder}/{name}")
             self._detached[name] = (task, work)
 
         return detach
@@ -133,7 +145,7 @@ class QueueWorker:
     async def _process(self, name: str, *, at_start: bool) -> bool:
         """Process one spooled request; a failure of the host itself is retried, then the request is parked."""
         try:
-            async with self._admission.turn(self.group.folder, exempt=self.group.is_main):
+            async with self._admission.turn(self.folder, exempt=self._group().is_main):
                 answered = await self._processor.process(
                     self._item(name, at_start=at_start), detach=self._detacher(name)
                 )
@@ -145,7 +157,7 @@ class QueueWorker:
     async def _host_failed(self, name: str) -> bool:
         """Count a failure of the host on `name`; at MAX_ATTEMPTS quarantine it. False: retry at the next rescan."""
         attempts = self._failures[name] = self._failures.get(name, 0) + 1
-        where = f"group {self.group.folder}: {self.queue}/{name}"
+        where = f"group {self.folder}: {self.queue}/{name}"
         if attempts < MAX_ATTEMPTS:
             logger.exception("%s failed inside the host (attempt %d); retrying at the next rescan", where, attempts)
             return False
@@ -160,7 +172,12 @@ class QueueWorker:
 
     def _item(self, name: str, *, at_start: bool = False) -> ClaimedFile:
         return ClaimedFile(
-            group=self.group, gdir=self._gdir, queue=self.queue, spool_fd=self._spool_fd, name=name, at_start=at_start
+            group=self._group(),
+            gdir=self._gdir,
+            queue=self.queue,
+            spool_fd=self._spool_fd,
+            name=name,
+            at_start=at_start,
         )
 
     async def _loop(self) -> None:
@@ -171,8 +188,8 @@ class QueueWorker:
                 await self.drain()
             except asyncio.CancelledError:
                 raise
+            except KeepsBeingReplaced as err:  # the agent's doing: one line, no traceback (its group's check retries)
+                logger.error("group %s: queue %s: %s; retrying at the next rescan", self.folder, self.queue, err)
             except Exception:
                 # A bug must not stop a queue for good; the request stays in the spool and is retried.
-                logger.exception(
-                    "group %s: queue %s failed; retrying at the next rescan", self.group.folder, self.queue
-                )
+                logger.exception("group %s: queue %s failed; retrying at the next rescan", self.folder, self.queue)

@@ -1,8 +1,9 @@
 """SchedulerService: fires each active task once per due time, on APScheduler in the daemon's event loop.
 
 The tasks table is the source of truth. APScheduler only holds one DateTrigger job per active task, at its
-next_run, rebuilt from the table at start and by `sync()` (after every task change an IPC request commits, when
-another process such as the CLI commits, and every `SYNC_SECONDS` anyway). When a job fires, the due time is
+next_run, rebuilt from the table at start and by `sync()`: after every task change an IPC request commits, when
+another process committed (the daemon's one `CommitWatcher`, `farmhost/store/commits.py`, calls it), and every
+`SYNC_SECONDS` anyway. When a job fires, the due time is
 claimed in the database first (`claims.claim_due`), then dispatched; the run's end is recorded afterwards.
 
 Decisions (see docs/scheduler.md):
@@ -38,8 +39,8 @@ logger = logging.getLogger(__name__)
 
 # A full re-read of the tasks table even when nothing announced a change: repairs anything a lost event missed.
 SYNC_SECONDS: Final = 30.0
-# How often to ask SQLite whether another process (the CLI) committed; a PRAGMA read, ~10 µs.
-POLL_SECONDS: Final = 1.0
+# How often APScheduler is woken to look at the wall clock again (see `_tick`).
+TICK_SECONDS: Final = 1.0
 _JOB_PREFIX: Final = "task:"
 # The job coroutine only claims and spawns the run, so one instance at a time is plenty; a few spare slots keep
 # APScheduler from dropping a fire (it would log a warning and the next sync would re-add it anyway).
@@ -80,7 +81,6 @@ class SchedulerService:
         self._scheduler: AsyncIOScheduler | None = None
         self._inflight: dict[str, tuple[TaskRun, asyncio.Task[None]]] = {}  # task id -> its run in flight
         self._poller: asyncio.Task[None] | None = None
-        self._data_version = -1
 
     # lifecycle ---------------------------------------------------------------------------------
 
@@ -99,7 +99,7 @@ class SchedulerService:
         self._scheduler = AsyncIOScheduler(timezone=self._zone)
         self._scheduler.start()
         self.sync()
-        self._poller = asyncio.create_task(self._poll(), name="scheduler:poll")
+        self._poller = asyncio.create_task(self._tick(), name="scheduler:tick")
         logger.info("scheduler started: %d task job(s), zone %s, grace %g s", len(self._jobs()), self._zone, self.grace)
 
     async def stop(self) -> None:
@@ -137,10 +137,12 @@ class SchedulerService:
     # scheduling --------------------------------------------------------------------------------
 
     def sync(self) -> None:
-        """Re-read the tasks table and make the jobs match it: one job per active task at its next_run."""
+        """Re-read the tasks table and make the jobs match it: one job per active task at its next_run.
+
+        Also the daemon's CommitWatcher listener: another process committed, perhaps to the tasks table.
+        """
         if self._scheduler is None:
             return
-        self._data_version = self._db.data_version()
         wanted: dict[str, tuple[str, str]] = {}
         for task in tasks.list_tasks(self._db.conn):
             if task.status == "active" and task.next_run is not None and task.id not in self._inflight:
@@ -275,14 +277,14 @@ class SchedulerService:
         except Exception:
             logger.exception("rewriting the task snapshots failed")
 
-    async def _poll(self) -> None:
-        """Sync when another process committed, and every SYNC_SECONDS regardless; wake APScheduler each tick."""
+    async def _tick(self) -> None:
+        """Wake APScheduler each tick; sync every SYNC_SECONDS regardless of what was announced."""
         since_sync = 0.0
         while True:
-            await asyncio.sleep(POLL_SECONDS)
-            since_sync += POLL_SECONDS
+            await asyncio.sleep(TICK_SECONDS)
+            since_sync += TICK_SECONDS
             try:
-                if since_sync >= SYNC_SECONDS or self._db.data_version() != self._data_version:
+                if since_sync >= SYNC_SECONDS:
                     since_sync = 0.0
                     self.sync()
                 # APScheduler sleeps on the loop's monotonic clock until the next job's wall-clock time. A Pi has no

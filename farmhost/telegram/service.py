@@ -47,7 +47,8 @@ class TelegramService:
             layout: The data directory (workspaces for inbound media, the outbox's file copies).
             runtime: Where triggered chat messages become agent runs.
             status: The app's part of `/status` (version, start time, Home Assistant).
-            on_groups_changed: Called when an approved chat was registered (the IPC service reloads).
+            on_groups_changed: Called when an approved chat was registered (GroupRegistry.reload: the registry
+                re-reads the table and announces the new group, which the IPC service then serves).
             desk: Decides the Approve / Deny buttons of farm actions under approval.
             stop: The emergency stop behind /stop, /resume and the Stop everything button.
             alerts: Records the Acknowledge and Snooze 1 h buttons of farm alerts.

@@ -17,6 +17,7 @@ from farmhost.app import build_handlers
 from farmhost.config import FarmSettings, build_config, load_settings
 from farmhost.farm.deps import FarmDeps
 from farmhost.farm.homeassistant.client import HAClient
+from farmhost.groups.live import GroupRegistry
 from farmhost.ipc.service import IpcService
 from farmhost.ipc.snapshots import HostIdentity
 from farmhost.layout import DataLayout
@@ -103,6 +104,7 @@ async def farm_host(
         settings=config.ipc,
         layout=layout,
         db=db,
+        registry=GroupRegistry(db),
         handlers=build_handlers(config, identity, deps),
         identity=identity,
     )

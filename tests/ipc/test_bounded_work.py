@@ -23,6 +23,7 @@ from ipc_support import uid
 from farmhost.app import build_handlers
 from farmhost.config import build_config, load_settings
 from farmhost.farm.deps import FarmDeps
+from farmhost.groups.live import GroupRegistry
 from farmhost.handling import Handlers
 from farmhost.ipc.service import IpcService
 from farmhost.ipc.snapshots import HostIdentity
@@ -103,6 +104,7 @@ async def _service(data_dir: Path) -> AsyncIterator[IpcService]:
         settings=build_config(load_settings(data_dir=data_dir, env_file=None)).ipc,
         layout=DataLayout(data_dir),
         db=db,
+        registry=GroupRegistry(db),
         handlers=_handlers(data_dir),
         identity=HostIdentity(pid=os.getpid(), version="test", started_at=now_utc()),
     )

@@ -40,6 +40,7 @@ from ipc_support import (
 from farmhost.app import build_handlers
 from farmhost.config import build_config, load_settings
 from farmhost.farm.deps import FarmDeps
+from farmhost.groups.live import GroupRegistry
 from farmhost.handling import Effect, Handlers, HandlerSpec, RequestContext
 from farmhost.ipc.service import IpcService
 from farmhost.ipc.snapshots import HostIdentity
@@ -214,7 +215,7 @@ def test_group_add_and_remove_while_running(fast: Env) -> None:
     assert done.returncode == 0, done.stderr
     rid = uid("barn")
     drop(data_dir, "barn", "actions", {"type": "ping", "requestId": rid})
-    # The registry is polled every 0.25 s ("within a second"); the slack is for a loaded CI machine.
+    # The commit watcher sees the CLI's commit at once ("within a second"); the slack is for a loaded CI machine.
     assert wait_result(data_dir, "barn", rid, timeout=10.0)["status"] == "success"
     assert "serving group barn (telegram:300)" in daemon.log()
 
@@ -293,6 +294,7 @@ async def _service(data_dir: Path, handlers: Handlers, **settings: Any) -> Async
         settings=build_config(load_settings(data_dir=data_dir, env_file=None).model_copy(update=settings)).ipc,
         layout=DataLayout(data_dir),
         db=db,
+        registry=GroupRegistry(db),
         handlers=handlers,
         identity=identity,
     )

@@ -19,6 +19,7 @@ from farmhost.scheduler.runs import RunReport, TaskRun
 from farmhost.scheduler.service import SchedulerService
 from farmhost.scheduler.specs import first_run, parse_schedule
 from farmhost.store import task_runs, tasks
+from farmhost.store.commits import CommitWatcher
 from farmhost.store.db import Database, now_utc
 from farmhost.store.task_runs import RunRecord
 from farmhost.store.tasks import Task, TaskStatus
@@ -82,8 +83,12 @@ async def scheduler(
     stop: bool = True,
     **settings: Any,
 ) -> AsyncIterator[Harness]:
-    """Run a SchedulerService on `data_dir`'s database for the block (stopped, then the database closed)."""
+    """Run a SchedulerService on `data_dir`'s database for the block (stopped, then the database closed).
+
+    As in the daemon, the one commit watcher tells it when another connection committed.
+    """
     db = Database.open(data_dir)
+    commits = CommitWatcher(db)
     recorder = dispatch or Recorder()
     changes: list[datetime] = []
     service = SchedulerService(
@@ -93,10 +98,13 @@ async def scheduler(
         on_tasks_changed=lambda: changes.append(now_utc()),
         clock=clock,
     )
+    commits.subscribe(service.sync)
     await service.start()
+    commits.start()
     try:
         yield Harness(service=service, db=db, dispatch=recorder, changes=changes)
     finally:
+        await commits.stop()
         if stop:
             await service.stop()
         db.close()

@@ -24,6 +24,7 @@ from telegram_stub import FakeTelegram
 
 from farmhost.agents import AgentRuntime
 from farmhost.config import Settings, build_config
+from farmhost.groups.live import GroupRegistry
 from farmhost.ipc.ping import ping_handlers
 from farmhost.ipc.service import IpcService
 from farmhost.ipc.snapshots import HostIdentity
@@ -149,6 +150,7 @@ async def running(
     They are stopped in the app's order at the end.
     """
     db = Database.open(settings.data_dir)
+    registry = GroupRegistry(db)
     service: IpcService | None = None
     if ipc:
         identity = HostIdentity(pid=os.getpid(), version="test", started_at=now_utc())
@@ -157,6 +159,7 @@ async def running(
             settings=build_config(settings).ipc,
             layout=layout,
             db=db,
+            registry=registry,
             handlers=ping_handlers(identity),
             identity=identity,
         )
@@ -178,8 +181,7 @@ async def running(
 
     def groups_changed() -> None:
         host.groups_changed.append(time.monotonic())
-        if service is not None:
-            service.reload_groups()
+        registry.reload()
 
     inbound = TelegramInbound(
         db=db,

@@ -78,8 +78,8 @@ class TelegramInbound:
             runtime: Where triggered messages become agent runs.
             wake_outbox: Called after anything was queued in the outbox (OutboxDelivery.wake).
             status: The app's part of `/status` (Home Assistant, version...); None shows the store's counts only.
-            on_groups_changed: Called after an approval registered a group (IpcService.reload_groups: the IPC
-                service does not see commits made on its own connection).
+            on_groups_changed: Called after an approval registered a group (GroupRegistry.reload: a commit on the
+                daemon's own connection is announced by whoever made it, not by the watch for other processes').
             desk: Decides the farm-action approval buttons (None: they answer "not used any more").
             stop: The emergency stop behind /stop, /resume and the Stop everything button (None: unavailable).
             alerts: Records the Acknowledge and Snooze 1 h buttons of farm alerts (None: unavailable).
