@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from farmhost.handling import Effect
 from farmhost.ipc.groupdir import GroupDir
+from farmhost.ipc.phases import CLAIM, DECODE, LOG, READ, RESULT, SETTLE, RequestPhases
 from farmhost.ipc.quarantine import Quarantine
 from farmhost.ipc.reader import Refused, read_claimed
 from farmhost.ipc.results import ResultWriter, file_key
@@ -48,6 +49,7 @@ class ClaimedFile:
     spool_fd: int
     name: str
     at_start: bool = False  # found when the host started serving the group: only such files can be stale
+    picked_ns: int = 0  # time.perf_counter_ns() when the worker began the listing that claimed it; 0: in the spool
 
 
 class RequestProcessor:
@@ -82,6 +84,9 @@ class RequestProcessor:
         handed over to finish in the background and this returns at once, so the queue goes on meanwhile.
         """
         started = time.perf_counter()
+        phases = RequestPhases(item.picked_ns or None)
+        if item.picked_ns:
+            phases.lap(CLAIM)
         received = self._clock()
         stem = item.name[: -len(".json")]
         try:
@@ -99,6 +104,7 @@ class RequestProcessor:
             stem_id = stem if REQUEST_ID_RE.fullmatch(stem) else None
             await self._refuse(item, refused.reason, refused.code, stem_id, None, received, started)
             return True
+        phases.lap(READ)
         try:
             if large:
                 request = await asyncio.to_thread(decode_request, item.queue, raw, stem=stem)
@@ -109,12 +115,17 @@ class RequestProcessor:
                 item, rejected.reason, ErrorCode.INVALID_REQUEST, rejected.request_id, rejected.kind, received, started
             )
             return True
+        phases.lap(DECODE)
         request_id = request.requestId or _generated_id(item)
         stale = item.at_start and mtime < self._stale_before
         if detach is not None and item.group.is_main and self._router.runs_elsewhere(request):
-            detach(self._finish(item, request, request_id, received=received, started=started, stale=stale))
+            detach(
+                self._finish(item, request, request_id, received=received, started=started, stale=stale, phases=phases)
+            )
             return True
-        return await self._finish(item, request, request_id, received=received, started=started, stale=stale)
+        return await self._finish(
+            item, request, request_id, received=received, started=started, stale=stale, phases=phases
+        )
 
     async def _finish(
         self,
@@ -125,6 +136,7 @@ class RequestProcessor:
         received: datetime,
         started: float,
         stale: bool,
+        phases: RequestPhases,
     ) -> bool:
         answer = await self._router.execute(
             item.group,
@@ -133,12 +145,16 @@ class RequestProcessor:
             request_id,
             received_at=received,
             stale=stale,
+            phases=phases,
         )
         if answer.effect is Effect.STATE:
             await self._settle()  # an agent that reads a snapshot after its result sees the change in it
-        if not await self._answer(item, request_id, answer.document, fsync_dir=answer.effect is not Effect.READ):
+            phases.lap(SETTLE)
+        fsync_dir = answer.effect is not Effect.READ
+        if not await self._answer(item, request_id, answer.document, fsync_dir=fsync_dir, phases=phases):
             return False
         os.unlink(item.name, dir_fd=item.spool_fd)
+        phases.lap(RESULT)
         doc = answer.document
         record = {
             "ts": utc_stamp(received),
@@ -153,7 +169,6 @@ class RequestProcessor:
             "durationMs": round((time.perf_counter() - started) * 1000, 3),
             "replayed": answer.replayed,
         }
-        self._log.write(record)
         kind = f"{doc['type']}:{doc['action']}" if doc["action"] else str(doc["type"])
         logger.info(
             "request %s (%s) from group %s: %s%s in %.1f ms%s",
@@ -166,12 +181,22 @@ class RequestProcessor:
             " (replayed)" if answer.replayed else "",
             extra={k: record[k] for k in _LOGGED},
         )
+        # The request log's line is written last, to carry every phase up to its own write.
+        phases.lap(LOG)
+        record["phasesUs"] = phases.as_us()
+        self._log.write(record)
         return True
 
     async def _answer(
-        self, item: ClaimedFile, request_id: str, document: dict[str, object], *, fsync_dir: bool
+        self,
+        item: ClaimedFile,
+        request_id: str,
+        document: dict[str, object],
+        *,
+        fsync_dir: bool,
+        phases: RequestPhases | None = None,
     ) -> bool:
-        return await self._results.publish(item, request_id, document, fsync_dir=fsync_dir)
+        return await self._results.publish(item, request_id, document, fsync_dir=fsync_dir, phases=phases)
 
     async def give_up(self, item: ClaimedFile, attempts: int) -> None:
         """Quarantine a request the host itself failed on `attempts` times, answering `internal` under its stem."""

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from farmhost.files import commit_atomic, discard, dump_json, prepare_atomic
+from farmhost.ipc.phases import LEDGER, RESULT, RequestPhases
 from farmhost.ipc.quarantine import Quarantine
 from farmhost.protocol.codes import RESULTS_DIR
 from farmhost.store import ledger
@@ -37,9 +38,16 @@ class ResultWriter:
         self._clock = clock
 
     async def publish(
-        self, item: ClaimedFile, request_id: str, document: dict[str, object], *, fsync_dir: bool
+        self,
+        item: ClaimedFile,
+        request_id: str,
+        document: dict[str, object],
+        *,
+        fsync_dir: bool,
+        phases: RequestPhases | None = None,
     ) -> bool:
         """Write the result unless this very file's result was published before; False to retry later."""
+        phases = phases or RequestPhases()
         key = file_key(item)
         folder = item.group.folder
         name = f"{request_id}.json"
@@ -51,7 +59,9 @@ class ResultWriter:
         # fsync can take milliseconds on an SD card: in threads, it never stalls another group's queue. The
         # descriptor is closed here, after the last thread returned, so nothing can use its number afterwards.
         try:
+            phases.lap(RESULT)
             tmp = ledger.answering(self._db.conn, folder, key)
+            phases.lap(LEDGER)
             if tmp is not None:
                 return await asyncio.to_thread(self._finish_sync, item, results_fd, tmp, name, fsync_dir)
             try:
@@ -59,10 +69,12 @@ class ResultWriter:
             except OSError as err:
                 logger.error("group %s: cannot write result %s: %s", folder, request_id, err)
                 return False
+            phases.lap(RESULT)
             with self._db.tx(durable=False) as conn:
                 ledger.mark_answering(
                     conn, folder=folder, file_key=key, request_id=request_id, result_tmp=tmp, at=self._clock()
                 )
+            phases.lap(LEDGER)
             if await asyncio.to_thread(self._commit_sync, item, results_fd, tmp, name, fsync_dir):
                 return True
             await asyncio.to_thread(discard, results_fd, tmp)

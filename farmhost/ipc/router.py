@@ -22,6 +22,7 @@ from farmhost.handling import (
     RequestContext,
     handler_key,
 )
+from farmhost.ipc.phases import ENVELOPE, HANDLER, LEDGER, RequestPhases
 from farmhost.protocol.codes import QUEUE_OF_TYPE, ErrorCode
 from farmhost.protocol.envelope import Outcome, envelope, utc_stamp
 from farmhost.store import ledger
@@ -151,6 +152,7 @@ class Router:
         received_at: datetime,
         stale: bool,
         approved: Approved | None = None,
+        phases: RequestPhases | None = None,
     ) -> Answer:
         """Answer a request exactly once per (group, requestId).
 
@@ -162,16 +164,27 @@ class Router:
             received_at: when the host claimed it (the base of `ttl`).
             stale: the file was older than the stale limit at start-up: expire it instead of running it.
             approved: the approval in the chat it runs under (only the host's own `run_as` gives one).
+            phases: where the time goes (the request file's own, which its log line carries).
         """
+        phases = phases or RequestPhases()
         key = (group.folder, request_id)
         running = self._inflight.get(key)
         if running is not None:  # the same id in another queue of this group, still executing
-            return _replay(await asyncio.shield(running))
+            answer = _replay(await asyncio.shield(running))
+            phases.lap(HANDLER)
+            return answer
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
         try:
             answer = await self._execute_once(
-                group, queue, request, request_id, received_at=received_at, stale=stale, approved=approved
+                group,
+                queue,
+                request,
+                request_id,
+                received_at=received_at,
+                stale=stale,
+                approved=approved,
+                phases=phases,
             )
             future.set_result(answer)
             return answer
@@ -192,8 +205,10 @@ class Router:
         received_at: datetime,
         stale: bool,
         approved: Approved | None,
+        phases: RequestPhases,
     ) -> Answer:
         entry = ledger.get_entry(self._db.conn, group.folder, request_id)
+        phases.lap(LEDGER)
         spec = self.spec_for(request)
         effect = spec.effect if spec else Effect.READ
         if entry is not None and entry.state == "done" and entry.result is not None:
@@ -216,10 +231,11 @@ class Router:
             )
         else:
             early = self._precheck(group, request, spec, received_at=received_at, now=ctx.now, stale=stale)
+        phases.lap(HANDLER)
         if early is not None or spec is None:
-            return self._finish(ctx, queue, request, early or _no_handler(request), effect, started)
+            return self._finish(ctx, queue, request, early or _no_handler(request), effect, started, phases)
         if spec.effect is Effect.STATE:
-            return await self._apply_state(ctx, queue, request, spec, started)
+            return await self._apply_state(ctx, queue, request, spec, started, phases)
         if spec.effect is Effect.EXTERNAL:
             with self._db.tx() as conn:
                 ledger.mark_started(
@@ -231,8 +247,10 @@ class Router:
                     action=request.action_name,
                     at=ctx.now,
                 )
+            phases.lap(LEDGER)
         outcome = await self._run(ctx, request, spec)
-        answer = self._finish(ctx, queue, request, outcome, spec.effect, started)
+        phases.lap(HANDLER)
+        answer = self._finish(ctx, queue, request, outcome, spec.effect, started, phases)
         if ctx.changes:  # committed in the handler's own transactions (an approval asked in the chat, ...)
             self._on_change(set(ctx.changes))
         return answer
@@ -257,28 +275,37 @@ class Router:
         return None
 
     async def _apply_state(
-        self, ctx: RequestContext, queue: Queue, request: AnyRequest, spec: HandlerSpec, started: float
+        self,
+        ctx: RequestContext,
+        queue: Queue,
+        request: AnyRequest,
+        spec: HandlerSpec,
+        started: float,
+        phases: RequestPhases,
     ) -> Answer:
         assert spec.apply is not None
         if spec.prepare is not None:
             prepared = await self._run(ctx, request, spec, spec.prepare)
+            phases.lap(HANDLER)
             if isinstance(prepared, Outcome):
-                return self._finish(ctx, queue, request, prepared, spec.effect, started)
+                return self._finish(ctx, queue, request, prepared, spec.effect, started, phases)
             ctx = replace(ctx, prepared=prepared.value)
         try:
             with self._db.tx() as conn:
                 outcome = spec.apply(ctx, request, conn)
+                phases.lap(HANDLER)
                 document = self._document(ctx, request, outcome, started)
+                phases.lap(ENVELOPE)
                 self._record(conn, ctx, queue, request, document)
+            phases.lap(LEDGER)  # the record and the commit
         except FarmhostError as err:
             ctx.changes.clear()
-            return self._finish(
-                ctx, queue, request, Outcome.failure(err.code, err.message, err.result), spec.effect, started
-            )
+            failure = Outcome.failure(err.code, err.message, err.result)
+            return self._finish(ctx, queue, request, failure, spec.effect, started, phases)
         except Exception:
             logger.exception("handler for %s failed in group %s", request.type, ctx.group.folder)
             ctx.changes.clear()
-            return self._finish(ctx, queue, request, _internal(), spec.effect, started)
+            return self._finish(ctx, queue, request, _internal(), spec.effect, started, phases)
         if ctx.changes:
             self._on_change(set(ctx.changes))
         return Answer(document=document, effect=spec.effect)
@@ -310,11 +337,20 @@ class Router:
             return _internal()
 
     def _finish(
-        self, ctx: RequestContext, queue: Queue, request: AnyRequest, outcome: Outcome, effect: Effect, started: float
+        self,
+        ctx: RequestContext,
+        queue: Queue,
+        request: AnyRequest,
+        outcome: Outcome,
+        effect: Effect,
+        started: float,
+        phases: RequestPhases,
     ) -> Answer:
         document = self._document(ctx, request, outcome, started)
+        phases.lap(ENVELOPE)
         with self._db.tx(durable=effect is not Effect.READ) as conn:
             self._record(conn, ctx, queue, request, document)
+        phases.lap(LEDGER)
         return Answer(document=document, effect=effect)
 
     def _document(self, ctx: RequestContext, request: AnyRequest, outcome: Outcome, started: float) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -94,6 +95,7 @@ class QueueWorker:
                     return done  # results cannot be written now; the next rescan retries
                 done += 1
             while True:
+                picked = time.perf_counter_ns()  # a request's claim phase starts with the listing that finds it
                 # One lease per batch: names are listed and claimed from the same directory, which stays open even
                 # if the agent swaps it meanwhile. A parked name stays in the queue too: claiming it would replace
                 # the parked file in the spool.
@@ -108,10 +110,11 @@ class QueueWorker:
                             logger.error("group %s: cannot claim %s/%s: %s", self.folder, self.queue, name, err)
                             return done
                         if claimed:
-                            if not await self._process(name, at_start=at_start):
+                            if not await self._process(name, at_start=at_start, picked_ns=picked):
                                 return done
                             done += 1
                         await asyncio.sleep(0)  # let other groups' workers run between requests
+                        picked = time.perf_counter_ns()
                 at_start = False  # what a later listing finds arrived while the host was running
 
     def _parked(self, name: str) -> bool:
@@ -142,12 +145,12 @@ class QueueWorker:
         if retry_now:
             self._wake.set()  # a file of the same name may wait in the queue for this one
 
-    async def _process(self, name: str, *, at_start: bool) -> bool:
+    async def _process(self, name: str, *, at_start: bool, picked_ns: int = 0) -> bool:
         """Process one spooled request; a failure of the host itself is retried, then the request is parked."""
         try:
             async with self._admission.turn(self.folder, exempt=self._group().is_main):
                 answered = await self._processor.process(
-                    self._item(name, at_start=at_start), detach=self._detacher(name)
+                    self._item(name, at_start=at_start, picked_ns=picked_ns), detach=self._detacher(name)
                 )
         except Exception:  # noqa: BLE001 - logged with its traceback by _host_failed
             return await self._host_failed(name)
@@ -170,7 +173,7 @@ class QueueWorker:
         self._failures.pop(name, None)
         return True
 
-    def _item(self, name: str, *, at_start: bool = False) -> ClaimedFile:
+    def _item(self, name: str, *, at_start: bool = False, picked_ns: int = 0) -> ClaimedFile:
         return ClaimedFile(
             group=self._group(),
             gdir=self._gdir,
@@ -178,6 +181,7 @@ class QueueWorker:
             spool_fd=self._spool_fd,
             name=name,
             at_start=at_start,
+            picked_ns=picked_ns,
         )
 
     async def _loop(self) -> None:

@@ -209,3 +209,12 @@ def test_request_log_has_one_line_per_processed_request(farm: Path) -> None:
         assert got == (group, queue, kind, status, code), line
         assert isinstance(line["durationMs"], int | float) and line["durationMs"] >= 0, line
         assert line["ts"].endswith("Z")
+    # Where each answered request's time went (bench/request_phases.py reads them); a quarantined file has none.
+    assert "phasesUs" not in lines["log-bad"], lines["log-bad"]
+    ping = lines["log-ping"]["phasesUs"]
+    assert list(ping) == ["claim", "read", "decode", "ledger", "handler", "envelope", "result", "log"], ping
+    assert all(isinstance(us, int) and us >= 0 for us in ping.values()), ping
+    # The phases from the read to the published result are inside the request's durationMs (each rounded to 1 us).
+    inside = sum(us for phase, us in ping.items() if phase not in ("claim", "log"))
+    assert inside <= lines["log-ping"]["durationMs"] * 1000 + len(ping), lines["log-ping"]
+    assert "settle" in lines["log-missing"]["phasesUs"], lines["log-missing"]  # a STATE request, even refused
