@@ -50,6 +50,7 @@ class _Watched:
     group_folder: str
     status: str
     condition: Condition
+    created_at: datetime
 
 
 class WhenWatcher:
@@ -109,7 +110,13 @@ class WhenWatcher:
             except ConditionError as err:
                 logger.error("task %s: its when condition cannot be read (%s); it never fires", task.id, err)
                 continue
-            watched = _Watched(task_id=task.id, group_folder=task.group_folder, status=task.status, condition=condition)
+            watched = _Watched(
+                task_id=task.id,
+                group_folder=task.group_folder,
+                status=task.status,
+                condition=condition,
+                created_at=task.created_at,
+            )
             if condition.alert is not None:
                 by_alert.setdefault(condition.alert, []).append(watched)
             elif condition.entity is not None:
@@ -173,6 +180,10 @@ class WhenWatcher:
                 # First look at a new task, on a change (the view was away when it was created): the state before
                 # the change is its starting point, so this change can be its first edge.
                 state = WhenState(task_id=watched.task_id, fired=before)
+            elif state is None and truth and new.last_changed is not None and new.last_changed > watched.created_at:
+                # First look, with nothing seen before (the view reconnected after the task was created): HA says the
+                # entity changed after the task existed, so it became true under the task's watch: an edge.
+                state = WhenState(task_id=watched.task_id, fired=False)
             if state is None:  # first look at a new task: true now is not an edge, it waits for the next one
                 since = (new.last_changed or now) if truth else None
                 when_state.put(conn, WhenState(task_id=watched.task_id, true_since=since, fired=truth), at=now)
