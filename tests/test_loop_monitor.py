@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from farmhost_testing import clean_env, scaled
+
+from farmhost.loop_monitor import LoopMonitor
 
 # The real App in a child process; once it is up, something blocks its loop for 0.6 s (as a slow check on the loop
 # would), then the probe waits (without blocking) for the monitor to have written the interval that saw it. It
@@ -66,3 +70,22 @@ def test_a_blocked_loop_is_logged_and_measured(data_dir: Path) -> None:
     assert figures["samples"] == sum(figures["counts"]) > 0
     assert len(figures["counts"]) == len(figures["bucketEdgesMs"]) + 1
     assert figures["counts"][-1] >= 0 and sum(figures["counts"][-3:]) >= 1  # the stall is in a slow bucket
+
+
+async def test_an_idle_loop_is_not_woken_to_be_measured_and_a_stall_in_it_is_measured_whole(tmp_path: Path) -> None:
+    monitor = LoopMonitor(tmp_path)
+    monitor.start()
+    try:
+        await asyncio.sleep(0)  # the first turn under the monitor
+        before = monitor.figures()["samples"]
+        # The loop waits for a thread for a second with nothing else to do: it wakes when the thread is done and
+        # perhaps once to write the figures (a monitor that ticked every 10 ms woke it 100 times meanwhile).
+        await asyncio.to_thread(time.sleep, 1.0)
+        quiet = monitor.figures()["samples"] - before
+        time.sleep(0.4)  # noqa: ASYNC251 - a blocking call on the loop, on purpose
+        await asyncio.sleep(0)
+        figures = monitor.figures()
+    finally:
+        await monitor.stop()
+    assert quiet <= 5, figures
+    assert figures["maxMs"] >= 400 and sum(figures["counts"][-4:]) == 1, figures  # one turn, the stall, all of it
