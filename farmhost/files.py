@@ -15,7 +15,9 @@ WALK_DIR_FLAGS: Final = DIR_FLAGS | os.O_NONBLOCK
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def write_atomic(dir_fd: int, name: str, data: bytes, *, fsync_dir: bool = False, mode: int = 0o644) -> None:
+def write_atomic(
+    dir_fd: int, name: str, data: bytes, *, fsync_dir: bool = False, mode: int = 0o644, durable: bool = True
+) -> None:
     """Write `name` inside the directory `dir_fd` so that readers see the old file or the whole new one.
 
     The temporary name starts with '.', so the host's own watcher and agents' clients skip it.
@@ -26,8 +28,10 @@ def write_atomic(dir_fd: int, name: str, data: bytes, *, fsync_dir: bool = False
         data: the complete content.
         fsync_dir: also fsync the directory so the rename itself survives a power cut.
         mode: permission bits of the new file.
+        durable: fsync the content before the rename. Only a file rewritten every few seconds whose loss in a
+            power cut costs nothing (a heartbeat) skips it: readers still see the old file or the whole new one.
     """
-    tmp = prepare_atomic(dir_fd, name, data, mode=mode)
+    tmp = prepare_atomic(dir_fd, name, data, mode=mode, durable=durable)
     try:
         commit_atomic(dir_fd, tmp, name, fsync_dir=fsync_dir)
     except BaseException:
@@ -35,18 +39,19 @@ def write_atomic(dir_fd: int, name: str, data: bytes, *, fsync_dir: bool = False
         raise
 
 
-def prepare_atomic(dir_fd: int, name: str, data: bytes, *, mode: int = 0o644) -> str:
-    """The first half of `write_atomic`: the complete content under a fresh temp name, fsync'd; returns that name.
+def prepare_atomic(dir_fd: int, name: str, data: bytes, *, mode: int = 0o644, durable: bool = True) -> str:
+    """The first half of `write_atomic`: the complete content under a fresh temp name; returns that name.
 
-    Until `commit_atomic` renames it, the temp file's existence says the new file was not published yet.
+    Fsync'd before it returns unless not `durable`. Until `commit_atomic` renames it, the temp file's existence says the new file was not published yet.
     """
     tmp = f".{name}.{secrets.token_hex(4)}.tmp"
     fd = os.open(tmp, _CREATE_FLAGS, mode, dir_fd=dir_fd)
     try:
         with os.fdopen(fd, "wb", closefd=True) as handle:
             handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
     except BaseException:
         discard(dir_fd, tmp)
         raise
@@ -71,6 +76,6 @@ def dump_json(document: Any) -> bytes:
     return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def write_json_atomic(dir_fd: int, name: str, document: Any, *, fsync_dir: bool = False) -> None:
+def write_json_atomic(dir_fd: int, name: str, document: Any, *, fsync_dir: bool = False, durable: bool = True) -> None:
     """`write_atomic` for a JSON document."""
-    write_atomic(dir_fd, name, dump_json(document), fsync_dir=fsync_dir)
+    write_atomic(dir_fd, name, dump_json(document), fsync_dir=fsync_dir, durable=durable)

@@ -28,7 +28,7 @@ from farmhost.ipc.groupdir import GroupDir
 from farmhost.ipc.processor import RequestProcessor
 from farmhost.ipc.quarantine import TRASH, Quarantine
 from farmhost.ipc.router import Router
-from farmhost.ipc.snapshot_writer import SnapshotWriter, write_all_sync
+from farmhost.ipc.snapshot_writer import SnapshotWriter
 from farmhost.ipc.sweeper import empty_trash, sweep_host_temp, sweep_quarantine, sweep_results
 from farmhost.ipc.watcher import InotifyWatcher
 from farmhost.ipc.worker import QueueWorker
@@ -135,7 +135,10 @@ class IpcService:
         )
         if self._settings.mode == "inotify":
             self._watcher = InotifyWatcher(
-                on_queue=self._queue_event, on_group=self._group_event, on_overflow=self._overflowed
+                on_queue=self._queue_event,
+                on_group=self._group_event,
+                on_overflow=self._overflowed,
+                group_entries=frozenset(queue.value for queue in Queue),
             )
             self._watcher.start()
         for group in self._registry.groups:
@@ -150,7 +153,7 @@ class IpcService:
         self._spawn("ipc:heartbeat", every(self._settings.heartbeat_seconds, self._heartbeat))
         self._spawn("ipc:sweep", every(SWEEP_SECONDS, self._sweep))
         await self._snapshots.settle()  # agents find current snapshots as soon as the host is up
-        await self._heartbeat()
+        self._heartbeat()
 
     async def stop(self) -> None:
         """Stop every worker (the request in progress finishes or stays spooled) and say `stopped`."""
@@ -337,18 +340,14 @@ class IpcService:
                 logger.warning("ipc/%s is not a registered group folder; ignoring it", name)
                 self._unknown_dirs.add(name)
 
-    async def _heartbeat(self) -> None:
+    def _heartbeat(self) -> None:
         document = snapshots.host_status(self._identity, status="alive", now=self._clock())
-        # Sixteen fsyncs would stall every queue for tens of milliseconds on an SD card: write them in a thread,
-        # on duplicated descriptors that stay valid even if a group is detached meanwhile.
-        targets = list(self._groups.values())
-        jobs = [(os.dup(attached.gdir.fd), HOST_STATUS, document) for attached in targets]
-        written = await asyncio.to_thread(write_all_sync, jobs)
-        for attached, ok in zip(targets, written, strict=True):
-            if not ok and attached.group.folder in self._groups:
-                self._write_snapshot(attached, HOST_STATUS, document)  # evicts, logs once
-            elif ok and (attached.group.folder, HOST_STATUS) in self._failing_snapshots:
-                self._write_snapshot(attached, HOST_STATUS, document)  # logs the recovery
+        # Every group's in one turn of the loop, not fsynced: a heartbeat is rewritten every few seconds and one lost
+        # in a power cut says nothing wrong (the next start writes its own). Without the fsyncs the sixteen writes
+        # take well under a millisecond, so a thread (and its hand-offs, ~10 wake-ups a write) buys nothing, and
+        # their temp files and renames are not what the group watchers look at (see `InotifyWatcher`).
+        for attached in list(self._groups.values()):
+            self._write_snapshot(attached, HOST_STATUS, document, durable=False)
 
     def _sweep(self) -> None:
         now, wall = self._clock(), time.time()
@@ -406,9 +405,9 @@ class IpcService:
         attached = self._groups.get(folder)
         return attached is not None and self._write_snapshot(attached, name, document)
 
-    def _write_snapshot(self, attached: _Attached, name: str, document: object) -> bool:
+    def _write_snapshot(self, attached: _Attached, name: str, document: object, *, durable: bool = True) -> bool:
         key = (attached.group.folder, name)
-        if snapshots.write_snapshot(attached.gdir.fd, name, document, evict=self._evict):
+        if snapshots.write_snapshot(attached.gdir.fd, name, document, evict=self._evict, durable=durable):
             if key in self._failing_snapshots:
                 self._failing_snapshots.discard(key)
                 logger.info("group %s: %s is written again", *key)

@@ -72,16 +72,22 @@ def host_status(identity: HostIdentity, *, status: str, now: datetime) -> dict[s
 
 
 def write_snapshot(
-    group_fd: int, name: str, document: Any, *, evict: Callable[[int, str, os.stat_result, str], bool]
+    group_fd: int,
+    name: str,
+    document: Any,
+    *,
+    evict: Callable[[int, str, os.stat_result, str], bool],
+    durable: bool = True,
 ) -> bool:
     """Write one snapshot atomically into a group's IPC directory (by descriptor).
 
     An agent that put a directory where the snapshot goes has it moved to quarantine and the write retried.
-    Returns whether the snapshot was written (the caller logs a failure once).
+    Returns whether the snapshot was written (the caller logs a failure once). `durable=False` skips the fsync
+    (see `write_atomic`).
     """
     for _ in range(2):
         try:
-            write_json_atomic(group_fd, name, document)
+            write_json_atomic(group_fd, name, document, durable=durable)
             return True
         except IsADirectoryError:
             try:

@@ -13,7 +13,9 @@ from inotify_simple import flags as f
 logger = logging.getLogger(__name__)
 
 QUEUE_MASK = f.MOVED_TO | f.CLOSE_WRITE | f.DELETE_SELF | f.MOVE_SELF | f.ONLYDIR
-# A group directory is watched for its queue directories being swapped (renamed, deleted, recreated).
+# A group directory is watched for its queue directories being swapped (renamed, deleted, recreated). The names of
+# those directories are the only entries whose events are passed on: the snapshots and heartbeats the host writes
+# there (temp file, rename) would otherwise make every write re-check the group and wake its workers.
 GROUP_MASK = f.CREATE | f.MOVED_TO | f.MOVED_FROM | f.DELETE | f.ONLYDIR
 
 QueueCallback = Callable[[str, str], None]
@@ -27,8 +29,17 @@ class InotifyWatcher:
     directory the host actually holds, never whatever an agent-controlled path points to now.
     """
 
-    def __init__(self, *, on_queue: QueueCallback, on_group: GroupCallback, on_overflow: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        *,
+        on_queue: QueueCallback,
+        on_group: GroupCallback,
+        on_overflow: Callable[[], None],
+        group_entries: frozenset[str],
+    ) -> None:
+        """`group_entries`: the names in a group directory whose creation, renaming or deletion calls `on_group`."""
         self._on_queue = on_queue
+        self._group_entries = group_entries
         self._on_group = on_group
         self._on_overflow = on_overflow
         self._inotify: INotify | None = None
@@ -88,7 +99,10 @@ class InotifyWatcher:
                 self._targets.pop(event.wd, None)
                 self._by_target.pop(target, None)
                 self._on_group(folder)
-            elif queue is None or event.mask & (f.DELETE_SELF | f.MOVE_SELF):
+            elif queue is None:
+                if not event.name or event.name in self._group_entries:
+                    self._on_group(folder)
+            elif event.mask & (f.DELETE_SELF | f.MOVE_SELF):
                 self._on_group(folder)
             else:
                 self._on_queue(folder, queue)
