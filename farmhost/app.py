@@ -219,13 +219,16 @@ class App:
         )
         self.ipc.add_change_listener(lambda changes: when.refresh() if Change.TASKS in changes else None)
         await self.ipc.start()
-        self.desk = ApprovalDesk(
+        self.desk = desk = ApprovalDesk(
             db=self.db,
             audit=audit,
             door=self.ipc.router,
             wake_outbox=self._wake_outbox,
         )
-        await self.desk.start()
+        await desk.start()
+        # Asking an approval posts the approvers' message (an outbox change); the desk then times its expiry.
+        self.ipc.add_change_listener(lambda changes: desk.approvals_changed() if Change.OUTBOX in changes else None)
+        self.commits.subscribe(desk.approvals_changed)
         if self.ha is not None and self.live_view is not None:
             self.auto_off = AutoOff(
                 ha=self.ha,

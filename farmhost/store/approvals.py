@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
 from farmhost.store.db import iso, parse_iso
@@ -133,6 +133,15 @@ def expire_due(conn: sqlite3.Connection, at: datetime) -> list[ApprovalRow]:
     conn.execute(f"UPDATE approvals SET status = 'expired', outcome = 'nobody approved it in time' WHERE {_DUE}",
                  (iso(at),))  # fmt: skip
     return [_row(row) for row in rows]
+
+
+def next_due(conn: sqlite3.Connection) -> datetime | None:
+    """When `expire_due` next has something to do: the earliest pending expiry, or any time now (a lapsed one)."""
+    lapsed = conn.execute("SELECT 1 FROM approvals WHERE status = 'expired' AND outcome IS NULL LIMIT 1").fetchone()
+    if lapsed is not None:
+        return datetime.min.replace(tzinfo=UTC)
+    earliest = conn.execute("SELECT MIN(expires_at) FROM approvals WHERE status = 'pending'").fetchone()[0]
+    return parse_iso(earliest)
 
 
 def lapse(conn: sqlite3.Connection, approval_id: str) -> None:

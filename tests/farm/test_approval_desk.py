@@ -1,19 +1,20 @@
 """The approval desk on a real database, where the end-to-end tests cannot time things.
 
-A press in the moment between an approval's expiry and the sweep, a re-ask of a call whose approval just
-expired, a run that breaks.
+A press in the moment between an approval's expiry and the desk's look, a re-ask of a call whose approval just
+expired, a run that breaks, an approval that expires when its time comes (the desk sleeps until then).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from farmhost_testing import FIELD_JID, init_data_dir_in_process
+from farmhost_testing import FIELD_JID, init_data_dir_in_process, scaled
 
 from farmhost.farm.audit import AuditLog
 from farmhost.farm.control import approval_requests as asking
@@ -76,7 +77,9 @@ def ask(db: Database, at: datetime, minutes: float = 0.05, request_id: str = "r-
         )
 
 
-def desk(db: Database, root: Path, clock: Clock, ran: list[Approved] | None = None) -> ApprovalDesk:
+def desk(
+    db: Database, root: Path, clock: Callable[[], datetime], ran: list[Approved] | None = None, **options: float
+) -> ApprovalDesk:
     """The desk on a real router whose ha_set_entity row records what it ran (or breaks, without `ran`)."""
 
     async def run(ctx: RequestContext, request: AnyRequest) -> Outcome:
@@ -90,7 +93,7 @@ def desk(db: Database, root: Path, clock: Clock, ran: list[Approved] | None = No
     handlers = {"farm_action:ha_set_entity": HandlerSpec(effect=Effect.EXTERNAL, run=run)}
     router = Router(handlers=handlers, site="farm", layout=layout, db=db, on_change=lambda changes: None)
     audit = AuditLog(layout.farm_state, max_bytes=1 << 20)
-    return ApprovalDesk(db=db, audit=audit, door=router, clock=clock)
+    return ApprovalDesk(db=db, audit=audit, door=router, clock=clock, **options)
 
 
 async def test_a_press_after_the_expiry_but_before_the_sweep_runs_nothing_and_tells_the_group(
@@ -134,3 +137,34 @@ async def test_an_approved_run_that_breaks_is_failed_and_told_not_left_running(d
     assert finished is not None and finished.status == "failed"
     assert note == "Approved by @ana, but farmhost failed while running it (see the host log)."
     assert [t for t in told(db) if row.id in t and "failed while running it" in t]
+
+
+async def _expired(db: Database, approval_id: str) -> None:
+    while (row := store.get(db.conn, approval_id)) is None or row.outcome is None:
+        await asyncio.sleep(0.05)
+
+
+async def test_an_approval_asked_while_the_desk_waits_expires_when_its_time_comes(db: Database, root: Path) -> None:
+    waiting = desk(db, root, now_utc)
+    await waiting.start()  # nothing pending: the desk sleeps (for its safety look, a minute away)
+    try:
+        row, _ = ask(db, now_utc(), minutes=0.5 / 60)
+        waiting.approvals_changed()  # what the daemon does after a request that changed the outbox
+        await asyncio.wait_for(_expired(db, row.id), timeout=scaled(10))
+    finally:
+        await waiting.stop()
+    assert store.get(db.conn, row.id).status == "expired"  # type: ignore[union-attr]
+    assert [t for t in told(db) if row.id in t and "expired" in t]
+    assert [a["decision"] for a in audit_lines(root)] == ["expired"]
+
+
+async def test_an_approval_nobody_told_the_desk_of_expires_at_its_safety_look(db: Database, root: Path) -> None:
+    waiting = desk(db, root, now_utc, safety_seconds=0.5)
+    await waiting.start()
+    try:
+        row, _ = ask(db, now_utc(), minutes=0.2 / 60)  # asked where nothing tells the desk
+        await asyncio.wait_for(_expired(db, row.id), timeout=scaled(10))
+    finally:
+        await waiting.stop()
+    assert store.get(db.conn, row.id).status == "expired"  # type: ignore[union-attr]
+    assert [a["decision"] for a in audit_lines(root)] == ["expired"]

@@ -272,7 +272,8 @@ def test_polling_mode_serves_and_defends_the_same(data_dir: Path) -> None:
         assert "a symlink" in wait_note(data_dir, "field", "link.json")["reason"]
         assert "replaced by a symlink" in wait_note(data_dir, "field", "messages", queue="messages")["reason"]
         ping_ok(data_dir, "field")
-        assert "ipc mode poll" in daemon.log()
+        # Logged once the whole app has started, which may be after IPC answered (CI saw it missing once).
+        wait_for(lambda: "ipc mode poll" in daemon.log(), what="the start line naming the ipc mode")
     finally:
         assert daemon.stop() == 0, daemon.log()
     assert "Traceback" not in daemon.log()

@@ -1,4 +1,4 @@
-"""The approval desk: Approve / Deny presses, the expiry sweep, the restart check, and what each one tells.
+"""The approval desk: Approve / Deny presses, expiry on time, the restart check, and what each one tells.
 
 A press is checked against the approval (it must be pending and not past its time), the chat (the main chat
 only) and the presser (the rule's approvers, else the main chat's members, within
@@ -8,6 +8,11 @@ action's own checks), with the approver in its audit line; Deny, expiry and a re
 run nothing and are audited. Every outcome is posted to the asking group's chat and kept for its agent's next
 run (`store.take_unreported`). An approval that was approved but whose run never finished (the host stopped or
 crashed during it) is failed at start, never run a second time.
+
+Expiry is timed, not polled: the desk sleeps until the earliest pending approval's time (read from the index on
+status and expiry) and looks again after each look. It is told (`approvals_changed`) when an approval may have been
+asked or lapsed: after a request that changed the outbox (asking posts the approvers' message) and after another
+process committed. It also looks at least every SAFETY_SECONDS, for an approval asked where nothing tells it.
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
-from farmhost.background import cancel_and_wait, every
 from farmhost.farm.audit import AuditLog
 from farmhost.farm.control.approval_requests import Choice
 from farmhost.handling import Approved
@@ -37,8 +41,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# The sweep looks this often for approvals past their time (one indexed query); the shortest life is 3 s.
-SWEEP_INTERVAL: Final = 2.0
+# The desk looks for approvals past their time at least this often, whatever it was told.
+SAFETY_SECONDS: Final = 60.0
+# A look is timed this much after the expiry, so that the wall clock, not only the loop's, is past it.
+_LATE_S: Final = 0.05
 
 # What an approval's outcome says when the host itself broke while running the call (a bug, in the host log).
 BROKE: Final = "farmhost failed while running it (see the host log)"
@@ -74,18 +80,18 @@ class ApprovalDesk:
         door: Router,
         wake_outbox: Callable[[], None] = lambda: None,
         clock: Callable[[], datetime] = now_utc,
-        sweep_interval: float = SWEEP_INTERVAL,
+        safety_seconds: float = SAFETY_SECONDS,
     ) -> None:
         self._db = db
         self._audit = audit
         self._door = door
         self._wake = wake_outbox
         self._clock = clock
-        self._sweep_interval = sweep_interval
-        self._sweep: asyncio.Task[None] | None = None
+        self._safety_seconds = safety_seconds
+        self._look: asyncio.TimerHandle | None = None  # the next look for approvals past their time
 
     async def start(self) -> None:
-        """Fail the approved runs a stop interrupted, expire what is past its time, then sweep in the background."""
+        """Fail the approved runs a stop interrupted, expire what is past its time, time the next look."""
         with self._db.tx() as conn:
             for row in store.approved_unfinished(conn):
                 outcome = (
@@ -95,13 +101,45 @@ class ApprovalDesk:
                 store.finish(conn, row.id, status="failed", outcome=outcome)
                 self._tell(conn, row, f"Approval {row.id} ({row.summary}): {outcome}.")
                 logger.warning("approval %s: interrupted by a stop; failed, not run again", row.id)
-        self._expire()
-        self._sweep = asyncio.create_task(every(self._sweep_interval, self._expire), name="approvals:sweep")
+        self._look_now()
 
     async def stop(self) -> None:
-        """Stop the sweep."""
-        await cancel_and_wait(self._sweep)
-        self._sweep = None
+        """Stop looking for expiries."""
+        if self._look is not None:
+            self._look.cancel()
+            self._look = None
+
+    def approvals_changed(self) -> None:
+        """An approval may have been asked or lapsed: look when the earliest one is due, if that is sooner."""
+        if self._look is not None:
+            self._plan()
+
+    def _look_now(self) -> None:
+        self._look = None
+        try:
+            self._expire()
+        except Exception:  # a failing look must not end expiry for the life of the daemon
+            logger.exception("approvals: the look for expired approvals failed; trying again")
+        finally:
+            self._plan()
+
+    def _plan(self) -> None:
+        """(Re)time the next look: at the earliest due approval, at the latest SAFETY_SECONDS from now."""
+        delay = self._safety_seconds
+        try:
+            due = store.next_due(self._db.conn)
+        except sqlite3.Error:
+            logger.exception("approvals: cannot read when the next approval expires; looking in %g s", delay)
+            due = None
+        if due is not None:
+            delay = min(delay, max(0.0, (due - self._clock()).total_seconds() + _LATE_S))
+        loop = asyncio.get_running_loop()
+        at = loop.time() + delay
+        if self._look is not None:
+            if self._look.when() <= at:
+                return  # it already looks as early
+            self._look.cancel()
+        self._look = loop.call_at(at, self._look_now)
 
     def notes(self, folder: str) -> list[str]:
         """The outcomes of the group's approvals its agent has not been told yet (each told once), as sentences."""
