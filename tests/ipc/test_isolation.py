@@ -272,7 +272,7 @@ def test_polling_mode_serves_and_defends_the_same(data_dir: Path) -> None:
         assert "a symlink" in wait_note(data_dir, "field", "link.json")["reason"]
         assert "replaced by a symlink" in wait_note(data_dir, "field", "messages", queue="messages")["reason"]
         ping_ok(data_dir, "field")
-        # Logged once the whole app has started, which may be after IPC answered (CI saw it missing once).
+        # Logged once the whole app has started, which may be after IPC answered (a loaded run saw it missing).
         wait_for(lambda: "ipc mode poll" in daemon.log(), what="the start line naming the ipc mode")
     finally:
         assert daemon.stop() == 0, daemon.log()
