@@ -20,6 +20,7 @@ Decisions (see docs/scheduler.md):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from datetime import datetime
@@ -39,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 # A full re-read of the tasks table even when nothing announced a change: repairs anything a lost event missed.
 SYNC_SECONDS: Final = 30.0
-# How often APScheduler is woken to look at the wall clock again (see `_tick`).
+# How often APScheduler is woken to look at the wall clock again while it holds a job (see `_tick`).
 TICK_SECONDS: Final = 1.0
 _JOB_PREFIX: Final = "task:"
 # The job coroutine only claims and spawns the run, so one instance at a time is plenty; a few spare slots keep
@@ -81,6 +82,8 @@ class SchedulerService:
         self._scheduler: AsyncIOScheduler | None = None
         self._inflight: dict[str, tuple[TaskRun, asyncio.Task[None]]] = {}  # task id -> its run in flight
         self._poller: asyncio.Task[None] | None = None
+        self._first_job = asyncio.Event()  # set when a sync adds a job while the tick waits for the next sync only
+        self._ticking = False  # the tick wakes every TICK_SECONDS (there were jobs when it last looked)
 
     # lifecycle ---------------------------------------------------------------------------------
 
@@ -165,6 +168,8 @@ class SchedulerService:
                 coalesce=True,
                 max_instances=_JOB_INSTANCES,
             )
+        if wanted and not self._ticking:
+            self._first_job.set()
         if self._on_sync is not None:
             try:
                 self._on_sync()
@@ -278,14 +283,22 @@ class SchedulerService:
             logger.exception("rewriting the task snapshots failed")
 
     async def _tick(self) -> None:
-        """Wake APScheduler each tick; sync every SYNC_SECONDS regardless of what was announced."""
-        since_sync = 0.0
+        """Wake APScheduler every TICK_SECONDS while it holds a job; sync every SYNC_SECONDS regardless of news.
+
+        With no job (no task, or only `when` tasks) nothing can be due: the tick sleeps until the next sync, or until
+        a sync adds a job, and an idle daemon is not woken every second for nothing.
+        """
+        loop = asyncio.get_running_loop()
+        next_sync = loop.time() + SYNC_SECONDS
         while True:
-            await asyncio.sleep(TICK_SECONDS)
-            since_sync += TICK_SECONDS
+            self._ticking = bool(self._jobs())
+            wait = TICK_SECONDS if self._ticking else max(0.0, next_sync - loop.time())
+            self._first_job.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._first_job.wait(), wait)
             try:
-                if since_sync >= SYNC_SECONDS:
-                    since_sync = 0.0
+                if loop.time() >= next_sync:
+                    next_sync = loop.time() + SYNC_SECONDS
                     self.sync()
                 # APScheduler sleeps on the loop's monotonic clock until the next job's wall-clock time. A Pi has no
                 # RTC: when NTP steps the wall clock forward after boot, due jobs would wait out the old delay.
