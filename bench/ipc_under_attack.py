@@ -20,7 +20,8 @@ that group could do on purpose:
 - ``swap``: 2 groups swap their ``actions/`` for a link to main's and back in a tight loop (the attack of issue 12);
 - ``all``: all of the above at once, on separate groups.
 
-The loop lag is the daemon's own measurement (``logs/loop_lag.json``: a 10 ms sleep and how late it woke),
+The loop lag is the daemon's own measurement (``logs/loop_lag.json``: how long each turn of the loop kept what
+became ready waiting; until 2026-12-06 a 10 ms sleep and how late it woke),
 counted over the window only. The script reports and never gates: it exits 0 whatever the figures, 2 when it
 could not run.
 """

@@ -15,7 +15,7 @@ bodies come from inside its sandbox:
   levels deep.
 
 Reported: the daemon's RSS before the run and its peak (``VmHWM``), and the event loop's worst wake-up lag over the
-window (``logs/loop_lag.json``, a 10 ms sleep and how late it woke: the worst per-second maximum). Targets: at most
+window (``logs/loop_lag.json``, the loop's longest turn: the worst per-document maximum). Targets: at most
 +100 MB and no stall over 50 ms. It reports and never gates: exit 0 whatever the figures, 2 when it could not run.
 """
 

@@ -1,7 +1,7 @@
 """The approvals table: one row per control action waiting for, or decided by, an approver in the chat.
 
 A row moves pending -> approved -> done | failed, or pending -> denied | expired, each step a conditional
-update so a second press, a replayed callback or two passes of the expiry sweep change nothing. `reported`
+update so a second press, a replayed callback or two looks for expired approvals change nothing. `reported`
 says whether the group's agent has been told the outcome in a run.
 """
 
