@@ -132,7 +132,11 @@ class _TimedSelector(selectors.BaseSelector):
         waits = time.monotonic()
         monitor = self.monitor
         if monitor is not None and self._turn_started is not None:
-            monitor._turn((self._overslept + waits - self._turn_started) * 1000)
+            try:
+                monitor._turn((self._overslept + waits - self._turn_started) * 1000)
+            except Exception:  # inside the loop's own step: a fault here must cost the figures, never the loop
+                logger.exception("the loop monitor failed; the loop's lag is no longer measured")
+                self.monitor = None
         ready = self.inner.select(timeout)
         self._turn_started = woke = time.monotonic()
         self._overslept = max(0.0, woke - waits - timeout) if timeout is not None else 0.0
