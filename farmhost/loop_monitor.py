@@ -32,8 +32,10 @@ logger = logging.getLogger(__name__)
 LOOP_LAG_FILE = "loop_lag.json"
 # Upper bucket edges in ms; the last bucket holds everything slower.
 EDGES_MS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 50, 75, 100, 150, 250, 500, 1000, 2500)
+_SHORT_MS = EDGES_MS[0]
 _WRITE_EVERY_S = 1.0
 _WARN_EVERY_S = 10.0
+_monotonic = time.monotonic  # the loop's clock (`loop.time()`), looked up once: it is read twice a turn
 
 
 class LoopMonitor:
@@ -102,12 +104,20 @@ class LoopMonitor:
                 self._warned_at, self._worst_unwarned_ms = now, 0.0
 
     def _turn(self, lag_ms: float) -> None:
-        self.record(lag_ms)
-        if self._writing_turn:
-            # The write's own turn is news for the next document, not a reason for one: an idle loop stays asleep.
-            self._writing_turn = False
-        elif self._write is None and self._loop is not None:
-            self._write = self._loop.call_later(_WRITE_EVERY_S, self._write_document)
+        # Called for every turn of a busy loop (thousands a second): the usual short turn takes the short way.
+        if lag_ms <= _SHORT_MS:
+            self.counts[0] += 1
+            if lag_ms > self._interval_max_ms:
+                self._interval_max_ms = lag_ms
+                self.max_ms = max(self.max_ms, lag_ms)
+        else:
+            self.record(lag_ms)
+        if self._write is None:
+            if self._writing_turn:
+                # The write's own turn is news for the next document, not a reason for one: an idle loop sleeps on.
+                self._writing_turn = False
+            elif self._loop is not None:
+                self._write = self._loop.call_later(_WRITE_EVERY_S, self._write_document)
 
     def _write_document(self) -> None:
         self._write, self._writing_turn = None, True
@@ -129,7 +139,7 @@ class _TimedSelector(selectors.BaseSelector):
         self._overslept = 0.0  # how far that wait ran past its deadline
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        waits = time.monotonic()
+        waits = _monotonic()
         monitor = self.monitor
         if monitor is not None and self._turn_started is not None:
             try:
@@ -138,7 +148,7 @@ class _TimedSelector(selectors.BaseSelector):
                 logger.exception("the loop monitor failed; the loop's lag is no longer measured")
                 self.monitor = None
         ready = self.inner.select(timeout)
-        self._turn_started = woke = time.monotonic()
+        self._turn_started = woke = _monotonic()
         self._overslept = max(0.0, woke - waits - timeout) if timeout is not None else 0.0
         return ready
 
