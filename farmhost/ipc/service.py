@@ -153,7 +153,7 @@ class IpcService:
         self._spawn("ipc:heartbeat", every(self._settings.heartbeat_seconds, self._heartbeat))
         self._spawn("ipc:sweep", every(SWEEP_SECONDS, self._sweep))
         await self._snapshots.settle()  # agents find current snapshots as soon as the host is up
-        self._heartbeat()
+        await self._heartbeat()
 
     async def stop(self) -> None:
         """Stop every worker (the request in progress finishes or stays spooled) and say `stopped`."""
@@ -340,14 +340,16 @@ class IpcService:
                 logger.warning("ipc/%s is not a registered group folder; ignoring it", name)
                 self._unknown_dirs.add(name)
 
-    def _heartbeat(self) -> None:
+    async def _heartbeat(self) -> None:
         document = snapshots.host_status(self._identity, status="alive", now=self._clock())
-        # Every group's in one turn of the loop, not fsynced: a heartbeat is rewritten every few seconds and one lost
-        # in a power cut says nothing wrong (the next start writes its own). Without the fsyncs the sixteen writes
-        # take well under a millisecond, so a thread (and its hand-offs, ~10 wake-ups a write) buys nothing, and
-        # their temp files and renames are not what the group watchers look at (see `InotifyWatcher`).
+        # On the loop, not fsynced: a heartbeat is rewritten every few seconds and one lost in a power cut says nothing
+        # wrong (the next start writes its own). A write is then ~0.1 ms, so a thread (and its hand-offs, ~10
+        # wake-ups a write with the fsync) buys nothing; one group a turn, so a request that arrives meanwhile
+        # waits for one write, not sixteen. Their temp files and renames are not what the group watchers look at.
         for attached in list(self._groups.values()):
-            self._write_snapshot(attached, HOST_STATUS, document, durable=False)
+            if self._groups.get(attached.group.folder) is attached:  # not detached meanwhile
+                self._write_snapshot(attached, HOST_STATUS, document, durable=False)
+            await asyncio.sleep(0)
 
     def _sweep(self) -> None:
         now, wall = self._clock(), time.time()
