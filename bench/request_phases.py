@@ -24,7 +24,7 @@ the floor's.
 
 Timed apart in this process, to read the phases against: the request log line's own write (which its line cannot
 hold: the daemon's `NdjsonLog` on the same record), an ``asyncio.to_thread`` of nothing (the result phase makes
-two) and a ping's result file created, written, fsynced and renamed directly.
+one) and a ping's result file created, written, fsynced and renamed directly.
 
 The script reports; it never gates: the exit status is 0 whatever the figures (2 on a setup failure).
 """
@@ -148,7 +148,7 @@ class Report:
     options: dict[str, Any]
     kinds: list[Breakdown] = field(default_factory=list)
     log_write: Figures | None = None  # the request log line's own write, timed apart
-    thread_hop: Figures | None = None  # an `asyncio.to_thread` of nothing: the result phase makes two
+    thread_hop: Figures | None = None  # an `asyncio.to_thread` of nothing: the result phase makes one
     result_io: Figures | None = None  # a ping's result file prepared and published, called directly
     wall_seconds: float = 0.0
 
@@ -378,7 +378,7 @@ def render(report: Report) -> str:
         ]
     references = [
         ("the request log line's own write (NdjsonLog; after the log phase, not in the sum)", report.log_write),
-        ("an asyncio.to_thread of nothing (the result phase makes two)", report.thread_hop),
+        ("an asyncio.to_thread of nothing (the result phase makes one)", report.thread_hop),
         ("a ping's result file prepared and published, called directly (create, write, fsync, rename)",
          report.result_io),
     ]  # fmt: skip

@@ -85,6 +85,9 @@ class JsonFormatter(logging.Formatter):
 def configure(level: str, *, secrets: list[str], log_format: LogFormat = "text") -> None:
     """Send every log record to stderr at `level`, one line per event in `log_format`."""
     redact = Redactor(secrets)
+    # No line shows the process, thread or multiprocessing names: skip looking them up for every record (a
+    # `getpid` system call each time, on every request's line).
+    logging.logProcesses = logging.logThreads = logging.logMultiprocessing = False
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter(redact) if log_format == "json" else TextFormatter(redact))
     root = logging.getLogger()

@@ -5,6 +5,8 @@ group that used the host least lately (its time in a slot, decayed with a half-l
 a group that floods the host queues behind itself, a light group is served almost at once. The main group is the
 operator's own and is never made to wait. A slot is given back when its request ends or after `hold_s`, so a
 slow request (an HA call, a screenshot) never holds others back; only its time in the slot is charged.
+
+The hold time is only watched while a group waits: an uncontended turn arms no timer (the quiet path's cost).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class FairAdmission:
         self._clock = clock
         self._usage: dict[str, tuple[float, float]] = {}  # folder -> (seconds in slots, decayed to this time)
         self._waiting: dict[str, deque[asyncio.Future[None]]] = {}  # by group, oldest first
+        self._held: list[_Slot] = []  # slots in use, oldest first
+        self._hold_timer: asyncio.TimerHandle | None = None  # armed only while a group waits
 
     def usage(self, folder: str) -> float:
         """Seconds in slots the group used lately (decayed to now)."""
@@ -54,11 +58,12 @@ class FairAdmission:
             return
         await self._acquire(folder)
         slot = _Slot(folder=folder, started=self._clock())
-        timer = asyncio.get_running_loop().call_later(self._hold_s, self._release, slot)
+        self._held.append(slot)
+        if self._waiting:
+            self._arm()
         try:
             yield
         finally:
-            timer.cancel()
             self._release(slot)
 
     async def _acquire(self, folder: str) -> None:
@@ -67,6 +72,7 @@ class FairAdmission:
             return
         granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(folder, deque()).append(granted)
+        self._arm()
         try:
             await granted
         except asyncio.CancelledError:
@@ -74,13 +80,33 @@ class FairAdmission:
                 self._give_back()  # granted just as it was cancelled: the slot goes to the next waiter
             raise
 
-    def _release(self, slot: _Slot) -> None:
+    def _arm(self) -> None:
+        """Give back the oldest held slot when its hold time ends (at once if it has already)."""
+        if self._hold_timer is not None or not self._held:
+            return
+        delay = max(0.0, self._held[0].started + self._hold_s - self._clock())
+        self._hold_timer = asyncio.get_running_loop().call_later(delay, self._expire)
+
+    def _expire(self) -> None:
+        self._hold_timer = None
+        now = self._clock()
+        for slot in [s for s in self._held if s.started + self._hold_s <= now]:
+            self._release(slot, held_until=slot.started + self._hold_s)
+        if self._waiting:
+            self._arm()
+
+    def _release(self, slot: _Slot, *, held_until: float | None = None) -> None:
         if slot.released:
             return
         slot.released = True
+        self._held.remove(slot)
         now = self._clock()
-        self._usage[slot.folder] = (self.usage(slot.folder) + (now - slot.started), now)
+        spent = (now if held_until is None else min(now, held_until)) - slot.started
+        self._usage[slot.folder] = (self.usage(slot.folder) + spent, now)
         self._give_back()
+        if not self._waiting and self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
 
     def _give_back(self) -> None:
         self._free += 1

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from farmhost.handling import Effect
 from farmhost.ipc.groupdir import GroupDir
-from farmhost.ipc.phases import CLAIM, DECODE, LOG, READ, RESULT, SETTLE, RequestPhases
+from farmhost.ipc.phases import CLAIM, DECODE, LEDGER, LOG, READ, RESULT, SETTLE, RequestPhases
 from farmhost.ipc.quarantine import Quarantine
 from farmhost.ipc.reader import Refused, read_claimed
 from farmhost.ipc.results import ResultWriter, file_key
@@ -138,20 +138,46 @@ class RequestProcessor:
         stale: bool,
         phases: RequestPhases,
     ) -> bool:
-        answer = await self._router.execute(
-            item.group,
-            item.queue,
-            request,
-            request_id,
-            received_at=received,
-            stale=stale,
-            phases=phases,
-        )
-        if answer.effect is Effect.STATE:
-            await self._settle()  # an agent that reads a snapshot after its result sees the change in it
-            phases.lap(SETTLE)
-        fsync_dir = answer.effect is not Effect.READ
-        if not await self._answer(item, request_id, answer.document, fsync_dir=fsync_dir, phases=phases):
+        # The ledger is read once (the id's entry and this file's prepared result) and, for a read, written once:
+        # the result file is prepared before that transaction and named in it (results.FileAnswer).
+        key = file_key(item)
+        known = ledger.lookup(self._db.conn, item.group.folder, request_id, key)
+        phases.lap(LEDGER)
+        sink = None if known.answering is not None else self._results.answer_for(item, key, request_id)
+        try:
+            answer = await self._router.execute(
+                item.group,
+                item.queue,
+                request,
+                request_id,
+                received_at=received,
+                stale=stale,
+                phases=phases,
+                known=known,
+                sink=sink,
+            )
+            if answer.effect is Effect.STATE:
+                await self._settle()  # an agent that reads a snapshot after its result sees the change in it
+                phases.lap(SETTLE)
+            fsync_dir = answer.effect is not Effect.READ
+            if sink is not None and sink.failed:
+                return False  # the result could not be written; its ledger row replays it at the retry
+            if sink is not None and sink.recorded:
+                published = await sink.publish(fsync_dir=fsync_dir)
+            else:
+                published = await self._results.publish(
+                    item,
+                    request_id,
+                    answer.document,
+                    fsync_dir=fsync_dir,
+                    phases=phases,
+                    key=key,
+                    looked_up=(known.answering,),
+                )
+        finally:
+            if sink is not None:
+                sink.close()
+        if not published:
             return False
         os.unlink(item.name, dir_fd=item.spool_fd)
         phases.lap(RESULT)

@@ -1,7 +1,8 @@
 """Publishing results: `action_results/<requestId>.json` written at most once per claimed request file.
 
-A result is prepared under a temp name and fsync'd, the temp name is recorded against the claimed file, then
-the rename publishes it. A kill -9 anywhere leaves a state the restart reads exactly: no record, write it; a
+A result is prepared under a temp name and fsync'd (in a thread), the temp name is recorded against the claimed
+file (for a read, in the same transaction that stores the request's result: `FileAnswer`), then the rename
+publishes it. A kill -9 anywhere leaves a state the restart reads exactly: no record, write it; a
 record and the temp file, publish that; a record and no temp file, it was published (and maybe collected and
 deleted by the agent already), so nothing is written again.
 """
@@ -12,9 +13,10 @@ import asyncio
 import contextlib
 import logging
 import os
+import sqlite3
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from farmhost.files import commit_atomic, discard, dump_json, prepare_atomic
 from farmhost.ipc.phases import LEDGER, RESULT, RequestPhases
@@ -37,6 +39,10 @@ class ResultWriter:
         self._quarantine = quarantine
         self._clock = clock
 
+    def answer_for(self, item: ClaimedFile, file_key: str, request_id: str) -> FileAnswer:
+        """The result of `item`, to be prepared while its ledger row is written (`Router.execute`'s `sink`)."""
+        return FileAnswer(self, item, file_key, request_id)
+
     async def publish(
         self,
         item: ClaimedFile,
@@ -45,10 +51,23 @@ class ResultWriter:
         *,
         fsync_dir: bool,
         phases: RequestPhases | None = None,
+        key: str | None = None,
+        looked_up: tuple[str | None] | None = None,
     ) -> bool:
-        """Write the result unless this very file's result was published before; False to retry later."""
+        """Write the result unless this very file's result was published before; False to retry later.
+
+        Args:
+            item: the claimed request file.
+            request_id: the id the result is published under (`<requestId>.json`).
+            document: the result.
+            fsync_dir: fsync the results directory after the rename (a state change's result).
+            phases: where the time goes.
+            key: the file's `file_key`, if the caller has it.
+            looked_up: what `ledger.answering` gave for this file, if the caller read it already (only this
+                file's own processing writes that row, so it is not read again).
+        """
         phases = phases or RequestPhases()
-        key = file_key(item)
+        key = key or file_key(item)
         folder = item.group.folder
         name = f"{request_id}.json"
         try:
@@ -60,29 +79,62 @@ class ResultWriter:
         # descriptor is closed here, after the last thread returned, so nothing can use its number afterwards.
         try:
             phases.lap(RESULT)
-            tmp = ledger.answering(self._db.conn, folder, key)
+            tmp = looked_up[0] if looked_up is not None else ledger.answering(self._db.conn, folder, key)
             phases.lap(LEDGER)
             if tmp is not None:
                 return await asyncio.to_thread(self._finish_sync, item, results_fd, tmp, name, fsync_dir)
-            try:
-                tmp = await asyncio.to_thread(prepare_atomic, results_fd, name, dump_json(document))
-            except OSError as err:
-                logger.error("group %s: cannot write result %s: %s", folder, request_id, err)
+            tmp = await self.prepare_file(results_fd, item, name, document)
+            if tmp is None:
                 return False
             phases.lap(RESULT)
             with self._db.tx(durable=False) as conn:
-                ledger.mark_answering(
-                    conn, folder=folder, file_key=key, request_id=request_id, result_tmp=tmp, at=self._clock()
-                )
+                self.record_answering(conn, item, key, request_id, tmp)
             phases.lap(LEDGER)
-            if await asyncio.to_thread(self._commit_sync, item, results_fd, tmp, name, fsync_dir):
-                return True
-            await asyncio.to_thread(discard, results_fd, tmp)
-            with self._db.tx(durable=False) as conn:
-                ledger.forget_answering(conn, folder, key)
-            return False
+            return await self.commit(item, results_fd, key, tmp, name, fsync_dir)
         finally:
             os.close(results_fd)
+
+    async def prepare_file(
+        self, results_fd: int, item: ClaimedFile, name: str, document: dict[str, object]
+    ) -> str | None:
+        """Create, write and fsync the result under a temp name (one thread hop); None when it cannot be."""
+        try:
+            return await asyncio.to_thread(prepare_atomic, results_fd, name, dump_json(document))
+        except OSError as err:
+            logger.error("group %s: cannot write result %s: %s", item.group.folder, name, err)
+            return None
+
+    def record_answering(
+        self, conn: sqlite3.Connection, item: ClaimedFile, key: str, request_id: str, tmp: str
+    ) -> None:
+        """Name a prepared result in the ledger (in the caller's transaction)."""
+        ledger.mark_answering(
+            conn, folder=item.group.folder, file_key=key, request_id=request_id, result_tmp=tmp, at=self._clock()
+        )
+
+    async def commit(self, item: ClaimedFile, results_fd: int, key: str, tmp: str, name: str, fsync_dir: bool) -> bool:
+        """Publish a prepared and recorded result; on failure forget it, so the next attempt prepares it again.
+
+        A rename alone is microseconds: it runs on the loop. Only the directory's fsync (a state change's
+        result) or a directory planted where the result goes takes a thread.
+        """
+        if fsync_dir:
+            published = await asyncio.to_thread(self._commit_sync, item, results_fd, tmp, name, fsync_dir)
+        else:
+            try:
+                commit_atomic(results_fd, tmp, name)
+                published = True
+            except IsADirectoryError:
+                published = await asyncio.to_thread(self._commit_sync, item, results_fd, tmp, name, fsync_dir)
+            except OSError as err:
+                logger.error("group %s: cannot publish result %s: %s", item.group.folder, name, err)
+                published = False
+        if published:
+            return True
+        discard(results_fd, tmp)
+        with self._db.tx(durable=False) as conn:
+            ledger.forget_answering(conn, item.group.folder, key)
+        return False
 
     def _finish_sync(self, item: ClaimedFile, results_fd: int, tmp: str, name: str, fsync_dir: bool) -> bool:
         try:
@@ -114,6 +166,61 @@ class ResultWriter:
             logger.error("group %s: cannot publish result %s: %s", item.group.folder, name, err)
             return False
         return True
+
+
+class FileAnswer:
+    """The result of one claimed file, prepared before the ledger's one transaction and published after it.
+
+    The order keeps a crash readable exactly as `publish`'s does: the temp file exists (fsync'd) before the row
+    that names it commits, and the rename comes after. The row goes into the transaction that stores the
+    request's result, so a read costs the ledger one transaction instead of two.
+    """
+
+    def __init__(self, writer: ResultWriter, item: ClaimedFile, key: str, request_id: str) -> None:
+        self._writer = writer
+        self._item = item
+        self._key = key
+        self._name = f"{request_id}.json"
+        self._request_id = request_id
+        self._fd: int | None = None
+        self.tmp: str | None = None  # the prepared result's temp name
+        self.recorded = False  # named in the ledger's transaction: `publish` it
+        self.failed = False  # the result could not be prepared: the request stays in the spool for a retry
+
+    async def prepare(self, document: dict[str, Any]) -> bool:
+        """Write the result under its temp name; False when that failed (the ledger row is written anyway)."""
+        try:
+            self._fd = self._item.gdir.results_fd()
+        except OSError as err:
+            logger.error("group %s: cannot open action_results/: %s", self._item.group.folder, err)
+            self.failed = True
+            return False
+        self.tmp = await self._writer.prepare_file(self._fd, self._item, self._name, document)
+        self.failed = self.tmp is None
+        return not self.failed
+
+    def record(self, conn: sqlite3.Connection) -> None:
+        """Name the prepared temp file in the ledger, inside the transaction that stores the request's result."""
+        assert self.tmp is not None
+        self._writer.record_answering(conn, self._item, self._key, self._request_id, self.tmp)
+        self.recorded = True
+
+    async def publish(self, *, fsync_dir: bool) -> bool:
+        """Rename the prepared, recorded result into place; False to retry later."""
+        assert self._fd is not None and self.tmp is not None
+        return await self._writer.commit(self._item, self._fd, self._key, self.tmp, self._name, fsync_dir)
+
+    def close(self) -> None:
+        """Close the results directory (after the last thread that used it returned).
+
+        A result prepared but never named in the ledger (its transaction failed) is removed: no restart would
+        publish it.
+        """
+        if self._fd is not None:
+            if self.tmp is not None and not self.recorded:
+                discard(self._fd, self.tmp)
+            os.close(self._fd)
+            self._fd = None
 
 
 def file_key(item: ClaimedFile) -> str:

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from farmhost.errors import FarmhostError
 from farmhost.handling import (
@@ -22,13 +22,15 @@ from farmhost.handling import (
     RequestContext,
     handler_key,
 )
-from farmhost.ipc.phases import ENVELOPE, HANDLER, LEDGER, RequestPhases
+from farmhost.ipc.phases import ENVELOPE, HANDLER, LEDGER, RESULT, RequestPhases
 from farmhost.protocol.codes import QUEUE_OF_TYPE, ErrorCode
 from farmhost.protocol.envelope import Outcome, envelope, utc_stamp
 from farmhost.store import ledger
 from farmhost.store.db import now_utc
 
 if TYPE_CHECKING:
+    import sqlite3
+
     from farmhost.layout import DataLayout
     from farmhost.ndjson_log import NdjsonLog
     from farmhost.protocol.codes import Queue
@@ -46,6 +48,21 @@ class Answer:
     document: dict[str, Any]
     effect: Effect
     replayed: bool = False  # the stored result of an earlier execution, nothing was run
+
+
+class ResultSink(Protocol):
+    """Where the result of a request answered from a file goes (`farmhost.ipc.results.FileAnswer`).
+
+    It is prepared before the ledger row is written and named in that row's transaction: a read costs one.
+    """
+
+    async def prepare(self, document: dict[str, Any]) -> bool:
+        """Write the result under a temp name (fsync'd); False when that failed."""
+        ...
+
+    def record(self, conn: sqlite3.Connection) -> None:
+        """Name the prepared result in the ledger, inside the transaction that stores the request's result."""
+        ...
 
 
 class Router:
@@ -153,6 +170,8 @@ class Router:
         stale: bool,
         approved: Approved | None = None,
         phases: RequestPhases | None = None,
+        known: ledger.Lookup | None = None,
+        sink: ResultSink | None = None,
     ) -> Answer:
         """Answer a request exactly once per (group, requestId).
 
@@ -165,6 +184,10 @@ class Router:
             stale: the file was older than the stale limit at start-up: expire it instead of running it.
             approved: the approval in the chat it runs under (only the host's own `run_as` gives one).
             phases: where the time goes (the request file's own, which its log line carries).
+            known: the ledger as the caller just read it (`ledger.lookup`, with no await since): not read again.
+            sink: the request file's result. When nothing with effects ran (a read, a refusal), it is prepared
+                before the ledger row and named in the same transaction; otherwise it is left alone and the
+                caller writes the result after the row is stored.
         """
         phases = phases or RequestPhases()
         key = (group.folder, request_id)
@@ -185,6 +208,8 @@ class Router:
                 stale=stale,
                 approved=approved,
                 phases=phases,
+                known=known,
+                sink=sink,
             )
             future.set_result(answer)
             return answer
@@ -206,9 +231,14 @@ class Router:
         stale: bool,
         approved: Approved | None,
         phases: RequestPhases,
+        known: ledger.Lookup | None,
+        sink: ResultSink | None,
     ) -> Answer:
-        entry = ledger.get_entry(self._db.conn, group.folder, request_id)
-        phases.lap(LEDGER)
+        if known is None:
+            entry = ledger.get_entry(self._db.conn, group.folder, request_id)
+            phases.lap(LEDGER)
+        else:
+            entry = known.entry
         spec = self.spec_for(request)
         effect = spec.effect if spec else Effect.READ
         if entry is not None and entry.state == "done" and entry.result is not None:
@@ -233,7 +263,8 @@ class Router:
             early = self._precheck(group, request, spec, received_at=received_at, now=ctx.now, stale=stale)
         phases.lap(HANDLER)
         if early is not None or spec is None:
-            return self._finish(ctx, queue, request, early or _no_handler(request), effect, started, phases)
+            outcome = early or _no_handler(request)
+            return await self._finish(ctx, queue, request, outcome, effect, started, phases, sink=sink)
         if spec.effect is Effect.STATE:
             return await self._apply_state(ctx, queue, request, spec, started, phases)
         if spec.effect is Effect.EXTERNAL:
@@ -250,7 +281,10 @@ class Router:
             phases.lap(LEDGER)
         outcome = await self._run(ctx, request, spec)
         phases.lap(HANDLER)
-        answer = self._finish(ctx, queue, request, outcome, spec.effect, started, phases)
+        # A read may run again after a crash: its result file is prepared before its one transaction. A request
+        # with outside effects stores its result first, so a crash before the file still replays that result.
+        read_sink = sink if spec.effect is Effect.READ else None
+        answer = await self._finish(ctx, queue, request, outcome, spec.effect, started, phases, sink=read_sink)
         if ctx.changes:  # committed in the handler's own transactions (an approval asked in the chat, ...)
             self._on_change(set(ctx.changes))
         return answer
@@ -288,7 +322,7 @@ class Router:
             prepared = await self._run(ctx, request, spec, spec.prepare)
             phases.lap(HANDLER)
             if isinstance(prepared, Outcome):
-                return self._finish(ctx, queue, request, prepared, spec.effect, started, phases)
+                return await self._finish(ctx, queue, request, prepared, spec.effect, started, phases)
             ctx = replace(ctx, prepared=prepared.value)
         try:
             with self._db.tx() as conn:
@@ -301,11 +335,11 @@ class Router:
         except FarmhostError as err:
             ctx.changes.clear()
             failure = Outcome.failure(err.code, err.message, err.result)
-            return self._finish(ctx, queue, request, failure, spec.effect, started, phases)
+            return await self._finish(ctx, queue, request, failure, spec.effect, started, phases)
         except Exception:
             logger.exception("handler for %s failed in group %s", request.type, ctx.group.folder)
             ctx.changes.clear()
-            return self._finish(ctx, queue, request, _internal(), spec.effect, started, phases)
+            return await self._finish(ctx, queue, request, _internal(), spec.effect, started, phases)
         if ctx.changes:
             self._on_change(set(ctx.changes))
         return Answer(document=document, effect=spec.effect)
@@ -336,7 +370,7 @@ class Router:
             logger.exception("handler for %s failed in group %s", request.type, ctx.group.folder)
             return _internal()
 
-    def _finish(
+    async def _finish(
         self,
         ctx: RequestContext,
         queue: Queue,
@@ -345,11 +379,20 @@ class Router:
         effect: Effect,
         started: float,
         phases: RequestPhases,
+        *,
+        sink: ResultSink | None = None,
     ) -> Answer:
         document = self._document(ctx, request, outcome, started)
         phases.lap(ENVELOPE)
+        prepared = False
+        if sink is not None:
+            prepared = await sink.prepare(document)
+            phases.lap(RESULT)
         with self._db.tx(durable=effect is not Effect.READ) as conn:
             self._record(conn, ctx, queue, request, document)
+            if prepared:
+                assert sink is not None
+                sink.record(conn)
         phases.lap(LEDGER)
         return Answer(document=document, effect=effect)
 

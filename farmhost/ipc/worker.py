@@ -147,11 +147,15 @@ class QueueWorker:
 
     async def _process(self, name: str, *, at_start: bool, picked_ns: int = 0) -> bool:
         """Process one spooled request; a failure of the host itself is retried, then the request is parked."""
+        item = self._item(name, at_start=at_start, picked_ns=picked_ns)
         try:
-            async with self._admission.turn(self.folder, exempt=self._group().is_main):
-                answered = await self._processor.process(
-                    self._item(name, at_start=at_start, picked_ns=picked_ns), detach=self._detacher(name)
-                )
+            if item.group.is_main:
+                # The operator's own group never waits for a turn, and only it sends farm actions to other sites
+                # (which finish in the background).
+                answered = await self._processor.process(item, detach=self._detacher(name))
+            else:
+                async with self._admission.turn(self.folder):
+                    answered = await self._processor.process(item)
         except Exception:  # noqa: BLE001 - logged with its traceback by _host_failed
             return await self._host_failed(name)
         self._failures.pop(name, None)

@@ -85,6 +85,18 @@ class MemoryService:
         try:
             update = entry.window.plan(db)  # on the loop: the daemon's connection is the loop's
             path = None if db is None else db.path
+            # Warm, nothing to read: the ranking alone, here. A thread would not let the loop run meanwhile (the
+            # search holds the GIL throughout); it would only add its hand-offs to the answer.
+            inline = entry.corpus.is_current() and not entry.window.reads(update, path)
+            if inline:
+                hits = self._search_sync(entry, update, path, query, top_k, sources)
+        except BaseException:
+            entry.lock.release()
+            raise
+        if inline:
+            entry.lock.release()
+            return [_document(folder, hit) for hit in hits]
+        try:
             job = asyncio.ensure_future(
                 asyncio.to_thread(self._search_sync, entry, update, path, query, top_k, sources)
             )

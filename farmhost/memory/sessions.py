@@ -109,6 +109,11 @@ class SessionWindow:
             return SessionUpdate(jids, catch_up=True, verify=verify)
         return SessionUpdate(jids, new=_docs(rows), verify=verify)
 
+    @staticmethod
+    def reads(update: SessionUpdate, db_path: Path | None) -> bool:
+        """Whether `apply` reads the database for `update` (else it only adds the few messages `plan` fetched)."""
+        return db_path is not None and bool(update.jids) and (update.reload or update.catch_up or update.verify)
+
     def apply(self, corpus: MemoryCorpus, update: SessionUpdate, db_path: Path | None) -> None:
         """Bring the corpus's messages up to date (in the worker thread: it may read up to `limit` rows).
 
@@ -119,7 +124,7 @@ class SessionWindow:
         """
         self._jids = None  # until the corpus is up to date: a failure here makes the next search reload
         full, docs = update.reload, update.new
-        if db_path is not None and update.jids and (update.reload or update.catch_up or update.verify):
+        if db_path is not None and self.reads(update, db_path):
             with closing(connect_query_only(db_path)) as conn:
                 if update.verify and not full:
                     self.stats.checks += 1

@@ -11,7 +11,8 @@ from farmhost.protocol.codes import ErrorCode, Status
 
 def utc_stamp(moment: datetime) -> str:
     """Format an aware datetime as the contract's UTC timestamp (`2026-05-17T00:00:10.123Z`)."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    # isoformat, not strftime: the same text (milliseconds truncated), at a tenth of the cost, twice per request.
+    return moment.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"
 
 
 @dataclass(frozen=True, kw_only=True)

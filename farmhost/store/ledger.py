@@ -31,8 +31,10 @@ def get_entry(conn: sqlite3.Connection, folder: str, request_id: str) -> LedgerE
     row = conn.execute(
         "SELECT * FROM request_ledger WHERE folder = ? AND request_id = ?", (folder, request_id)
     ).fetchone()
-    if row is None:
-        return None
+    return None if row is None else _entry(row)
+
+
+def _entry(row: sqlite3.Row) -> LedgerEntry:
     return LedgerEntry(
         folder=row["folder"],
         request_id=row["request_id"],
@@ -42,6 +44,25 @@ def get_entry(conn: sqlite3.Connection, folder: str, request_id: str) -> LedgerE
         state=row["state"],
         result=json.loads(row["result"]) if row["result"] else None,
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lookup:
+    """What the ledger knows before a request file is handled: its id's entry and this file's prepared result."""
+
+    entry: LedgerEntry | None
+    answering: str | None  # the temp name of this very file's prepared result (see `answering`)
+
+
+def lookup(conn: sqlite3.Connection, folder: str, request_id: str, file_key: str) -> Lookup:
+    """`get_entry` and `answering` in one statement: the one read of a request answered from a file."""
+    row = conn.execute(
+        "SELECT l.*, (SELECT result_tmp FROM answered_files WHERE folder = ? AND file_key = ?) AS answering_tmp"
+        " FROM (SELECT 1) LEFT JOIN request_ledger AS l ON l.folder = ? AND l.request_id = ?",
+        (folder, file_key, folder, request_id),
+    ).fetchone()
+    tmp = row["answering_tmp"]
+    return Lookup(entry=None if row["folder"] is None else _entry(row), answering=None if tmp is None else str(tmp))
 
 
 def mark_started(
