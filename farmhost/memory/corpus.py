@@ -249,6 +249,11 @@ class MemoryCorpus:
             return 0, 0, 0
         return len(self._sessions), next(iter(self._sessions)), next(reversed(self._sessions))
 
+    @property
+    def documents(self) -> int:
+        """How many documents (chunks and chat messages) the index holds: what one ranking's cost grows with."""
+        return self._index.size
+
     def is_current(self) -> bool:
         """Whether a search would read nothing first: started, and no root changed or due for a listing.
 
