@@ -72,7 +72,7 @@ typecheck:
 # --no-loadscope-reorder: files are handed out in the order tests/conftest.py puts them (the slow ones first), not
 # by their number of tests, which left the long end-to-end files with few tests to the end.
 PYTEST_WORKERS ?= 2
-PYTEST = .venv/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
+PYTEST = .venv/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30
 
 # FARMHOST_TEST_DOCKER_HOST: the private engine of `make docker` when it runs, for the Docker live tests only (a
 # DOCKER_HOST would make every test daemon default to the docker runtime); the engine is stopped afterwards.

@@ -88,3 +88,24 @@ def daemon(data_dir: Path) -> Iterator[Daemon]:
     yield proc
     if proc.proc is not None:
         assert proc.stop() == 0, proc.log()
+
+
+_FILE_SECONDS: dict[str, float] = {}
+_SLOWEST_FILES = 15
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add each phase's time (setup, call, teardown) to its test file's total (on the xdist controller too)."""
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The slowest test files and the sum over all files: what to look at first to make the suite faster."""
+    if not _FILE_SECONDS:
+        return
+    total = sum(_FILE_SECONDS.values())
+    terminalreporter.write_sep("=", f"slowest {_SLOWEST_FILES} test files (setup + call + teardown)")
+    for path, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:_SLOWEST_FILES]:
+        terminalreporter.write_line(f"{seconds:8.1f} s  {seconds / total:5.1%}  {path}")
+    terminalreporter.write_line(f"{total:8.1f} s  in {len(_FILE_SECONDS)} files (summed over the workers)")

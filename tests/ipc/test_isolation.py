@@ -417,11 +417,17 @@ async def test_queue_directory_reopened_by_a_worker_first_is_still_watched(quick
         drop(data_dir, "field", "actions", {"type": "ping", "requestId": "before"})
         await _until(lambda: read_result(data_dir, "field", "before"), "the first ping")
         actions = data_dir / "ipc" / "field" / "actions"
+        watcher = service._watcher
+        assert watcher is not None
+        old_watch = watcher._by_target[("field", "actions")]
         os.rename(actions, actions.with_name("actions-away"))
         os.mkdir(actions)
         with service._groups["field"].gdir.lease(Queue.ACTIONS):  # what a draining worker does before the event
             pass
-        await asyncio.sleep(0.05)  # the group-directory events are handled now
+        # The group-directory events handled: the new directory has a watch of its own (a new watch descriptor).
+        await _until(
+            lambda: watcher._by_target.get(("field", "actions")) not in (None, old_watch), "the new directory watched"
+        )
         drop(data_dir, "field", "actions", {"type": "ping", "requestId": "after"})
         answered = await _until(lambda: read_result(data_dir, "field", "after"), "the ping (woken by inotify)")
         assert answered["status"] == "success"
