@@ -88,10 +88,9 @@ class MemoryService:
         try:
             update = entry.window.plan(db)  # on the loop: the daemon's connection is the loop's
             path = None if db is None else db.path
-            # Warm, nothing to read: the ranking alone, here. A thread would not let the loop run meanwhile (the
-            # search holds the GIL throughout); it would only add its hand-offs to the answer.
-            # Only while the ranking stays short (about 0.6 ms at 10,000 documents): a larger corpus ranks in a
-            # thread, whose GIL switches let the loop serve other groups every few milliseconds meanwhile.
+            # Warm, nothing to read and a small corpus: the ranking alone (about 0.6 ms at 10,000 documents), here;
+            # a thread would only add its hand-offs. A larger corpus ranks in a thread, whose GIL switches let the
+            # loop serve other groups every few milliseconds meanwhile.
             inline = (
                 entry.corpus.documents <= INLINE_SEARCH_DOCUMENTS
                 and entry.corpus.is_current()

@@ -7,16 +7,19 @@ tests/memory/test_memory_get.py and test_memory_sessions_daemon.py go through th
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from farmhost_testing import wait_for_async
 
 from farmhost.groups.registry import new_group, register, unregister
 from farmhost.layout import DataLayout
 from farmhost.memory.corpus import CorpusStats
+from farmhost.memory.indexer_process import MODULE as BUILDER_MODULE
 from farmhost.memory.search import MemoryService, Sources
 from farmhost.memory.sessions import NEW_ROWS_ON_LOOP, WindowStats
 from farmhost.store import transcripts
@@ -215,6 +218,22 @@ def test_a_burst_of_new_rows_is_read_in_the_worker_thread_not_on_the_loop(farm: 
     assert polls and all(f"LIMIT {NEW_ROWS_ON_LOOP + 1}" in sql for sql in polls), "a batch (+1) at most on the loop"
 
 
+def _builder_running() -> bool:
+    """Whether a memory builder process of this test process runs (a search's thread started it)."""
+    me = str(os.getpid())
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            ppid = (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
+            running = ppid == me and BUILDER_MODULE.encode() in (proc / "cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if running:
+            return True
+    return False
+
+
 async def test_a_search_given_up_keeps_the_corpus_until_its_thread_is_done(farm: Farm) -> None:
     """A timed-out request cannot stop its thread: the next search must wait for it, not run beside it."""
     notes = farm.layout.workspace("field") / "memory"
@@ -225,7 +244,7 @@ async def test_a_search_given_up_keeps_the_corpus_until_its_thread_is_done(farm:
         )
     service = MemoryService(farm.layout)
     first = asyncio.ensure_future(service.search("field", "pump", top_k=8, db=farm.db))
-    await asyncio.sleep(0.05)  # the first build (151 files) is in its thread by now
+    await wait_for_async(_builder_running, timeout=20, what="the first search's build in its builder process")
     first.cancel()
     with pytest.raises(asyncio.CancelledError):
         await first
