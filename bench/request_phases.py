@@ -50,7 +50,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from memory_search import QUERIES, SEED, make_workspace
-from roundtrip_client import Pinger, Probe, percentile
+from roundtrip_client import Pinger, Probe, interleaved_samples, percentile
 from roundtrip_hosts import FarmhostDaemon, ScriptHost, folder_name, inotify_host_main, make_data_dir
 from roundtrip_machine import file_costs, machine_info
 from roundtrip_report import add_output_options, busy_note, log, machine_lines, report_run
@@ -165,18 +165,8 @@ def search_probe(rng: random.Random) -> Probe:
 
 def round_trips(pingers: list[Pinger], *, n: int, warmup: int) -> tuple[list[list[float]], list[int]]:
     """`warmup` + `n` rounds of one request per pinger in turn, GAP_S apart: round trips (us) and errors each."""
-    samples: list[list[float]] = [[] for _ in pingers]
-    errors = [0 for _ in pingers]
-    for i in range(warmup + n):
-        for k, pinger in enumerate(pingers):
-            answer = pinger.ping()
-            if answer is None:
-                raise RuntimeError(f"no answer to a request in {pinger.group_dir}")
-            if i >= warmup:
-                samples[k].append(answer[0] * 1000)
-                errors[k] += not answer[1]
-            time.sleep(GAP_S)
-    return samples, errors
+    samples, errors = interleaved_samples(pingers, n=n, warmup=warmup, gap=lambda: GAP_S)
+    return [[ms * 1000 for ms in each] for each in samples], errors
 
 
 def logged_phases(daemon: FarmhostDaemon, prefix: str, n: int) -> list[dict[str, int]]:

@@ -157,6 +157,14 @@ def interleaved(pingers: list[Pinger], *, n: int, warmup: int, gap: Callable[[],
 
     Taking turns puts every pinger under the same moment's machine, so their difference is not a drift in load.
     """
+    samples, errors = interleaved_samples(pingers, n=n, warmup=warmup, gap=gap)
+    return [summary(ms, failed) for ms, failed in zip(samples, errors, strict=True)]
+
+
+def interleaved_samples(
+    pingers: list[Pinger], *, n: int, warmup: int, gap: Callable[[], float]
+) -> tuple[list[list[float]], list[int]]:
+    """What `interleaved` summarises: each pinger's round trips (ms) and its count of wrong answers."""
     samples: list[list[float]] = [[] for _ in pingers]
     errors = [0 for _ in pingers]
     for i in range(warmup + n):
@@ -168,7 +176,7 @@ def interleaved(pingers: list[Pinger], *, n: int, warmup: int, gap: Callable[[],
                 samples[k].append(answer[0])
                 errors[k] += not answer[1]
             time.sleep(gap())
-    return [summary(ms, failed) for ms, failed in zip(samples, errors, strict=True)]
+    return samples, errors
 
 
 def summary(samples_ms: list[float], errors: int) -> Latency:
