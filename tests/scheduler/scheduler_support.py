@@ -113,7 +113,7 @@ async def scheduler(
 def new_task(
     task_id: str,
     schedule_type: str,
-    value: str,
+    value: object,
     *,
     now: datetime,
     folder: str = "field",
