@@ -184,7 +184,7 @@ class FileAnswer:
         self._request_id = request_id
         self._fd: int | None = None
         self.tmp: str | None = None  # the prepared result's temp name
-        self.recorded = False  # named in the ledger's transaction: `publish` it
+        self.recorded = False  # named in a committed ledger transaction: `publish` it
         self.failed = False  # the result could not be prepared: the request stays in the spool for a retry
 
     async def prepare(self, document: dict[str, Any]) -> bool:
@@ -203,6 +203,9 @@ class FileAnswer:
         """Name the prepared temp file in the ledger, inside the transaction that stores the request's result."""
         assert self.tmp is not None
         self._writer.record_answering(conn, self._item, self._key, self._request_id, self.tmp)
+
+    def committed(self) -> None:
+        """The transaction that names the prepared result committed: `publish` it."""
         self.recorded = True
 
     async def publish(self, *, fsync_dir: bool) -> bool:

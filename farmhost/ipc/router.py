@@ -64,6 +64,10 @@ class ResultSink(Protocol):
         """Name the prepared result in the ledger, inside the transaction that stores the request's result."""
         ...
 
+    def committed(self) -> None:
+        """That transaction committed: the result may be published."""
+        ...
+
 
 class Router:
     """Executes requests; the one place that talks to the ledger."""
@@ -388,11 +392,21 @@ class Router:
         if sink is not None:
             prepared = await sink.prepare(document)
             phases.lap(RESULT)
-        with self._db.tx(durable=effect is not Effect.READ) as conn:
+
+        def write(conn: sqlite3.Connection) -> None:
             self._record(conn, ctx, queue, request, document)
             if prepared:
                 assert sink is not None
                 sink.record(conn)
+
+        on_commit = sink.committed if prepared and sink is not None else None
+        if effect is Effect.READ:  # under load, several groups' reads share one commit
+            await self._db.group_commit.write(write, on_commit=on_commit)
+        else:
+            with self._db.tx() as conn:
+                write(conn)
+            if on_commit is not None:
+                on_commit()
         phases.lap(LEDGER)
         return Answer(document=document, effect=effect)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Final
 
 from farmhost.errors import ConfigError
+from farmhost.store.group_commit import GroupCommit
 from farmhost.store.migrations import MIGRATIONS
 
 DB_FILE: Final = "farmhost.db"
@@ -44,6 +45,7 @@ class Database:
         self.conn.execute("PRAGMA foreign_keys = ON")
         self._durable = True
         self.conn.execute("PRAGMA synchronous = FULL")
+        self.group_commit = GroupCommit(self)  # non-durable writes of one loop turn, one transaction
         try:
             self._migrate()
         except BaseException:
