@@ -5,7 +5,7 @@ Run from the repository root with the project's interpreter::
     .venv/bin/python bench/agent_run.py              # 15 runs per row, about a minute
     .venv/bin/python bench/agent_run.py --runs 5
 
-Every row goes through `farmhost.agents.AgentRuntime.submit` on a fresh temporary data directory, so it
+Every row goes through `farmhost.agents.runtime.AgentRuntime.submit` on a fresh temporary data directory, so it
 includes what a real run does: the snapshot hook, the memory search for the prompt, the sandbox, the LLM
 proxy socket, the run log. The LLM is the scripted chat-completions server of the test suite on 127.0.0.1
 answering at once, so the figures are farmhost's and the runner's overhead, not a model's thinking time.
@@ -38,8 +38,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # farmhost_dev: the dev tools at the repo root
 
-from farmhost.agents import AgentJob, AgentRuntime
+from farmhost.agents.jobs import AgentJob
 from farmhost.agents.kinds import opencode_binary
+from farmhost.agents.runtime import AgentRuntime
 from farmhost.config import Settings, build_config
 from farmhost.layout import DataLayout
 from farmhost.memory.search import MemoryService

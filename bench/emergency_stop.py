@@ -38,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # farmhost_dev: the dev tools at the repo root
 
-from farmhost.agents import AgentRuntime
+from farmhost.agents.runtime import AgentRuntime
 from farmhost.config import Settings, build_config
 from farmhost.emergency_stop import EmergencyStop
 from farmhost.farm.audit import AuditLog

@@ -19,10 +19,11 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
 from farmhost import __version__
-from farmhost.agents import AgentJob, AgentRuntime
 from farmhost.agents.fallback import AssistFallback
+from farmhost.agents.jobs import AgentJob
 from farmhost.agents.limits import LimitsReader
 from farmhost.agents.pause import restore_pause
+from farmhost.agents.runtime import AgentRuntime
 from farmhost.config import Config, Settings, build_config
 from farmhost.emergency_stop import EmergencyStop
 from farmhost.errors import ConfigError

@@ -28,8 +28,9 @@ import threading
 from collections.abc import Callable
 from typing import Final
 
-from farmhost.agents import AgentJob, AgentOutcome, AgentRuntime
 from farmhost.agents.fallback import ASSISTANT_NAME, NOTICE_KEY, assist_notice
+from farmhost.agents.jobs import AgentJob, AgentOutcome
+from farmhost.agents.runtime import AgentRuntime
 from farmhost.farm.state import alert_notifier as alert_notify
 from farmhost.farm.state.alert_notifier import AlertNotifier
 from farmhost.store import chat_notices, chats, outbox, transcripts

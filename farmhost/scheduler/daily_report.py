@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from pathlib import Path
     from zoneinfo import ZoneInfo
 
-    from farmhost.agents import AgentRuntime
     from farmhost.agents.limits import LimitsReader
+    from farmhost.agents.runtime import AgentRuntime
     from farmhost.config import ReportSettings
     from farmhost.farm.homeassistant.client import HAClient
     from farmhost.layout import DataLayout
@@ -226,7 +226,7 @@ class DailyReport:
         return datetime.combine(local.date(), self._settings.at, tzinfo=self._settings.zone)
 
     async def _by_agent(self, folder: str, jid: str, facts: str) -> str | None:
-        from farmhost.agents import AgentJob
+        from farmhost.agents.jobs import AgentJob
 
         assert self._runtime is not None
         prompt = (

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import telegram
 from telegram.error import TelegramError
 
-from farmhost.agents import AgentRuntime
+from farmhost.agents.runtime import AgentRuntime
 from farmhost.config import TelegramSettings
 from farmhost.emergency_stop import EmergencyStop
 from farmhost.farm.control.approval_desk import ApprovalDesk

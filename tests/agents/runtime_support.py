@@ -11,7 +11,8 @@ from typing import Any
 
 from farmhost_testing import group_lookup, register_in_process
 
-from farmhost.agents import AgentJob, AgentOutcome, AgentRuntime
+from farmhost.agents.jobs import AgentJob, AgentOutcome
+from farmhost.agents.runtime import AgentRuntime
 from farmhost.agents.sandbox.backends import SandboxBackend
 from farmhost.config import Settings, build_config
 from farmhost.layout import DataLayout

@@ -21,7 +21,7 @@ from farmhost_testing import Daemon, init_data_dir_in_process, scaled
 from llm_stub import Reply, ScriptedLLM
 from runtime_support import PROBE, SECRETS, make_runtime, probe_job, report, settings_for
 
-from farmhost.agents import AgentJob
+from farmhost.agents.jobs import AgentJob
 from farmhost.agents.sandbox.backends import DockerBackend
 from farmhost.config import Settings
 

@@ -16,7 +16,8 @@ from farmhost_testing import Daemon, init_data_dir_in_process
 from llm_stub import Reply, ScriptedLLM
 from runtime_support import SECRETS, Sandbox, make_runtime, probe_job, report, settings_for
 
-from farmhost.agents import AgentJob, AgentRuntime
+from farmhost.agents.jobs import AgentJob
+from farmhost.agents.runtime import AgentRuntime
 from farmhost.agents.sandbox.backends import BwrapBackend
 from farmhost.config import Settings
 from farmhost.layout import REPO_ROOT

@@ -13,8 +13,9 @@ import pytest
 from farmhost_testing import init_data_dir_in_process, scaled, wait_for_async
 from runtime_support import add_group, make_runtime, probe_job, report, settings_for
 
-from farmhost.agents import AgentJob, AgentOutcome, AgentRuntime
 from farmhost.agents.inputs import ELLIPSIS
+from farmhost.agents.jobs import AgentJob, AgentOutcome
+from farmhost.agents.runtime import AgentRuntime
 
 
 @pytest.fixture

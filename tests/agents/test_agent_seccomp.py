@@ -13,7 +13,7 @@ from farmhost_testing import init_data_dir_in_process
 from runtime_support import SOCKETS, Sandbox, make_runtime, probe_job, report, settings_for
 from seccomp_probe import PROBE_COMMAND
 
-from farmhost.agents import AgentJob
+from farmhost.agents.jobs import AgentJob
 from farmhost.agents.sandbox.backends import BwrapBackend
 from farmhost.agents.sandbox.backends.base import FD_PLACEHOLDER, UNIX_ONLY, RunLimits
 from farmhost.agents.sandbox.backends.host_paths import find_python_install_sync

@@ -22,7 +22,7 @@ from farmhost_testing import MAIN_JID, group_lookup, init_data_dir_in_process, w
 from telegram import Bot
 from telegram_stub import FakeTelegram
 
-from farmhost.agents import AgentRuntime
+from farmhost.agents.runtime import AgentRuntime
 from farmhost.config import Settings, build_config
 from farmhost.groups.live import GroupRegistry
 from farmhost.ipc.ping import ping_handlers

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from farmhost.agents import AgentOutcome
+from farmhost.agents.jobs import AgentOutcome
 from farmhost.store.transcripts import TranscriptMessage
 from farmhost.telegram.inbound.chat_runs import reply_text
 from farmhost.telegram.inbound.prompt import CONTEXT_HEADER, TRIGGER_HEADER, build_prompt

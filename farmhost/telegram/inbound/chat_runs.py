@@ -21,8 +21,9 @@ from typing import Final, Literal
 from telegram import Bot
 from telegram.constants import ChatAction
 
-from farmhost.agents import AgentJob, AgentOutcome, AgentRuntime
 from farmhost.agents.fallback import ASSISTANT_NAME, NOTICE_KEY, assist_notice
+from farmhost.agents.jobs import AgentJob, AgentOutcome
+from farmhost.agents.runtime import AgentRuntime
 from farmhost.config import TelegramSettings
 from farmhost.outbox.notices import enqueue_answer, enqueue_notice
 from farmhost.outbox.text import one_line

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from farmhost.agents import AgentRuntime
+from farmhost.agents.runtime import AgentRuntime
 from farmhost.outbox import stop_messages as stop
 from farmhost.store import groups, tasks
 from farmhost.store.groups import Group

@@ -24,7 +24,7 @@ from typing import Final
 
 from telegram import Bot, Update
 
-from farmhost.agents import AgentRuntime
+from farmhost.agents.runtime import AgentRuntime
 from farmhost.config import TelegramSettings
 from farmhost.emergency_stop import EmergencyStop
 from farmhost.errors import ConfigError
