@@ -13,11 +13,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from farmhost_dev.forkserver import Forked, ForkServer
 
 if TYPE_CHECKING:
     from farmhost.store.groups import Group
@@ -50,16 +54,52 @@ def farmhost(
     *args: str, data_dir: Path, env: dict[str, str] | None = None, timeout: float = 60, input: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run `farmhost <args> --data-dir <data_dir>` and return the finished process (`timeout` scaled)."""
-    return subprocess.run(
-        [sys.executable, "-m", "farmhost", *args, "--data-dir", str(data_dir)],
-        capture_output=True,
-        text=True,
-        env=env or clean_env(),
-        cwd=data_dir.parent,
-        timeout=scaled(timeout),
-        input=input,
-        check=False,
-    )
+    argv = [*args, "--data-dir", str(data_dir)]
+    server = fork_server()
+    if server is None:
+        return subprocess.run(
+            [sys.executable, "-m", "farmhost", *argv],
+            capture_output=True,
+            text=True,
+            env=env or clean_env(),
+            cwd=data_dir.parent,
+            timeout=scaled(timeout),
+            input=input,
+            check=False,
+        )
+    with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        stdin.write((input or "").encode())
+        stdin.seek(0)
+        stdio = [f.fileno() for f in (stdin, stdout, stderr)]
+        proc = server.spawn(argv, env=env or clean_env(), cwd=data_dir.parent, stdio=stdio)
+        try:
+            code = proc.wait(scaled(timeout))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+        stdout.seek(0)
+        stderr.seek(0)
+        return subprocess.CompletedProcess(
+            ["farmhost", *argv], code, stdout.read().decode(errors="replace"), stderr.read().decode(errors="replace")
+        )
+
+
+# Set to 0: every `farmhost` process of the tests starts as `python -m farmhost`, not forked from the server.
+FORK_SERVER_ENV = "FARMHOST_TEST_FORKSERVER"
+_fork_server: ForkServer | None = None
+_fork_server_lock = threading.Lock()
+
+
+def fork_server() -> ForkServer | None:
+    """This process's farmhost fork server (farmhost_dev/forkserver.py), started on first use; None when off."""
+    global _fork_server
+    if os.environ.get(FORK_SERVER_ENV, "1") == "0":
+        return None
+    with _fork_server_lock:
+        if _fork_server is None or not _fork_server.alive():
+            _fork_server = ForkServer(clean_env())
+        return _fork_server
 
 
 # Deadlines ------------------------------------------------------------------------------------------------
@@ -265,22 +305,29 @@ class Daemon:
         self.env = env or clean_env()
         self.args = args  # extra `farmhost run` options, e.g. ("--log-format", "json")
         self.python = python  # the interpreter whose farmhost runs (another venv's, for an installed wheel)
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | Forked | None = None  # forked from the fork server unless it is off
         self.log_path = data_dir.parent / "daemon.log"
 
     def start(self, *, wait_group: str | None = "main", timeout: float = 15.0) -> Daemon:
         """Start the daemon and wait until it reports alive in `wait_group`'s host_status.json."""
         status = self.data_dir / "ipc" / (wait_group or "") / "host_status.json"
         before = status.stat().st_mtime_ns if wait_group and status.exists() else None
-        log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
-        self.proc = subprocess.Popen(
-            [str(self.python), "-m", "farmhost", "run", "--data-dir", str(self.data_dir), *self.args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=self.env,
-            cwd=self.data_dir.parent,
-        )
-        log.close()
+        argv = ["run", "--data-dir", str(self.data_dir), *self.args]
+        server = fork_server() if Path(self.python) == Path(sys.executable) else None
+        with open(self.log_path, "ab") as log:
+            if server is not None:
+                with open(os.devnull, "rb") as null:
+                    self.proc = server.spawn(
+                        argv, env=self.env, cwd=self.data_dir.parent, stdio=[null.fileno(), log.fileno(), log.fileno()]
+                    )
+            else:
+                self.proc = subprocess.Popen(
+                    [str(self.python), "-m", "farmhost", *argv],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=self.env,
+                    cwd=self.data_dir.parent,
+                )
         if wait_group:
             try:
                 wait_for(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import compileall
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,27 @@ from farmhost_testing import TIMEOUT_SCALE_ENV, Daemon, copy_data_dir, init_data
 
 # real Home Assistant (`ha`, `ha_env`, `ha_reset`); scripted LLM `llm_stub`; fake Bot API `fake_telegram`
 pytest_plugins = ["ha_fixture", "llm_stub", "telegram_stub", "mosquitto"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Compile farmhost's sources once, before the workers start, where every subprocess finds them.
+
+    A shell with PYTHONDONTWRITEBYTECODE (this kind of machine sets it) reads bytecode but never writes it, so each
+    `farmhost run`, CLI call, sandboxed agent and helper script of the suite would compile every module it imports
+    again: a quarter of a daemon's start. Python checks each file's mtime against its source, so an edited module is never run stale.
+    """
+    if hasattr(config, "workerinput"):
+        return  # an xdist worker: the controller did it
+    import farmagent
+
+    import farmhost
+    import farmhost_dev
+
+    packages = (farmhost, farmhost_dev, farmagent)  # the daemon and CLI, the tests' helpers, the sandboxed agent
+    roots = [Path(str(package.__file__)).parent for package in packages] + [Path(__file__).parent]
+    for root in roots:
+        if os.access(root, os.W_OK):  # a read-only install brings its own bytecode
+            compileall.compile_dir(root, quiet=1, workers=0)
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -1,0 +1,236 @@
+"""A farmhost imported once, forked for each `farmhost ...` process of the test suite.
+
+`python -m farmhost run` spends about a second importing the daemon (aiohttp, pydantic, numpy, the handlers)
+before it does anything, and the suite starts hundreds of daemons and CLI commands. This server imports the CLI and
+the daemon's whole tree once, then forks one child per command. A child is a process of its own exactly as
+`python -m farmhost ...` would make it: its own pid, environment, working directory, standard streams, signals and
+exit code; `kill -9`, SIGTERM and SIGSTOP reach it directly; nothing of it lives in the test's process. What it
+skips is the interpreter start and the imports (the modules are the same files, imported before the fork).
+
+The protocol is a SOCK_SEQPACKET socket pair: the client sends `{"token", "argv", "env", "cwd"}` with the child's
+stdin, stdout and stderr as passed descriptors; the server answers `{"token", "pid"}` (or `{"token", "error"}`) and
+later `{"token", "code"}` when the child exits (a negative code: killed by that signal, as `Popen.returncode`).
+The server exits when the client's end closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+MAX_MESSAGE = 1 << 20
+
+
+def _child(request: dict[str, object], fds: list[int], sock: socket.socket, wake: int) -> None:
+    """In the forked child: become `python -m farmhost <argv>`; ends the process with its exit code."""
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        sock.close()
+        os.close(wake)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        env = request["env"]
+        assert isinstance(env, dict)
+        os.environ.clear()
+        os.environ.update(env)
+        time.tzset()  # a fresh interpreter would read TZ at its start
+        os.chdir(str(request["cwd"]))
+        argv = [str(a) for a in request["argv"]]  # type: ignore[attr-defined]
+        sys.argv = ["farmhost", *argv]
+        from farmhost.cli import main
+
+        code = main(argv)
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    except BaseException:  # noqa: BLE001 - printed as the interpreter would, then the exit code 1
+        traceback.print_exc()
+        code = 1
+    # As `python -m farmhost` ends: the interpreter's own shutdown (atexit, logging, threads) with this code.
+    raise SystemExit(code)
+
+
+def serve(sock: socket.socket) -> None:
+    """Answer spawn requests on `sock` until the client closes it."""
+    import farmhost.app
+    import farmhost.cli
+
+    del farmhost  # imported for the children: the daemon's whole tree, once
+    read_wake, wake = os.pipe()
+    os.set_blocking(wake, False)
+    signal.set_wakeup_fd(wake)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    tokens: dict[int, str] = {}  # pid -> the client's token for it
+    while True:
+        ready, _, _ = select.select([sock, read_wake], [], [])
+        if read_wake in ready:
+            os.read(read_wake, 4096)
+        _reap(sock, tokens)
+        if sock in ready:
+            try:
+                data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 3)
+            except ConnectionResetError:
+                return
+            if not data:
+                return  # the client is gone
+            _fork(sock, json.loads(data), fds, tokens, read_wake, wake)
+
+
+def _reap(sock: socket.socket, tokens: dict[int, str]) -> None:
+    """Tell the client the exit code of every child that ended."""
+    while tokens:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        token = tokens.pop(pid, None)
+        if token is not None:
+            _send(sock, {"token": token, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _fork(
+    sock: socket.socket, request: dict[str, object], fds: list[int], tokens: dict[int, str], read_wake: int, wake: int
+) -> None:
+    token = str(request["token"])
+    try:
+        pid = os.fork()
+    except OSError as err:
+        _send(sock, {"token": token, "error": str(err)})
+        pid = -1
+    if pid == 0:
+        os.close(read_wake)
+        _child(request, fds, sock, wake)
+    for fd in fds:
+        os.close(fd)
+    if pid > 0:
+        tokens[pid] = token
+        _send(sock, {"token": token, "pid": pid})
+
+
+def _send(sock: socket.socket, message: dict[str, object]) -> None:
+    with contextlib.suppress(OSError):  # the client is gone; the next receive ends the loop
+        sock.send(json.dumps(message).encode())
+
+
+class ForkServer:
+    """The client: one server per test process, started on first use; thread-safe."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._server = subprocess.Popen(
+            [sys.executable, "-m", "farmhost_dev.forkserver", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
+        theirs.close()
+        self._sock = ours
+        self._send_lock = threading.Lock()
+        self._changed = threading.Condition()
+        self._messages: dict[str, dict[str, object]] = {}  # token -> the spawn's answer
+        self._codes: dict[str, int] = {}  # token -> exit code
+        self._gone = False
+        threading.Thread(target=self._receive, name="forkserver", daemon=True).start()
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                data = self._sock.recv(MAX_MESSAGE)
+            except OSError:
+                data = b""
+            with self._changed:
+                if not data:
+                    self._gone = True
+                else:
+                    message = json.loads(data)
+                    token = str(message["token"])
+                    if "code" in message:
+                        self._codes[token] = int(message["code"])
+                    else:
+                        self._messages[token] = message
+                self._changed.notify_all()
+            if not data:
+                return
+
+    def alive(self) -> bool:
+        """Whether the server still answers (it dies with a bug of its own, or when this process ends)."""
+        return not self._gone and self._server.poll() is None
+
+    def spawn(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, stdio: Sequence[int]) -> Forked:
+        """Fork `farmhost <argv>` with `env`, `cwd` and the three descriptors `stdio` as its standard streams."""
+        token = secrets.token_hex(8)
+        request = {"token": token, "argv": list(argv), "env": dict(env), "cwd": str(cwd)}
+        with self._send_lock:
+            socket.send_fds(self._sock, [json.dumps(request).encode()], list(stdio))
+        with self._changed:
+            self._changed.wait_for(lambda: token in self._messages or self._gone, timeout=60)
+            answer = self._messages.pop(token, None)
+        if answer is None or "pid" not in answer:
+            raise OSError(f"the fork server could not start farmhost {' '.join(argv)}: {answer or 'it is gone'}")
+        return Forked(self, token, int(str(answer["pid"])))
+
+    def _code(self, token: str, timeout: float | None) -> int | None:
+        with self._changed:
+            self._changed.wait_for(lambda: token in self._codes or self._gone, timeout=timeout)
+            return self._codes.get(token)
+
+
+class Forked:
+    """A forked farmhost process, with the part of `subprocess.Popen` the tests use."""
+
+    def __init__(self, server: ForkServer, token: str, pid: int) -> None:
+        self._server = server
+        self._token = token
+        self.pid = pid
+        self.returncode: int | None = None
+        self.args = ["farmhost"]
+
+    def poll(self) -> int | None:
+        """The exit code, or None while it runs."""
+        if self.returncode is None:
+            self.returncode = self._server._code(self._token, 0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the exit code (`subprocess.TimeoutExpired` after `timeout` seconds)."""
+        if self.returncode is None:
+            self.returncode = self._server._code(self._token, timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        """Signal the process unless it already ended (its pid may be someone else's by now)."""
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        """SIGTERM."""
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL."""
+        self.send_signal(signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    serve(socket.socket(fileno=int(sys.argv[1])))
