@@ -1,0 +1,49 @@
+"""The fork server the tests start farmhost from: each child is a process of its own, as `python -m farmhost` makes.
+
+What the suite relies on: the child runs with the environment, working directory and streams it was given (not the
+server's), its exit code and a signal that killed it come back as `Popen.returncode` would say them, and a child
+stopped with kill -9 is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+from farmhost_testing import Daemon, clean_env, farmhost, fork_server, wait_for
+
+from farmhost import __version__
+
+
+def test_a_cli_call_gets_its_own_streams_exit_code_and_environment(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    done = farmhost("--version", data_dir=data_dir)
+    assert (done.returncode, done.stdout.strip()) == (0, f"farmhost {__version__}")
+
+    # A setting only the child's environment holds: the child reads it, and refuses its bad value.
+    bad = farmhost("task", "list", data_dir=data_dir, env=clean_env(FARMHOST_LOG_LEVEL="LOUD"))
+    assert bad.returncode == 2 and "FARMHOST_LOG_LEVEL" in bad.stderr and bad.stdout == ""
+    assert "FARMHOST_LOG_LEVEL" not in os.environ  # nothing of it leaked into this process
+
+    missing = farmhost("task", "list", data_dir=data_dir)
+    assert missing.returncode == 2 and f"no farmhost database in {data_dir}" in missing.stderr
+
+
+def test_a_forked_daemon_is_a_process_of_its_own_that_kill_9_ends(data_dir: Path) -> None:
+    assert fork_server() is not None  # the suite's default (FARMHOST_TEST_FORKSERVER unset)
+    daemon = Daemon(data_dir, env=clean_env(FARMHOST_LOG_LEVEL="DEBUG")).start()
+    assert daemon.proc is not None
+    pid = daemon.proc.pid
+    assert pid != os.getpid()
+    assert Path(f"/proc/{pid}/cwd").resolve() == data_dir.parent.resolve()
+    assert " DEBUG " in daemon.log()  # its own settings, read after the fork (/proc/<pid>/environ shows the exec's)
+    daemon.proc.send_signal(signal.SIGKILL)
+    assert daemon.proc.wait(timeout=10) == -signal.SIGKILL
+    wait_for(lambda: not Path(f"/proc/{pid}").exists(), timeout=5, what="the killed daemon to be reaped")
+    daemon.proc = None
+
+    again = Daemon(data_dir).start()  # the same data dir, a new process
+    assert again.proc is not None and again.proc.pid != pid
+    assert again.stop() == 0
+    assert "Traceback" not in again.log()
