@@ -143,6 +143,7 @@ class ForkServer:
             stdout=subprocess.DEVNULL,
         )
         theirs.close()
+        self._at_exec = _at_exec(env)
         self._sock = ours
         self._send_lock = threading.Lock()
         self._changed = threading.Condition()
@@ -175,6 +176,14 @@ class ForkServer:
         """Whether the server still answers (it dies with a bug of its own, or when this process ends)."""
         return not self._gone and self._server.poll() is None
 
+    def can_fork(self, env: Mapping[str, str]) -> bool:
+        """Whether a child with `env` is what an exec would make: no variable read at an interpreter's start differs.
+
+        PYTHONPATH, PYTHONHASHSEED, LD_PRELOAD and the like act only when a process starts; a child that needs other
+        values than the server's is exec'd instead (the caller's job).
+        """
+        return _at_exec(env) == self._at_exec
+
     def spawn(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, stdio: Sequence[int]) -> Forked:
         """Fork `farmhost <argv>` with `env`, `cwd` and the three descriptors `stdio` as its standard streams."""
         token = secrets.token_hex(8)
@@ -192,6 +201,11 @@ class ForkServer:
         with self._changed:
             self._changed.wait_for(lambda: token in self._codes or self._gone, timeout=timeout)
             return self._codes.get(token)
+
+
+def _at_exec(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of `env` that the interpreter or the dynamic loader read only at a process's start."""
+    return {k: v for k, v in env.items() if k.startswith(("PYTHON", "LD_"))}
 
 
 class Forked:

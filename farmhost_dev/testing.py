@@ -55,13 +55,14 @@ def farmhost(
 ) -> subprocess.CompletedProcess[str]:
     """Run `farmhost <args> --data-dir <data_dir>` and return the finished process (`timeout` scaled)."""
     argv = [*args, "--data-dir", str(data_dir)]
-    server = fork_server()
+    env = env or clean_env()
+    server = fork_server(env)
     if server is None:
         return subprocess.run(
             [sys.executable, "-m", "farmhost", *argv],
             capture_output=True,
             text=True,
-            env=env or clean_env(),
+            env=env,
             cwd=data_dir.parent,
             timeout=scaled(timeout),
             input=input,
@@ -71,7 +72,7 @@ def farmhost(
         stdin.write((input or "").encode())
         stdin.seek(0)
         stdio = [f.fileno() for f in (stdin, stdout, stderr)]
-        proc = server.spawn(argv, env=env or clean_env(), cwd=data_dir.parent, stdio=stdio)
+        proc = server.spawn(argv, env=env, cwd=data_dir.parent, stdio=stdio)
         try:
             code = proc.wait(scaled(timeout))
         except subprocess.TimeoutExpired:
@@ -91,15 +92,19 @@ _fork_server: ForkServer | None = None
 _fork_server_lock = threading.Lock()
 
 
-def fork_server() -> ForkServer | None:
-    """This process's farmhost fork server (farmhost_dev/forkserver.py), started on first use; None when off."""
+def fork_server(env: Mapping[str, str] | None = None) -> ForkServer | None:
+    """This process's farmhost fork server (farmhost_dev/forkserver.py), started on first use.
+
+    None when it is off, or when `env` sets a variable that only acts at a process's start (PYTHONPATH, ...)
+    differently from the server's: such a process must be exec'd.
+    """
     global _fork_server
     if os.environ.get(FORK_SERVER_ENV, "1") == "0":
         return None
     with _fork_server_lock:
         if _fork_server is None or not _fork_server.alive():
             _fork_server = ForkServer(clean_env())
-        return _fork_server
+        return _fork_server if env is None or _fork_server.can_fork(env) else None
 
 
 # Deadlines ------------------------------------------------------------------------------------------------
@@ -313,7 +318,7 @@ class Daemon:
         status = self.data_dir / "ipc" / (wait_group or "") / "host_status.json"
         before = status.stat().st_mtime_ns if wait_group and status.exists() else None
         argv = ["run", "--data-dir", str(self.data_dir), *self.args]
-        server = fork_server() if Path(self.python) == Path(sys.executable) else None
+        server = fork_server(self.env) if Path(self.python) == Path(sys.executable) else None
         with open(self.log_path, "ab") as log:
             if server is not None:
                 with open(os.devnull, "rb") as null:

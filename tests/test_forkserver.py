@@ -47,3 +47,10 @@ def test_a_forked_daemon_is_a_process_of_its_own_that_kill_9_ends(data_dir: Path
     assert again.proc is not None and again.proc.pid != pid
     assert again.stop() == 0
     assert "Traceback" not in again.log()
+
+
+def test_a_process_whose_start_variables_differ_is_execd_not_forked() -> None:
+    # PYTHONPATH, LD_PRELOAD and the like act only at an interpreter's start: a fork would silently ignore them.
+    assert fork_server(clean_env()) is not None
+    assert fork_server(clean_env(PYTHONPATH="/elsewhere")) is None
+    assert fork_server(clean_env(LD_PRELOAD="libfoo.so")) is None
