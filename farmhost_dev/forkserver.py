@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -136,9 +137,12 @@ class ForkServer:
     def __init__(self, env: Mapping[str, str]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._server = subprocess.Popen(
-            [sys.executable, "-m", "farmhost_dev.forkserver", str(theirs.fileno())],
+            # By path and from a neutral directory: `farmhost` must resolve as it does for `python -m farmhost`
+            # run elsewhere (an installed farmhost, not a checkout that happens to be the tests' working directory).
+            [sys.executable, os.path.abspath(__file__), str(theirs.fileno())],
             pass_fds=[theirs.fileno()],
             env=dict(env),
+            cwd=tempfile.gettempdir(),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
         )
