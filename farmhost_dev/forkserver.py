@@ -79,11 +79,11 @@ def serve(sock: socket.socket) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     tokens: dict[int, str] = {}  # pid -> the client's token for it
     while True:
-        ready, _, _ = select.select([sock, read_wake], [], [])
+        ready, _, _ = select.select([sock.fileno(), read_wake], [], [])
         if read_wake in ready:
             os.read(read_wake, 4096)
         _reap(sock, tokens)
-        if sock in ready:
+        if sock.fileno() in ready:
             try:
                 data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 3)
             except ConnectionResetError:
