@@ -1,7 +1,8 @@
-"""The tests' helpers, by the name the tests import them: they live in `farmhost_dev.testing`, shared with bench/."""
+"""The tests' helpers, by the name the tests import them: they live in `farmhost_dev.testing` (and `farmhost_dev.clock`), shared with bench/."""
 
 from __future__ import annotations
 
+from farmhost_dev.clock import ManualClock
 from farmhost_dev.testing import (
     FIELD_JID,
     MAIN_JID,
@@ -38,6 +39,7 @@ __all__ = [
     "MAX_LOAD_SCALE",
     "TIMEOUT_SCALE_ENV",
     "Daemon",
+    "ManualClock",
     "clean_env",
     "copy_data_dir",
     "drop",

@@ -1,10 +1,12 @@
-"""SchedulerService: fires each active task once per due time, on APScheduler in the daemon's event loop.
+"""SchedulerService: fires each active task once per due time, in the daemon's event loop.
 
-The tasks table is the source of truth. APScheduler only holds one DateTrigger job per active task, at its
-next_run, rebuilt from the table at start and by `sync()`: after every task change an IPC request commits, when
-another process committed (the daemon's one `CommitWatcher`, `farmhost/store/commits.py`, calls it), and every
-`SYNC_SECONDS` anyway. When a job fires, the due time is
-claimed in the database first (`claims.claim_due`), then dispatched; the run's end is recorded afterwards.
+The tasks table is the source of truth. The service only holds one job per active task, its next_run (the fire
+times come from `specs.py`, APScheduler's CronTrigger for cron), rebuilt from the table at start and by `sync()`:
+after every task change an IPC request commits, when another process committed (the daemon's one `CommitWatcher`,
+`farmhost/store/commits.py`, calls it), and every `SYNC_SECONDS` anyway. One loop naps on the injected
+`SchedulerClock` (`clock.py`: the wall clock in the daemon, a hand-stepped one in tests) until the earliest job
+is due. When a job fires, the due time is claimed in the database first (`claims.claim_due`), then dispatched;
+the run's end is recorded afterwards.
 
 Decisions (see docs/scheduler.md):
 - A task has at most one run in flight. While it runs it has no job; a due time that passes meanwhile is
@@ -20,32 +22,23 @@ Decisions (see docs/scheduler.md):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Final
-
-from apscheduler.schedulers.asyncio import AsyncIOScheduler
-from apscheduler.triggers.date import DateTrigger
+from typing import Final
 
 from farmhost.config import SchedulerSettings
 from farmhost.handling import Change
 from farmhost.scheduler import claims
+from farmhost.scheduler.clock import SchedulerClock, WallClock
 from farmhost.scheduler.runs import Dispatch, RunReport, TaskRun
 from farmhost.store import tasks
-from farmhost.store.db import Database, iso, now_utc, parse_iso
+from farmhost.store.db import Database, iso, parse_iso
 
 logger = logging.getLogger(__name__)
 
 # A full re-read of the tasks table even when nothing announced a change: repairs anything a lost event missed.
 SYNC_SECONDS: Final = 30.0
-# How often APScheduler is woken to look at the wall clock again while it holds a job (see `_tick`).
-TICK_SECONDS: Final = 1.0
-_JOB_PREFIX: Final = "task:"
-# The job coroutine only claims and spawns the run, so one instance at a time is plenty; a few spare slots keep
-# APScheduler from dropping a fire (it would log a warning and the next sync would re-add it anyway).
-_JOB_INSTANCES: Final = 4
 
 
 class SchedulerService:
@@ -58,7 +51,7 @@ class SchedulerService:
         settings: SchedulerSettings,
         dispatch: Dispatch,
         on_tasks_changed: Callable[[], None],
-        clock: Callable[[], datetime] = now_utc,
+        clock: SchedulerClock | None = None,
         on_sync: Callable[[], None] | None = None,
     ) -> None:
         """Build the service; nothing runs before `start()`.
@@ -69,7 +62,7 @@ class SchedulerService:
             dispatch: Runs a claimed task and reports how it ended (the agent runtime, in the daemon).
             on_tasks_changed: Called after the scheduler changed a task (next_run, last_run, status), so the
                 `current_tasks.json` snapshots are rewritten.
-            clock: The current time (aware); tests inject one to walk across DST changes.
+            clock: The time it claims by and naps on (default: the wall clock); tests inject one they step.
             on_sync: Called at each sync, after the jobs match the table (the when watcher re-reads its tasks).
         """
         self._db = db
@@ -77,44 +70,39 @@ class SchedulerService:
         self._zone = settings.zone
         self._dispatch = dispatch
         self._on_tasks_changed = on_tasks_changed
-        self._clock = clock
+        self._clock: SchedulerClock = clock or WallClock()
         self._on_sync = on_sync
-        self._scheduler: AsyncIOScheduler | None = None
+        self._started = False
+        self._jobs: dict[str, datetime] = {}  # task id -> the due time it fires next (active, not in flight)
         self._inflight: dict[str, tuple[TaskRun, asyncio.Task[None]]] = {}  # task id -> its run in flight
-        self._poller: asyncio.Task[None] | None = None
-        self._first_job = asyncio.Event()  # set when a sync adds a job while the tick waits for the next sync only
-        self._ticking = False  # the tick wakes every TICK_SECONDS (there were jobs when it last looked)
+        self._loop: asyncio.Task[None] | None = None
+        self._jobs_changed = asyncio.Event()  # a sync changed the jobs: the loop's nap is for the wrong time
 
     # lifecycle ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Mark runs a crash left `running` as interrupted, then schedule every active task from the table."""
-        # APScheduler logs every job added, run and removed at INFO; farmhost logs the runs itself.
-        logging.getLogger("apscheduler").setLevel(logging.WARNING)
         with self._db.tx() as conn:
-            interrupted = claims.recover(conn, now=self._clock())
+            interrupted = claims.recover(conn, now=self._clock.now())
         for record in interrupted:
             logger.warning(
                 "task %s: the run due %s was interrupted by a host crash; it is not repeated",
                 record.task_id,
                 iso(record.due_at),
             )
-        self._scheduler = AsyncIOScheduler(timezone=self._zone)
-        self._scheduler.start()
+        self._started = True
         self.sync()
-        self._poller = asyncio.create_task(self._tick(), name="scheduler:tick")
-        logger.info("scheduler started: %d task job(s), zone %s, grace %g s", len(self._jobs()), self._zone, self.grace)
+        self._loop = asyncio.create_task(self._fire_loop(), name="scheduler:loop")
+        logger.info("scheduler started: %d task job(s), zone %s, grace %g s", len(self._jobs), self._zone, self.grace)
 
     async def stop(self) -> None:
         """Stop firing; runs in flight are cancelled and recorded `interrupted` (not repeated)."""
-        if self._poller is not None:
-            self._poller.cancel()
-            await asyncio.gather(self._poller, return_exceptions=True)
-            self._poller = None
-        if self._scheduler is not None:
-            self._scheduler.shutdown(wait=False)
-            self._scheduler = None
-            await asyncio.sleep(0)  # AsyncIOScheduler shuts down in a loop callback
+        self._started = False
+        if self._loop is not None:
+            self._loop.cancel()
+            await asyncio.gather(self._loop, return_exceptions=True)
+            self._loop = None
+        self._jobs.clear()
         inflight = list(self._inflight.values())
         for _, running in inflight:
             running.cancel()
@@ -123,7 +111,7 @@ class SchedulerService:
         if inflight:
             with self._db.tx() as conn:
                 for run, _ in inflight:
-                    if claims.record_interrupted(conn, run, now=self._clock()):
+                    if claims.record_interrupted(conn, run, now=self._clock.now()):
                         logger.warning(
                             "task %s: run %d interrupted by the host stopping",
                             run.task.id,
@@ -144,32 +132,16 @@ class SchedulerService:
 
         Also the daemon's CommitWatcher listener: another process committed, perhaps to the tasks table.
         """
-        if self._scheduler is None:
+        if not self._started:
             return
-        wanted: dict[str, tuple[str, str]] = {}
-        for task in tasks.list_tasks(self._db.conn):
-            if task.status == "active" and task.next_run is not None and task.id not in self._inflight:
-                wanted[_JOB_PREFIX + task.id] = (task.id, iso(task.next_run) or "")
-        for job in self._jobs():
-            if job.id not in wanted:
-                job.remove()
-        for job_id, (task_id, due) in wanted.items():
-            job = self._scheduler.get_job(job_id)
-            if job is not None and tuple(job.args) == (task_id, due):
-                continue
-            self._scheduler.add_job(
-                self._fire,
-                DateTrigger(run_date=parse_iso(due), timezone=self._zone),
-                args=(task_id, due),
-                id=job_id,
-                name=f"task {task_id}",
-                replace_existing=True,
-                misfire_grace_time=None,  # lateness is judged by the claim against the task grace, not here
-                coalesce=True,
-                max_instances=_JOB_INSTANCES,
-            )
-        if wanted and not self._ticking:
-            self._first_job.set()
+        wanted = {
+            task.id: task.next_run
+            for task in tasks.list_tasks(self._db.conn)
+            if task.status == "active" and task.next_run is not None and task.id not in self._inflight
+        }
+        if wanted != self._jobs:
+            self._jobs = wanted
+            self._jobs_changed.set()
         if self._on_sync is not None:
             try:
                 self._on_sync()
@@ -187,7 +159,7 @@ class SchedulerService:
         Returns:
             How many due times were claimed or skipped.
         """
-        now = self._clock()
+        now = self._clock.now()
         due = [
             t
             for t in tasks.list_tasks(self._db.conn)
@@ -210,7 +182,7 @@ class SchedulerService:
         try:
             with self._db.tx() as conn:
                 claim = claims.claim_due(
-                    conn, task_id=task_id, due_at=due_at, now=self._clock(), zone=self._zone, grace=self.grace
+                    conn, task_id=task_id, due_at=due_at, now=self._clock.now(), zone=self._zone, grace=self.grace
                 )
         except Exception:
             logger.exception(
@@ -252,7 +224,7 @@ class SchedulerService:
                     conn,
                     run,
                     report,
-                    now=self._clock(),
+                    now=self._clock.now(),
                     zone=self._zone,
                     alert_after=self._settings.failure_alert_after,
                 )
@@ -282,35 +254,44 @@ class SchedulerService:
         except Exception:
             logger.exception("rewriting the task snapshots failed")
 
-    async def _tick(self) -> None:
-        """Wake APScheduler every TICK_SECONDS while it holds a job; sync every SYNC_SECONDS regardless of news.
+    async def _fire_loop(self) -> None:
+        """Nap until the earliest job is due, then fire every job due by the clock; sync every SYNC_SECONDS.
 
-        With no job (no task, or only `when` tasks) nothing can be due: the tick sleeps until the next sync, or until
-        a sync adds a job, and an idle daemon is not woken every second for nothing.
+        A sync that changes the jobs cuts the nap short (a new task may be due sooner). With no job (no task, or
+        only `when` tasks) nothing can be due: the loop waits for the next sync or a sync's change only, and an
+        idle daemon is not woken every second for nothing.
         """
         loop = asyncio.get_running_loop()
         next_sync = loop.time() + SYNC_SECONDS
         while True:
-            self._ticking = bool(self._jobs())
-            wait = TICK_SECONDS if self._ticking else max(0.0, next_sync - loop.time())
-            self._first_job.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._first_job.wait(), wait)
+            self._jobs_changed.clear()
+            nap = asyncio.ensure_future(self._clock.nap(min(self._jobs.values(), default=None)))
+            changed = asyncio.ensure_future(self._jobs_changed.wait())
+            try:
+                await asyncio.wait(
+                    (nap, changed), timeout=max(0.0, next_sync - loop.time()), return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                for waiting in (nap, changed):
+                    waiting.cancel()
+                await asyncio.gather(nap, changed, return_exceptions=True)
             try:
                 if loop.time() >= next_sync:
                     next_sync = loop.time() + SYNC_SECONDS
                     self.sync()
-                # APScheduler sleeps on the loop's monotonic clock until the next job's wall-clock time. A Pi has no
-                # RTC: when NTP steps the wall clock forward after boot, due jobs would wait out the old delay.
-                if self._scheduler is not None:
-                    self._scheduler.wakeup()
+                await self._fire_due()
             except Exception:
-                logger.exception("scheduler sync failed")
+                logger.exception("the scheduler could not sync or fire its jobs")
 
-    def _jobs(self) -> list[Any]:
-        if self._scheduler is None:
-            return []
-        return [job for job in self._scheduler.get_jobs() if job.id.startswith(_JOB_PREFIX)]
+    async def _fire_due(self) -> None:
+        """Fire every job due by the clock now, earliest first (each fire re-syncs the jobs)."""
+        now = self._clock.now()
+        for task_id, due in sorted(self._jobs.items(), key=lambda job: job[1]):
+            if due > now:
+                break
+            if self._jobs.get(task_id) == due:  # not moved by the fires before it
+                del self._jobs[task_id]
+                await self._fire(task_id, iso(due) or "")
 
 
 def _ids(run: TaskRun) -> dict[str, object]:

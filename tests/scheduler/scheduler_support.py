@@ -1,10 +1,10 @@
-"""Helpers of the scheduler tests: an injectable clock, a recording dispatcher, tasks in a real database."""
+"""Helpers of the scheduler tests: a hand-stepped clock, a recording dispatcher, tasks in a real database."""
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, closing
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from farmhost_testing import wait_for_async
+from farmhost_testing import ManualClock, wait_for_async
 
 from farmhost.config import Settings, build_config
+from farmhost.scheduler.clock import SchedulerClock
 from farmhost.scheduler.runs import RunReport, TaskRun
 from farmhost.scheduler.service import SchedulerService
 from farmhost.scheduler.specs import first_run, parse_schedule
@@ -32,25 +33,19 @@ def settings_for(data_dir: Path, *, tz: str = "UTC", **extra: Any) -> Settings:
     return Settings(_env_file=None, data_dir=data_dir, tz=tz, **extra)  # type: ignore[call-arg]
 
 
-@dataclass
-class Clock:
-    """A clock the test moves by hand."""
-
-    now: datetime
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def set(self, moment: datetime) -> None:
-        self.now = moment
+Clock = ManualClock  # the scheduler's time in these tests: it moves only when a test moves it
 
 
 @dataclass
 class Recorder:
-    """The dispatcher: records every run it is handed and answers with `report(run)` (default: ok)."""
+    """The dispatcher: records every run it is handed and answers with `report(run)` (default: ok).
+
+    `delay` keeps a run going for real seconds; `hold` until the awaitable it returns is done (None: no hold).
+    """
 
     report: Callable[[TaskRun], RunReport] = lambda run: RunReport(status="ok", summary=f"done {run.task.id}")
     delay: Callable[[TaskRun], float] = lambda run: 0.0
+    hold: Callable[[TaskRun], Awaitable[object] | None] = lambda run: None
     runs: list[TaskRun] = field(default_factory=list)
 
     async def __call__(self, run: TaskRun) -> RunReport:
@@ -58,6 +53,9 @@ class Recorder:
         pause = self.delay(run)
         if pause:
             await asyncio.sleep(pause)
+        held = self.hold(run)
+        if held is not None:
+            await held
         return self.report(run)
 
     def due_times(self, task_id: str) -> list[datetime]:
@@ -79,13 +77,14 @@ async def scheduler(
     data_dir: Path,
     *,
     dispatch: Recorder | None = None,
-    clock: Callable[[], datetime] = now_utc,
+    clock: SchedulerClock | None = None,
     stop: bool = True,
     **settings: Any,
 ) -> AsyncIterator[Harness]:
     """Run a SchedulerService on `data_dir`'s database for the block (stopped, then the database closed).
 
-    As in the daemon, the one commit watcher tells it when another connection committed.
+    As in the daemon, the one commit watcher tells it when another connection committed. Without `clock` it fires
+    on the wall clock, as in the daemon.
     """
     db = Database.open(data_dir)
     commits = CommitWatcher(db)
@@ -191,3 +190,15 @@ def utc(*args: int) -> datetime:
 async def until(condition: Callable[[], Any], *, timeout: float = 10.0, what: str = "") -> Any:
     """Await (letting the scheduler run) until `condition()` is truthy, or fail after `timeout` (scaled) seconds."""
     return await wait_for_async(condition, timeout=timeout, what=what)
+
+
+async def looked(clock: ManualClock, what: str = "the scheduler to look at the clock") -> None:
+    """Wait until the scheduler naps on `clock` again: it has claimed every due time up to `clock.now()`."""
+    await until(lambda: clock.napping, what=what)
+
+
+async def step(clock: ManualClock, seconds: float | timedelta) -> datetime:
+    """Move `clock` forward and wait until the scheduler has claimed what came due; returns the new time."""
+    moment = clock.advance(seconds)
+    await looked(clock, what=f"the scheduler to look at the clock at {moment.isoformat()}")
+    return moment

@@ -29,7 +29,7 @@ async def _fill(root: Path) -> None:
     ]
 
     def report(run: TaskRun) -> RunReport:
-        clock.set(clock() + timedelta(seconds=42))  # the run takes 42 s by the clock
+        clock.set(clock.now() + timedelta(seconds=42))  # the run takes 42 s by the clock
         return outcomes.pop(0)
 
     insert(

@@ -72,7 +72,7 @@ async def test_skips_do_not_reset_the_count_and_a_restart_never_queues_the_alert
     db = Database.open(data_dir)
     try:
         with db.tx() as conn:
-            assert alert_if_failing(conn, alerting, threshold=2, now=clock(), zone=UTC) is False
+            assert alert_if_failing(conn, alerting, threshold=2, now=clock.now(), zone=UTC) is False
     finally:
         db.close()
     # A restart, and the task keeps failing: still the one alert.

@@ -33,8 +33,8 @@ async def _walk(data_dir: Path, zone: str, window: tuple[datetime, datetime], cr
     clock = Clock(start)
     insert(data_dir, *(new_task(task_id, "cron", value, now=start, tz=zone) for task_id, value in crons.items()))
     async with scheduler(data_dir, clock=clock, tz=zone) as h:
-        while clock() < end:
-            clock.set(clock() + STEP)
+        while clock.now() < end:
+            clock.set(clock.now() + STEP)
             await h.service.run_due()
         fired = {task_id: h.dispatch.due_times(task_id) for task_id in crons}
     for task_id, due in fired.items():  # every due time dispatched once, each one on time, each one a row
@@ -86,4 +86,4 @@ async def test_cron_across_a_dst_change_fires_every_day_once(
     hourly = [r.due_at for r in rows(data_dir, "hourly")]
     assert hourly == _hours(*window) and len(hourly) == 73
     next_daily = read_task(data_dir, "daily").next_run
-    assert next_daily is not None and clock() < next_daily <= clock() + 24 * HOUR
+    assert next_daily is not None and clock.now() < next_daily <= clock.now() + 24 * HOUR
