@@ -1,18 +1,21 @@
-"""The scheduler inside the real `farmhost run`: tasks created through tasks/ fire, and pause/resume/cancel act at once."""
+"""The scheduler inside the real `farmhost run`, on the wall clock: tasks fire, pause/resume/cancel act at once.
+
+Tasks are created through tasks/ (or committed by another process, as the CLI does). One test per schedule type
+keeps the daemon's real clock tested; the service's rules are tested on a stepped clock (test_scheduler_service.py).
+"""
 
 from __future__ import annotations
 
 import itertools
 import json
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from farmhost_testing import Daemon, drop, init_data_dir_in_process, ok, wait_for, wait_result
-from scheduler_support import grid, read_task, rows
+from farmhost_testing import Daemon, drop, init_data_dir_in_process, ok, scaled, wait_for, wait_result
+from scheduler_support import grid, insert, new_task, read_task, rows
 
 SECOND = timedelta(seconds=1)
 _ids = itertools.count()
@@ -77,11 +80,13 @@ def test_tasks_created_through_ipc_fire_on_time_and_every_run_is_logged(farm: Pa
 def test_pause_resume_and_cancel_take_effect_at_once(farm: Path) -> None:
     schedule(farm, "paused", "interval", 1000)
     schedule(farm, "cancelled", "interval", 1000)
+    schedule(farm, "witness", "interval", 1000)  # keeps firing: its runs show the due times that passed
     wait_for(lambda: rows(farm, "paused") and rows(farm, "cancelled"), timeout=5, what="the first runs")
     assert ask(farm, "field", {"type": "pause_task", "taskId": "paused"})["status"] == "paused"
     assert ask(farm, "field", {"type": "cancel_task", "taskId": "cancelled"})["status"] == "cancelled"
-    paused, cancelled = len(rows(farm, "paused")), len(rows(farm, "cancelled"))
-    time.sleep(3)  # three due times of each pass
+    paused, cancelled, witnessed = len(rows(farm, "paused")), len(rows(farm, "cancelled")), len(rows(farm, "witness"))
+    # Three due times of each pass: the witness, on the same 1 s interval, was claimed four more times meanwhile.
+    wait_for(lambda: len(rows(farm, "witness")) >= witnessed + 4, timeout=8, what="four more due times of the witness")
     assert (len(rows(farm, "paused")), len(rows(farm, "cancelled"))) == (paused, cancelled)
     resumed = datetime.fromisoformat(ask(farm, "field", {"type": "resume_task", "taskId": "paused"})["nextRun"])
     wait_for(lambda: len(rows(farm, "paused")) > paused, timeout=3, what="a run after resume")
@@ -89,3 +94,21 @@ def test_pause_resume_and_cancel_take_effect_at_once(farm: Path) -> None:
     assert rows(farm, "paused")[paused].due_at == resumed and (resumed - anchor) % SECOND == timedelta(0)
     assert len(rows(farm, "cancelled")) == cancelled and "cancelled" not in snapshot(farm, "field")
     ask(farm, "field", {"type": "cancel_task", "taskId": "paused"})
+    ask(farm, "field", {"type": "cancel_task", "taskId": "witness"})
+
+
+def test_a_cron_task_fires_at_its_due_time_and_moves_to_its_next_cron_time(farm: Path) -> None:
+    # A cron time is at least a minute away: the task is committed by another process (as the CLI would) with its
+    # next_run seconds ahead, so the wall clock brings it due soon; the next one comes from the cron expression.
+    now = datetime.now(UTC)
+    due = now + timedelta(seconds=scaled(2))
+    (task,) = insert(farm, new_task("cron-tank", "cron", "*/5 * * * *", now=now, next_run=due))
+    assert task.next_run is not None
+    wait_for(lambda: finished(farm, "cron-tank"), timeout=10, what="the cron task's run to end")
+    (record,) = rows(farm, "cron-tank")
+    assert record.due_at == task.next_run and record.claimed_at >= record.due_at
+    assert record.status in ("ok", "error")
+    next_run = read_task(farm, "cron-tank").next_run
+    assert next_run is not None and record.claimed_at < next_run <= record.claimed_at + timedelta(minutes=5)
+    assert (next_run.minute % 5, next_run.second, next_run.microsecond) == (0, 0, 0)
+    ask(farm, "field", {"type": "cancel_task", "taskId": "cron-tank"})

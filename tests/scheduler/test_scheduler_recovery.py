@@ -1,15 +1,18 @@
-"""Start-up after downtime or a crash: missed runs fire once within the grace, else are skipped; nothing repeats."""
+"""Start-up after downtime or a crash: missed runs fire once within the grace, else are skipped; nothing repeats.
+
+The scheduler runs on a clock the tests hold at the start time (and step), so "nothing else fires" is checked
+once it has looked at that time, not after a sleep.
+"""
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
 from farmhost_testing import init_data_dir_in_process
-from scheduler_support import insert, new_task, read_task, rows, scheduler, until
+from scheduler_support import Clock, insert, looked, new_task, read_task, rows, scheduler, step, until
 
 from farmhost.scheduler import claims
 from farmhost.store.db import Database, iso, now_utc
@@ -41,9 +44,10 @@ async def test_runs_missed_within_the_grace_fire_once_at_start_never_a_burst(dat
     with db.tx() as conn:
         conn.execute("UPDATE tasks SET next_run = ? WHERE id = 'five-minutes'", (iso(missed_cron),))
     db.close()
-    async with scheduler(data_dir, tz=ZONE) as h:
+    clock = Clock(now)
+    async with scheduler(data_dir, tz=ZONE, clock=clock) as h:
         await until(lambda: len(h.dispatch.runs) >= 2, timeout=5, what="both catch-up runs")
-        await asyncio.sleep(0.5)
+        await looked(clock)
     assert h.dispatch.due_times("every-minute") == [interval.next_run]  # once, for the missed due time
     assert h.dispatch.due_times("five-minutes") == [missed_cron]
     assert [r.status for r in rows(data_dir, "every-minute")] == [r.status for r in rows(data_dir, "five-minutes")]
@@ -62,9 +66,10 @@ async def test_runs_missed_by_more_than_the_grace_are_recorded_skipped_and_not_r
         new_task("once", "once", (now - HOUR).isoformat(), now=now - 2 * HOUR, next_run=now - HOUR),
         new_task("daily", "cron", "0 6 * * *", now=now - 3 * 24 * HOUR, tz=ZONE),
     )
-    async with scheduler(data_dir, tz=ZONE, task_grace_seconds=900) as h:
+    clock = Clock(now)
+    async with scheduler(data_dir, tz=ZONE, task_grace_seconds=900, clock=clock) as h:
         await until(lambda: all(rows(data_dir, t) for t in ("hourly", "once", "daily")), timeout=5)
-        await asyncio.sleep(0.3)
+        await looked(clock)
     assert h.dispatch.runs == []
     for task in (hourly, once, daily):
         (record,) = rows(data_dir, task.id)
@@ -79,8 +84,14 @@ async def test_runs_missed_by_more_than_the_grace_are_recorded_skipped_and_not_r
 
 
 async def test_a_grace_of_zero_skips_missed_runs_but_runs_on_time_ones(data_dir: Path) -> None:
-    (task,) = insert(data_dir, new_task("tight", "interval", "1000", now=now_utc() - 5.5 * timedelta(seconds=1)))
-    async with scheduler(data_dir, task_grace_seconds=0) as h:
+    clock = Clock(now_utc())
+    (task,) = insert(data_dir, new_task("tight", "interval", "1000", now=clock.now() - 5.5 * timedelta(seconds=1)))
+    async with scheduler(data_dir, task_grace_seconds=0, clock=clock) as h:
+        await until(lambda: rows(data_dir, "tight"), what="the missed due time recorded")
+        for _ in range(20):  # the clock walks on in 100 ms steps until the first on-time run
+            if h.dispatch.runs:
+                break
+            await step(clock, timedelta(milliseconds=100))
         await until(lambda: h.dispatch.runs, timeout=5, what="the first on-time run")
     first, *_ = rows(data_dir, "tight")
     assert (first.due_at, first.status) == (task.next_run, "skipped")
@@ -109,8 +120,9 @@ async def test_a_run_left_running_by_a_crash_is_interrupted_at_start_and_not_rep
         assert claim.run is not None
     db.close()
     assert [r.status for r in rows(data_dir, "once") + rows(data_dir, "hourly")] == ["running", "running"]
-    async with scheduler(data_dir) as h:
-        await asyncio.sleep(0.5)
+    clock = Clock(now)
+    async with scheduler(data_dir, clock=clock) as h:
+        await looked(clock)
     assert h.dispatch.runs == []
     for task in (once, hourly):
         (record,) = rows(data_dir, task.id)
