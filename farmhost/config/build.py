@@ -116,6 +116,7 @@ def build_config(settings: Settings) -> Config:
             name=site,
             broker=broker_of(settings),
             trusted=parse_trusted_sites(settings.sites_trusted) - {site},
+            resend_seconds=settings.site_resend_seconds,
             zone=zone,
         ),
     )

@@ -71,4 +71,5 @@ class SiteSettings:
     name: str
     broker: Broker | None  # None: MQTT is off
     trusted: frozenset[str]  # the sites whose calls this one serves, never itself
+    resend_seconds: float  # an unanswered call is sent again this often
     zone: ZoneInfo

@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     # The other sites whose calls this one serves (comma-separated site names): their broker logins are the only
     # ones whose farm actions run here (docs/mqtt.md). Unset trusts none: a site serves nobody until told whom.
     sites_trusted: str | None = Field(default=None, validation_alias="FARMHOST_SITES_TRUSTED")
+    # How often a call another site has not answered yet is sent again (besides every reconnect and the target
+    # coming back online); tests shorten it to see several resends in seconds.
+    site_resend_seconds: float = Field(default=10.0, gt=0, le=600, validation_alias="FARMHOST_SITE_RESEND_SECONDS")
     # TLS to the broker (mqtts://): the CA that signed the broker's certificate, and this site's client
     # certificate and key when the broker logs sites in by certificate (docs/mqtt.md)
     mqtt_ca_file: Path | None = Field(default=None, validation_alias="FARMHOST_MQTT_CA_FILE")

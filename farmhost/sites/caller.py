@@ -2,9 +2,9 @@
 
 A main group's `farm_action` with `site` naming another farmhost is stored in `site_calls` (durable) before it
 is first sent, then sent again after every reconnect, when the target comes back online and every
-RESEND_SECONDS until its answer arrives: at least once on the wire, and the target's ledger runs each id once.
-The answer becomes the request's own result (its error code and message, prefixed with the site). A call
-nobody can answer gets a definite one at its deadline: `not_found` for a site the broker does not know,
+`FARMHOST_SITE_RESEND_SECONDS` (10) until its answer arrives: at least once on the wire, and the target's ledger
+runs each id once. The answer becomes the request's own result (its error code and message, prefixed with the
+site). A call nobody can answer gets a definite one at its deadline: `not_found` for a site the broker does not know,
 `upstream_unavailable` while the broker or the site is away, `timeout` when the site is there and silent.
 After a crash the request is recovered from the spool, finds its row and waits for the same answer.
 """
@@ -40,7 +40,6 @@ logger = logging.getLogger(__name__)
 
 # The origin waits this long past the deadline: an answer the target sent just before it is still on its way.
 ANSWER_GRACE_SECONDS: Final = 5.0
-RESEND_SECONDS: Final = 10.0
 # After (re)connecting, retained availability topics arrive at once; a site not heard of by then is unknown.
 DIRECTORY_SETTLE_SECONDS: Final = 1.5
 # Request fields that stay at the origin: the target gets its own deadline and no site.
@@ -57,13 +56,12 @@ class SiteCaller:
         settings: SiteSettings,
         audit: AuditLog,
         clock: Callable[[], datetime] = now_utc,
-        resend_seconds: float = RESEND_SECONDS,
     ) -> None:
         self._db = db
         self.site = site = settings.name
         self._audit = audit
         self._clock = clock
-        self._resend_seconds = resend_seconds
+        self._resend_seconds = settings.resend_seconds
         self.directory = SiteDirectory(site, on_online=self._target_online, clock=clock)
         # FARMHOST_MQTT_URL is set: the link is attached once the daemon has started
         self._enabled = settings.broker is not None
@@ -89,7 +87,7 @@ class SiteCaller:
         self._resend()
 
     async def start(self) -> None:
-        """Send again what is unanswered every `resend_seconds`, in the background."""
+        """Send again what is unanswered every FARMHOST_SITE_RESEND_SECONDS, in the background."""
         self._task = asyncio.create_task(every(self._resend_seconds, self._resend), name="sites:resend")
 
     async def stop(self) -> None:
