@@ -6,13 +6,13 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from farmhost_testing import Daemon, drop, init_data_dir_in_process, ok, wait_for, wait_result
+from farmhost_testing import Daemon, drop, init_data_dir_in_process, ok, scaled, wait_for, wait_result
 from scheduler_support import grid, read_task, rows
 
-# Much longer than a daemon restart (~1 s, 3 s on a loaded machine): only the due time meant to be missed is. The
-# kill before a due time comes BEFORE it, the start after it AFTER it, and each restart has the rest of a step (6.5 s
-# and more) before the next due time.
-STEP = timedelta(seconds=8)
+# The interval, idle (`scaled` stretches it on a loaded machine): much longer than a daemon restart (well under 0.1 s
+# forked, ~1 s exec'd), so only the due time meant to be missed is. The kill before a due time comes BEFORE it, the
+# start after it AFTER it, and each restart has the rest of a step (2.5 s and more) before the next due time.
+STEP_SECONDS = 4.0
 BEFORE, AFTER = timedelta(seconds=1.5), timedelta(seconds=1)
 
 
@@ -22,16 +22,17 @@ def _sleep_until(moment: datetime) -> None:
 
 def test_each_due_time_fires_once_across_kill_9_and_restart(tmp_path: Path) -> None:
     data_dir = init_data_dir_in_process(tmp_path / "data")
+    step = timedelta(seconds=round(scaled(STEP_SECONDS)))  # whole seconds: the interval is in milliseconds
     daemon = Daemon(data_dir).start()
     request = {"type": "schedule_task", "prompt": "read the rain gauge", "schedule_type": "interval"}
-    interval_ms = STEP // timedelta(milliseconds=1)
+    interval_ms = step // timedelta(milliseconds=1)
     drop(data_dir, "field", "tasks", {**request, "schedule_value": interval_ms, "taskId": "gauge", "requestId": "s1"})
     ok(wait_result(data_dir, "field", "s1"))
-    due = grid(read_task(data_dir, "gauge").anchor, STEP, 4)
+    due = grid(read_task(data_dir, "gauge").anchor, step, 4)
     try:
         # Killed right after the first claim (the run may or may not have reported yet).
         wait_for(
-            lambda: rows(data_dir, "gauge"), timeout=STEP.total_seconds() + 8, interval=0.001, what="the first claim"
+            lambda: rows(data_dir, "gauge"), timeout=step.total_seconds() + 8, interval=0.001, what="the first claim"
         )
         daemon.kill()
         daemon.start()
@@ -44,7 +45,7 @@ def test_each_due_time_fires_once_across_kill_9_and_restart(tmp_path: Path) -> N
         daemon.start()
         wait_for(
             lambda: len(records := rows(data_dir, "gauge")) >= 3 and records[2].finished_at,
-            timeout=STEP.total_seconds() + 8,
+            timeout=step.total_seconds() + 8,
             what="the third due time's run to end",
             seen=lambda: rows(data_dir, "gauge"),
         )
