@@ -60,27 +60,67 @@ def whisper_model() -> Path:
     return target
 
 
+# Container and codec of each kind of note Telegram delivers: voice notes, audio files, video notes.
+FORMATS: Final = {"ogg": ("ogg", "libopus"), "mp3": ("mp3", "libmp3lame"), "m4a": ("ipod", "aac"),
+                  "mp4": ("mp4", "aac")}  # fmt: skip
+
+
 def encode_opus(samples: np.ndarray, rate: int) -> bytes:
     """Mono 16-bit samples at `rate` as an OGG/Opus file, as Telegram sends voice notes."""
+    return encode_note(samples, rate, "ogg")
+
+
+def encode_note(samples: np.ndarray, rate: int, kind: str, *, video: bool | None = None) -> bytes:
+    """Mono 16-bit samples at `rate` as a note of `kind` (FORMATS); an mp4 also gets a small video stream.
+
+    `video=True` with no samples makes a video without sound.
+    """
     import av
 
+    container_format, codec = FORMATS[kind]
     out = io.BytesIO()
-    with av.open(out, mode="w", format="ogg") as container:
-        stream = container.add_stream("libopus", rate=OPUS_RATE, layout="mono")
-        stream.bit_rate = 32_000
-        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1).astype(np.int16), format="s16", layout="mono")
-        frame.sample_rate = rate
-        resampler = av.AudioResampler(format="s16", layout="mono", rate=OPUS_RATE)
-        for resampled in [*resampler.resample(frame), *resampler.resample(None)]:
-            for packet in stream.encode(resampled):
+    with av.open(out, mode="w", format=container_format) as container:
+        film: av.VideoStream | None = None
+        if video if video is not None else kind == "mp4":
+            film = container.add_stream("mpeg4", rate=5)
+            assert isinstance(film, av.VideoStream)
+            film.width = film.height = 64
+            film.pix_fmt = "yuv420p"
+        sound: av.AudioStream | None = None
+        out_rate = OPUS_RATE if codec == "libopus" else 44_100
+        if len(samples):
+            added = container.add_stream(codec, rate=out_rate, layout="mono")
+            assert isinstance(added, av.AudioStream)
+            sound = added
+            sound.bit_rate = 32_000 if codec == "libopus" else 64_000
+        if film is not None:  # a 64x64 grey picture at 5 fps, as the video of a round video note
+            picture = np.full((64, 64, 3), 128, dtype=np.uint8)
+            for index in range(int(max(1.0, len(samples) / rate) * 5)):
+                frame = av.VideoFrame.from_ndarray(picture, format="rgb24")
+                frame.pts = index
+                for packet in film.encode(frame):
+                    container.mux(packet)
+            for packet in film.encode(None):
                 container.mux(packet)
-        for packet in stream.encode(None):
-            container.mux(packet)
+        if sound is not None:
+            audio = av.AudioFrame.from_ndarray(samples.reshape(1, -1).astype(np.int16), format="s16", layout="mono")
+            audio.sample_rate = rate
+            resampler = av.AudioResampler(
+                format=sound.format.name,
+                layout="mono",
+                rate=out_rate,
+                frame_size=sound.frame_size or None,
+            )
+            for resampled in [*resampler.resample(audio), *resampler.resample(None)]:
+                for packet in sound.encode(resampled):
+                    container.mux(packet)
+            for packet in sound.encode(None):
+                container.mux(packet)
     return out.getvalue()
 
 
-def spoken_note(text: str, *, voice: str = "en", repeat: int = 1) -> bytes:
-    """`text` read by espeak-ng (`repeat` times, for longer notes) as an OGG/Opus voice note."""
+def spoken_note(text: str, *, voice: str = "en", repeat: int = 1, kind: str = "ogg") -> bytes:
+    """`text` read by espeak-ng (`repeat` times, for longer notes) as a note of `kind` (an OGG/Opus voice note)."""
     import av
 
     wav = subprocess.run(
@@ -90,13 +130,18 @@ def spoken_note(text: str, *, voice: str = "en", repeat: int = 1) -> bytes:
         stream = container.streams.audio[0]
         rate = stream.rate
         samples = np.concatenate([frame.to_ndarray().reshape(-1) for frame in container.decode(stream)])
-    return encode_opus(samples, rate)
+    return encode_note(samples, rate, kind)
 
 
-def tone_note(seconds: float, *, rate: int = 16_000) -> bytes:
-    """A quiet 440 Hz tone of `seconds` as an OGG/Opus note."""
+def tone_note(seconds: float, *, rate: int = 16_000, kind: str = "ogg") -> bytes:
+    """A quiet 440 Hz tone of `seconds` as a note of `kind` (OGG/Opus unless told)."""
     t = np.arange(int(seconds * rate)) / rate
-    return encode_opus((np.sin(2 * np.pi * 440 * t) * 3000).astype(np.int16), rate)
+    return encode_note((np.sin(2 * np.pi * 440 * t) * 3000).astype(np.int16), rate, kind)
+
+
+def silent_note(seconds: float, *, rate: int = 16_000) -> bytes:
+    """`seconds` of silence as an OGG/Opus note."""
+    return encode_opus(np.zeros(int(seconds * rate), dtype=np.int16), rate)
 
 
 def free_port() -> int:

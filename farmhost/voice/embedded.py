@@ -45,6 +45,15 @@ TRANSCRIBE_PER_SECOND: Final = 4.0
 EXIT_GRACE: Final = 5.0
 # Answers are short JSON lines; a transcript of a long note is a few KB.
 LINE_LIMIT: Final = 1 << 20
+# What the worker inherits of the daemon's environment: it parses untrusted audio with FFmpeg's decoders, so it gets
+# no token or key (HA_TOKEN, TELEGRAM_BOT_TOKEN, FARMHOST_LLM_API_KEY), only what Python, CTranslate2 and a model
+# download through a proxy need.
+WORKER_ENV: Final = frozenset({
+    "PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE",
+    "VIRTUAL_ENV", "XDG_CACHE_HOME", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_ENDPOINT", "HTTP_PROXY",
+    "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "SSL_CERT_FILE", "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE", "OMP_NUM_THREADS", "CT2_VERBOSE", "CT2_USE_EXPERIMENTAL_PACKED_GEMM",
+})  # fmt: skip
 
 _ERRORS: Final[dict[str, type[VoiceError]]] = {
     cls.__name__: cls for cls in (VoiceError, NoteTooLong, NoteUndecodable, EngineUnavailable, TranscriptionTimeout)
@@ -200,6 +209,7 @@ class EmbeddedEngine:
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 limit=LINE_LIMIT,
+                env={name: value for name, value in os.environ.items() if name in WORKER_ENV},
                 start_new_session=True,  # a Ctrl-C meant for the daemon does not hit the worker mid-note
             )
         except OSError as err:

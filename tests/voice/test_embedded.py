@@ -14,7 +14,7 @@ from voice_fixture import voice_settings
 from farmhost.voice import EngineUnavailable, NoteTooLong, NoteUndecodable, TranscriptionTimeout, speech_to_text
 from farmhost.voice.embedded import EmbeddedEngine
 from farmhost.voice.stt import INSTALL_HINT, missing_extra
-from farmhost_dev.voice import IRRIGATION_NOTE, IRRIGATION_WORDS, spoken_note, tone_note
+from farmhost_dev.voice import IRRIGATION_NOTE, IRRIGATION_WORDS, silent_note, spoken_note, tone_note
 
 
 def _alive(pid: int) -> bool:
@@ -71,6 +71,14 @@ async def test_two_notes_at_once_are_both_answered(warm: EmbeddedEngine, irrigat
 
 
 @pytest.mark.asyncio(loop_scope="module")
+async def test_a_video_note_and_silence(warm: EmbeddedEngine) -> None:
+    video = await warm.transcribe(spoken_note(IRRIGATION_NOTE, kind="mp4"))
+    assert all(word in video.text.lower() for word in IRRIGATION_WORDS), video
+    silence = await warm.transcribe(silent_note(3.0))
+    assert silence.text == "" and silence.seconds == 3.0
+
+
+@pytest.mark.asyncio(loop_scope="module")
 async def test_a_corrupt_note_is_refused_and_the_worker_stays(warm: EmbeddedEngine, irrigation_note: bytes) -> None:
     await warm.load()
     pid = warm.worker_pid
@@ -83,13 +91,19 @@ async def test_a_corrupt_note_is_refused_and_the_worker_stays(warm: EmbeddedEngi
 
 
 @pytest.mark.asyncio(loop_scope="module")
-async def test_a_note_over_the_limit_is_refused_before_the_model_loads(whisper_base: Path) -> None:
+async def test_a_note_over_the_limit_is_refused_before_the_model_loads(
+    whisper_base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TELEGRAM_BOT_TOKEN", "123:worker-must-not-see-this")
     engine = _embedded(whisper_base, max_seconds=3.0)
     try:
         with pytest.raises(NoteTooLong) as refused:
             await engine.transcribe(tone_note(5.0))
         assert "3 seconds" in str(refused.value)
         assert engine.loads == 0
+        # The worker, which parses untrusted audio, holds none of the daemon's secrets.
+        environ = Path(f"/proc/{engine.worker_pid}/environ").read_bytes()
+        assert b"worker-must-not-see-this" not in environ and b"PATH=" in environ
     finally:
         await engine.aclose()
 
