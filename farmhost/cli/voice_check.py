@@ -41,4 +41,7 @@ async def _prove(engine: object) -> str:
             await engine.aclose()
         return f"model loaded in {seconds:.1f} s (in a worker that ends when idle)"
     assert isinstance(engine, WyomingEngine)
-    return f"the server offers {await engine.describe()}"
+    try:
+        return f"the server offers {await engine.describe()}"
+    finally:
+        await engine.aclose()

@@ -1,10 +1,11 @@
 """The embedded engine's worker process: decodes notes and runs faster-whisper, one request at a time.
 
-Run as `python -m farmhost.voice.worker MODEL` by `EmbeddedEngine`. A process, not a thread: the model's few hundred
+Run as `python -m farmhost.voice.worker [--model MODEL]` by `VoiceWorker` (worker_client.py). A process, not a thread: the model's few hundred
 MB go back to the system when it ends, and a stuck transcription can be killed. Requests come on stdin as one JSON
-line (`{"op": "load"}` or `{"op": "transcribe", "size": N}` followed by N bytes of the note); answers go out as JSON
+line (`{"op": "load"}`, or `{"op": "transcribe" | "decode", "size": N}` followed by N bytes of the note); answers go out as JSON
 lines on the original stdout (libraries that print are sent to stderr): `decoded` (the note's length, before any
-model work), `loading` / `loaded`, then `done` or `error` (the VoiceError subclass and its sentence).
+model work), `loading` / `loaded`, then `done` or `error` (the VoiceError subclass and its sentence); a decode
+is answered by `pcm` (length and size) followed by that many bytes of 16 kHz mono PCM.
 """
 
 from __future__ import annotations
@@ -30,20 +31,22 @@ NICENESS = 5
 class Worker:
     """One model, loaded on the first request that needs it."""
 
-    def __init__(self, args: argparse.Namespace, out: IO[str]) -> None:
+    def __init__(self, args: argparse.Namespace, out: IO[bytes]) -> None:
         self.args = args
         self.out = out
         self.model: WhisperModel | None = None
 
     def send(self, **event: Any) -> None:
         """One answer line."""
-        self.out.write(json.dumps(event) + "\n")
+        self.out.write(json.dumps(event).encode() + b"\n")
         self.out.flush()
 
     def load(self) -> WhisperModel:
         """The model, loaded now if it is not yet."""
         if self.model is not None:
             return self.model
+        if self.args.model is None:
+            raise EngineUnavailable("This speech-to-text worker has no model: set FARMHOST_STT_MODEL.")
         if (missing := missing_extra("faster_whisper", "ctranslate2")) is not None:
             raise missing
         self.send(event="loading")
@@ -108,6 +111,11 @@ class Worker:
                 if request["op"] == "load":
                     self.load()
                     self.send(event="ready")
+                elif request["op"] == "decode":
+                    pcm = decode(stdin.read(int(request["size"])), max_seconds=self.args.max_seconds)
+                    self.send(event="pcm", seconds=pcm.seconds, size=len(pcm.samples))
+                    self.out.write(pcm.samples)
+                    self.out.flush()
                 else:
                     data = stdin.read(int(request["size"]))
                     self.transcribe(data)
@@ -118,13 +126,13 @@ class Worker:
 def main() -> None:
     """Serve the daemon on stdin/stdout."""
     parser = argparse.ArgumentParser(prog="python -m farmhost.voice.worker")
-    parser.add_argument("model")
+    parser.add_argument("--model", default=None, help="none: the worker only decodes")
     parser.add_argument("--language", default=None)
     parser.add_argument("--max-seconds", type=float, required=True)
     parser.add_argument("--download-root", default=None)
     parser.add_argument("--threads", type=int, default=0)
     args = parser.parse_args()
-    out = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a library's print never corrupts the answers
     with contextlib.suppress(OSError):
         os.nice(NICENESS)

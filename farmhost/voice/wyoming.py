@@ -1,8 +1,8 @@
 """The Wyoming engine: notes decoded here, their PCM sent to a Wyoming speech-to-text server (FARMHOST_STT_URL).
 
 One connection per note (a Wyoming server such as wyoming-faster-whisper answers one transcription per
-connection); the note's length is checked before anything is sent. Decoding runs in a thread: it is bounded by the
-note's length limit (audio.py).
+connection); the note's length is checked before anything is sent. Decoding runs in a worker process without a
+model (worker_client.py): off the event loop, bounded in time, and away from the daemon's secrets.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Final
 
-from farmhost.voice.audio import SAMPLE_RATE, SAMPLE_WIDTH, decode
-from farmhost.voice.embedded import TRANSCRIBE_BASE, TRANSCRIBE_PER_SECOND
+from farmhost.voice.audio import SAMPLE_RATE, SAMPLE_WIDTH
 from farmhost.voice.stt import EngineUnavailable, Transcript, TranscriptionTimeout, missing_extra, one_line
+from farmhost.voice.worker_client import TRANSCRIBE_BASE, TRANSCRIBE_PER_SECOND, VoiceWorker
 
 if TYPE_CHECKING:
     from farmhost.config import VoiceSettings
@@ -33,17 +33,23 @@ class WyomingEngine:
         self._settings = settings
         self._url = settings.url
         self._connect_timeout = connect_timeout
+        self._decoder = VoiceWorker(settings, model=None)
 
     @property
     def description(self) -> str:
         """The engine and its server."""
         return f"wyoming {self._url}"
 
+    @property
+    def worker_pid(self) -> int | None:
+        """The decoding worker's process id while it runs."""
+        return self._decoder.worker_pid
+
     async def transcribe(self, audio: bytes) -> Transcript:
         """The words of one note, from the server."""
         if (missing := missing_extra("wyoming", "av")) is not None:
             raise missing
-        pcm = await asyncio.to_thread(decode, audio, max_seconds=self._settings.max_seconds)
+        pcm = await self._decoder.decode(audio)
         from wyoming.asr import Transcribe
         from wyoming.asr import Transcript as WyomingTranscript
         from wyoming.audio import AudioChunk, AudioStart, AudioStop
@@ -110,7 +116,8 @@ class WyomingEngine:
         raise self._unavailable(EOFError("it closed the connection"))
 
     async def aclose(self) -> None:
-        """Nothing held between notes."""
+        """End the decoding worker; no connection is held between notes."""
+        await self._decoder.aclose()
 
     async def _connect(self) -> AsyncTcpClient:
         from wyoming.client import AsyncTcpClient
