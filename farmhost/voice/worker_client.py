@@ -38,8 +38,9 @@ START_TIMEOUT: Final = 60.0
 DECODE_TIMEOUT: Final = 60.0
 # Reading a few hundred MB of model from an SD card, or fetching a named model on a slow farm line the first time.
 LOAD_TIMEOUT: Final = 600.0
-# A note's transcription may take this + this many times its length: whisper-base at beam 1 runs at ~0.5x the
-# note's length on a 2-core x86 and is estimated at ~1x on a Pi 5 (docs/performance.md); 4x leaves room for a busy CPU.
+# A note's transcription may take this + this many times its length: whisper-base at beam 1 took at most 0.3x the
+# note's length on a shared 2-core x86 and is estimated at up to 0.8x on a Pi 5 (docs/performance.md); the rest is
+# room for a busy CPU or a bigger model.
 TRANSCRIBE_BASE: Final = 20.0
 TRANSCRIBE_PER_SECOND: Final = 4.0
 # A worker asked to end (stdin closed) that has not after this is killed.
