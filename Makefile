@@ -37,7 +37,7 @@ $(UV):
 	.tools/bin/pip install -q "uv==$(UV_VERSION)"
 
 install: $(UV)
-	$(UV) sync --frozen --python $(PYTHON) -q
+	$(UV) sync --frozen --extra voice --python $(PYTHON) -q
 	.venv/bin/python -m compileall -q container/farmagent
 
 ## opencode: OpenCode at the pinned version in .tools/opencode, for agents of kind opencode (docs/agent-runtime.md)

@@ -61,6 +61,7 @@ from farmhost.store import host_state, when_state
 from farmhost.store.commits import CommitWatcher
 from farmhost.store.db import Database, iso, now_utc
 from farmhost.store.groups import Group
+from farmhost.voice import SpeechToText, speech_to_text
 
 if TYPE_CHECKING:
     from farmhost.telegram.service import TelegramService
@@ -143,6 +144,9 @@ class App:
         self.sites: SiteCaller | None = None
         self.mqtt: MqttService | None = None
         self.memory: MemoryService | None = None
+        # Voice notes' speech-to-text (Config.voice): made in start() before Telegram, which hands it the notes;
+        # None when FARMHOST_STT_MODEL and FARMHOST_STT_URL are unset. Its worker starts with the first note.
+        self.stt: SpeechToText | None = None
         self.loop_monitor = LoopMonitor(self.layout.logs)
 
     async def start(self) -> None:
@@ -276,6 +280,9 @@ class App:
                 main_group=self._main_group,
             )
             await self.mqtt.start()
+        self.stt = speech_to_text(self.config.voice)
+        if self.stt is not None:
+            logger.info("voice notes: %s", self.stt.description)
         if self.config.telegram.enabled:
             # Imported here: python-telegram-bot and httpx cost ~20 MB of RSS a daemon without Telegram never needs.
             from farmhost.telegram.service import TelegramService
@@ -327,6 +334,9 @@ class App:
         """Stop in reverse order; `host_status.json` says `stopped` afterwards."""
         await self._stop_starters()
         self.emergency_stop = None
+        if self.stt is not None:  # after Telegram: no note comes any more
+            await self.stt.aclose()
+            self.stt = None
         if self.runtime is not None:
             await self.runtime.stop()
             self.runtime = None

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from farmhost_testing import TIMEOUT_SCALE_ENV, Daemon, copy_data_dir, init_data_dir, timeout_scale
 
-# real Home Assistant (`ha`, `ha_env`, `ha_reset`); scripted LLM `llm_stub`; fake Bot API `fake_telegram`
-pytest_plugins = ["ha_fixture", "llm_stub", "telegram_stub", "mosquitto"]
+# real Home Assistant (`ha`, `ha_env`, `ha_reset`); scripted LLM `llm_stub`; fake Bot API `fake_telegram`; a Whisper
+# model, spoken notes and a Wyoming server (`whisper_base`, `irrigation_note`, `wyoming_server`)
+pytest_plugins = ["ha_fixture", "llm_stub", "telegram_stub", "mosquitto", "voice_fixture"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -32,7 +32,7 @@ from farmhost.agents.sandbox.backends.host_paths import PYTHON_PROBE_TIMEOUT, fi
 from farmhost.agents.sandbox.cgroups import detect_sync
 from farmhost.agents.sandbox.identity import describe_ids
 from farmhost.agents.sandbox.seccomp import SeccompMode, SeccompUnavailable, build_filter_sync
-from farmhost.cli import safety_checks
+from farmhost.cli import safety_checks, voice_check
 from farmhost.cli.hostchecks import (
     Check,
     State,
@@ -157,6 +157,13 @@ def _probes(config: Config, settings: Settings) -> list[Probe]:
             "the Telegram Bot API (getMe)",
             PROBE_TIMEOUT + 2,
             "check the network (DNS, firewall) and TELEGRAM_API_BASE_URL",
+        ),
+        Probe(
+            "voice",
+            lambda: [voice_check.voice(config.voice)],
+            "the speech-to-text engine (loading the model, or the Wyoming server)",
+            voice_check.VOICE_LIMIT,
+            "check FARMHOST_STT_MODEL or FARMHOST_STT_URL (docs/voice.md)",
         ),
         *_llm_probes(config, settings),
         Probe(

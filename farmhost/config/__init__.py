@@ -26,7 +26,14 @@ from farmhost.config.farm import (
     StateSettings,
 )
 from farmhost.config.host import DOCKER_SOCKET, default_runtime
-from farmhost.config.sections import IpcSettings, OutboxSettings, SchedulerSettings, SiteSettings, TelegramSettings
+from farmhost.config.sections import (
+    IpcSettings,
+    OutboxSettings,
+    SchedulerSettings,
+    SiteSettings,
+    TelegramSettings,
+    VoiceSettings,
+)
 from farmhost.config.settings import (
     AGENT_UID_BASE,
     DEFAULT_MAX_REQUEST_BYTES,
@@ -61,6 +68,7 @@ __all__ = [
     "SiteSettings",
     "StateSettings",
     "TelegramSettings",
+    "VoiceSettings",
     "build_config",
     "default_runtime",
     "load_config",

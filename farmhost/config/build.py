@@ -26,7 +26,14 @@ from farmhost.config.farm import (
     StateSettings,
 )
 from farmhost.config.host import detect_runtime, farm_zone, host_name
-from farmhost.config.sections import IpcSettings, OutboxSettings, SchedulerSettings, SiteSettings, TelegramSettings
+from farmhost.config.sections import (
+    IpcSettings,
+    OutboxSettings,
+    SchedulerSettings,
+    SiteSettings,
+    TelegramSettings,
+    VoiceSettings,
+)
 from farmhost.config.settings import Settings, load_settings, parse_trusted_sites
 
 
@@ -50,6 +57,7 @@ class Config:
     alerts: NotifySettings
     report: ReportSettings
     site: SiteSettings
+    voice: VoiceSettings
 
 
 def load_config(*, data_dir: Path | None = None, env_file: str | None = ".env") -> Config:
@@ -118,6 +126,14 @@ def build_config(settings: Settings) -> Config:
             trusted=parse_trusted_sites(settings.sites_trusted) - {site},
             resend_seconds=settings.site_resend_seconds,
             zone=zone,
+        ),
+        voice=VoiceSettings(
+            model=settings.stt_model,
+            url=settings.stt_url,
+            language=settings.stt_language,
+            max_seconds=settings.stt_max_seconds,
+            idle_seconds=settings.stt_idle_seconds,
+            models_dir=settings.data_dir / "models",
         ),
     )
 

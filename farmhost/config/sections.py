@@ -1,8 +1,9 @@
-"""The sections of the IPC engine, the scheduler, the outbox and the channels (Telegram, the sites on MQTT)."""
+"""The sections of the IPC engine, the scheduler, the outbox, the channels (Telegram, the sites on MQTT) and voice."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 from zoneinfo import ZoneInfo
 
@@ -73,3 +74,26 @@ class SiteSettings:
     trusted: frozenset[str]  # the sites whose calls this one serves, never itself
     resend_seconds: float  # an unanswered call is sent again this often
     zone: ZoneInfo
+
+
+@dataclass(frozen=True, kw_only=True)
+class VoiceSettings:
+    """Speech-to-text for voice notes: the embedded model or the Wyoming server, the language, the limits."""
+
+    model: str | None  # FARMHOST_STT_MODEL: a CTranslate2 Whisper model directory, or a name faster-whisper fetches
+    url: str | None  # FARMHOST_STT_URL: tcp://host:port of a Wyoming server (never set together with `model`)
+    language: str | None  # None: detected per note
+    max_seconds: float  # a longer note is refused before it is transcribed
+    idle_seconds: float  # the embedded model's worker ends after this long without a note
+    models_dir: Path  # where a model named (not a directory) is downloaded to: <data>/models
+
+    @property
+    def enabled(self) -> bool:
+        """An engine is configured."""
+        return self.model is not None or self.url is not None
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        """The Wyoming server's host and port (`url` was checked when the settings were read)."""
+        host, _, port = (self.url or "").removeprefix("tcp://").rpartition(":")
+        return host.strip("[]"), int(port)

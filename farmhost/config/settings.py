@@ -198,6 +198,14 @@ class Settings(BaseSettings):
     alert_repeat_minutes: float = Field(default=15.0, gt=0, le=1440, validation_alias="FARMHOST_ALERT_REPEAT_MINUTES")
     alert_flap_minutes: float = Field(default=10.0, ge=0, le=1440, validation_alias="FARMHOST_ALERT_FLAP_MINUTES")
     quiet_hours: str | None = Field(default=None, validation_alias="FARMHOST_QUIET_HOURS")
+    # Voice notes (docs/voice.md): the embedded Whisper model or a Wyoming server, never both; off when neither.
+    stt_model: str | None = Field(default=None, validation_alias="FARMHOST_STT_MODEL")
+    stt_url: str | None = Field(default=None, validation_alias="FARMHOST_STT_URL")
+    stt_language: str | None = Field(default=None, validation_alias="FARMHOST_STT_LANGUAGE")
+    # 120 s: a spoken instruction takes well under a minute; a longer note costs the farm computer minutes of CPU.
+    stt_max_seconds: float = Field(default=120.0, gt=0, le=3600, validation_alias="FARMHOST_STT_MAX_SECONDS")
+    # 300 s: a conversation's notes reuse the loaded model; the worker's ~200 MB go back to the farm after it.
+    stt_idle_seconds: float = Field(default=300.0, ge=0, le=86400, validation_alias="FARMHOST_STT_IDLE_SECONDS")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", validation_alias="FARMHOST_LOG_LEVEL"
     )
@@ -272,6 +280,30 @@ class Settings(BaseSettings):
         parse_trusted_sites(value)
         return value or None
 
+    @field_validator("stt_model")
+    @classmethod
+    def _stt_model(cls, value: str | None) -> str | None:
+        return value.strip() if value and value.strip() else None
+
+    @field_validator("stt_url")
+    @classmethod
+    def _stt_url(cls, value: str | None) -> str | None:
+        if not value or not value.strip():
+            return None
+        match = re.fullmatch(r"tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})", value.strip())
+        if match is None or not 0 < int(match[2]) < 65536:
+            raise ValueError("must be tcp://host:port of a Wyoming speech-to-text server, e.g. tcp://127.0.0.1:10300")
+        return value.strip()
+
+    @field_validator("stt_language")
+    @classmethod
+    def _stt_language(cls, value: str | None) -> str | None:
+        if not value or value.strip().lower() in ("", "auto", "detect"):
+            return None
+        if not re.fullmatch(r"[a-z]{2,3}", value.strip().lower()):
+            raise ValueError("must be a language code such as en, pt or es (or auto to detect it per note)")
+        return value.strip().lower()
+
     @field_validator("agent_command")
     @classmethod
     def _shell_words(cls, value: str | None) -> str | None:
@@ -292,6 +324,15 @@ class Settings(BaseSettings):
             raise ValueError(f"{named[0]} is for TLS: FARMHOST_MQTT_URL must start with mqtts://")
         if (self.mqtt_cert_file is None) != (self.mqtt_key_file is None):
             raise ValueError("FARMHOST_MQTT_CERT_FILE and FARMHOST_MQTT_KEY_FILE go together (the client certificate)")
+        return self
+
+    @model_validator(mode="after")
+    def _one_stt_engine(self) -> Settings:
+        if self.stt_model is not None and self.stt_url is not None:
+            raise ValueError(
+                "FARMHOST_STT_MODEL and FARMHOST_STT_URL are both set: keep one (the model runs on this computer, "
+                "the URL sends voice notes to that Wyoming server)"
+            )
         return self
 
     @model_validator(mode="after")

@@ -27,6 +27,7 @@ PARTS = (
     "timezone",
     "home assistant",
     "telegram",
+    "voice",
     "llm",
     "sandbox",
     "agent limits",
@@ -120,6 +121,7 @@ def test_doctor_on_a_healthy_data_dir(data_dir: Path) -> None:
     assert "NO isolation" in checks["sandbox"]["detail"]
     for part, variable in (("home assistant", "HA_URL"), ("telegram", "TELEGRAM_BOT_TOKEN"), ("llm", "LLM")):
         assert checks[part]["state"] == "off" and variable in checks[part]["detail"], checks[part]
+    assert checks["voice"]["state"] == "off" and checks["voice"]["detail"].startswith("voice notes: off")
     text = farmhost("doctor", data_dir=data_dir, env=clean_env(**settings))
     assert text.returncode == code
     lines = text.stdout.splitlines()

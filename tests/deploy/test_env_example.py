@@ -70,11 +70,12 @@ def test_each_setting_has_an_explanation_above_it() -> None:
 
 def test_the_example_values_are_valid_settings_and_everything_is_off_by_default() -> None:
     values = {name: value for name, value in _assignments() if name in _setting_names()}
+    del values["FARMHOST_STT_MODEL"]  # the alternative to FARMHOST_STT_URL: never both (tests/voice)
     # Every value shown, switched on at once, is accepted (init values win over the environment and .env).
     settings = Settings(_env_file=None, **values)  # type: ignore[call-arg]
     assert settings.max_agents == 2 and settings.agent_memory_mb == 1024 and settings.heartbeat_seconds == 5
     config = build_config(settings)
-    assert config.ha.enabled and config.telegram.enabled and config.agents.llm.enabled
+    assert config.ha.enabled and config.telegram.enabled and config.agents.llm.enabled and config.voice.enabled
     assert [endpoint.number for endpoint in config.agents.llm.endpoints] == [1, 2, 3]  # the fallbacks, in order
     # Copied as it is, the file sets nothing: every line is commented out, so defaults and "off" apply.
     active = [line for line in EXAMPLE.read_text(encoding="utf-8").splitlines() if line and not line.startswith("#")]
@@ -90,7 +91,8 @@ def test_the_shown_values_of_knobs_are_their_defaults() -> None:
         "FARMHOST_OPENCODE_BIN", "FARMHOST_LLM_2_BASE_URL", "FARMHOST_LLM_2_MODEL", "FARMHOST_LLM_2_API_KEY",
         "FARMHOST_LLM_3_BASE_URL", "FARMHOST_LLM_3_MODEL", "FARMHOST_LLM_3_API_KEY", "FARMHOST_MQTT_URL",
         "FARMHOST_SITE", "FARMHOST_SITES_TRUSTED", "FARMHOST_MQTT_CA_FILE", "FARMHOST_MQTT_CERT_FILE",
-        "FARMHOST_MQTT_KEY_FILE", "FARMHOST_DAILY_REPORT", "FARMHOST_QUIET_HOURS",
+        "FARMHOST_MQTT_KEY_FILE", "FARMHOST_DAILY_REPORT", "FARMHOST_QUIET_HOURS", "FARMHOST_STT_MODEL",
+        "FARMHOST_STT_URL", "FARMHOST_STT_LANGUAGE",
     }  # fmt: skip
     by_alias = {field.validation_alias: (name, field) for name, field in Settings.model_fields.items()}
     for alias, value in _assignments():

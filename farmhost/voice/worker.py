@@ -1,0 +1,145 @@
+"""The embedded engine's worker process: decodes notes and runs faster-whisper, one request at a time.
+
+Run as `python -m farmhost.voice.worker [--model MODEL]` by `VoiceWorker` (worker_client.py). A process, not a thread: the model's few hundred
+MB go back to the system when it ends, and a stuck transcription can be killed. Requests come on stdin as one JSON
+line (`{"op": "load"}`, or `{"op": "transcribe" | "decode", "size": N}` followed by N bytes of the note); answers go out as JSON
+lines on the original stdout (libraries that print are sent to stderr): `decoded` (the note's length, before any
+model work), `loading` / `loaded`, then `done` or `error` (the VoiceError subclass and its sentence); a decode
+is answered by `pcm` (length and size) followed by that many bytes of 16 kHz mono PCM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from typing import IO, TYPE_CHECKING, Any
+
+from farmhost.voice.audio import SAMPLE_RATE, decode
+from farmhost.voice.stt import EngineUnavailable, VoiceError, missing_extra, one_line
+
+if TYPE_CHECKING:
+    from faster_whisper import WhisperModel
+
+# Below the daemon: a note being transcribed must not slow the event loop that answers the farm.
+NICENESS = 5
+
+
+class Worker:
+    """One model, loaded on the first request that needs it."""
+
+    def __init__(self, args: argparse.Namespace, out: IO[bytes]) -> None:
+        self.args = args
+        self.out = out
+        self.model: WhisperModel | None = None
+
+    def send(self, **event: Any) -> None:
+        """One answer line."""
+        self.out.write(json.dumps(event).encode() + b"\n")
+        self.out.flush()
+
+    def load(self) -> WhisperModel:
+        """The model, loaded now if it is not yet."""
+        if self.model is not None:
+            return self.model
+        if self.args.model is None:
+            raise EngineUnavailable("This speech-to-text worker has no model: set FARMHOST_STT_MODEL.")
+        if (missing := missing_extra("faster_whisper", "ctranslate2")) is not None:
+            raise missing
+        self.send(event="loading")
+        started = time.monotonic()
+        from faster_whisper import WhisperModel
+
+        is_dir = os.path.isdir(self.args.model)
+        if not is_dir and self.args.model.startswith(("/", ".", "~")):
+            raise EngineUnavailable(
+                f"The speech-to-text model directory {self.args.model} does not exist: "
+                "fix FARMHOST_STT_MODEL on the farm computer."
+            )
+        try:
+            self.model = WhisperModel(
+                self.args.model,
+                device="cpu",
+                compute_type="int8",
+                cpu_threads=self.args.threads,
+                num_workers=1,
+                download_root=None if is_dir else self.args.download_root,
+            )
+        except Exception as err:
+            print(f"farmhost.voice.worker: cannot load {self.args.model}: {err!r}", file=sys.stderr)
+            raise EngineUnavailable(
+                f"The speech-to-text model {self.args.model} could not be loaded ({type(err).__name__}): "
+                "check FARMHOST_STT_MODEL with `farmhost doctor`."
+            ) from err
+        self.send(event="loaded", seconds=round(time.monotonic() - started, 3))
+        return self.model
+
+    def transcribe(self, data: bytes) -> None:
+        """Decode, check the length, load if needed, transcribe; each step answered as it ends."""
+        import numpy as np
+
+        pcm = decode(data, max_seconds=self.args.max_seconds)
+        self.send(event="decoded", seconds=pcm.seconds)
+        model = self.load()
+        audio = np.frombuffer(pcm.samples, dtype=np.int16).astype(np.float32) / 32768.0
+        started = time.monotonic()
+        segments, info = model.transcribe(
+            audio,
+            language=self.args.language,
+            beam_size=1,
+            # Silence in, nothing out: without the VAD Whisper "hears" stock phrases in a silent note.
+            vad_filter=True,
+            condition_on_previous_text=False,
+        )
+        text = one_line(" ".join(segment.text for segment in segments))
+        self.send(
+            event="done",
+            text=text,
+            language=info.language,
+            seconds=pcm.seconds,
+            took=round(time.monotonic() - started, 3),
+        )
+
+    def serve(self, stdin: IO[bytes]) -> None:
+        """Answer requests until stdin closes."""
+        while line := stdin.readline():
+            request = json.loads(line)
+            try:
+                if request["op"] == "load":
+                    self.load()
+                    self.send(event="ready")
+                elif request["op"] == "decode":
+                    pcm = decode(stdin.read(int(request["size"])), max_seconds=self.args.max_seconds)
+                    self.send(event="pcm", seconds=pcm.seconds, size=len(pcm.samples))
+                    self.out.write(pcm.samples)
+                    self.out.flush()
+                else:
+                    data = stdin.read(int(request["size"]))
+                    self.transcribe(data)
+            except VoiceError as err:
+                self.send(event="error", kind=type(err).__name__, message=str(err))
+
+
+def main() -> None:
+    """Serve the daemon on stdin/stdout."""
+    parser = argparse.ArgumentParser(prog="python -m farmhost.voice.worker")
+    parser.add_argument("--model", default=None, help="none: the worker only decodes")
+    parser.add_argument("--language", default=None)
+    parser.add_argument("--max-seconds", type=float, required=True)
+    parser.add_argument("--download-root", default=None)
+    parser.add_argument("--threads", type=int, default=0)
+    args = parser.parse_args()
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a library's print never corrupts the answers
+    with contextlib.suppress(OSError):
+        os.nice(NICENESS)
+    worker = Worker(args, out)
+    worker.send(event="started", pid=os.getpid(), rate=SAMPLE_RATE)
+    worker.serve(sys.stdin.buffer)
+
+
+if __name__ == "__main__":
+    main()
