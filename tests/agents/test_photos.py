@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-from PIL import Image
 from photo_support import camera_jpeg, png_bomb
+from PIL import Image
 
 from farmhost.agents.photos import MAX_JPEG_BYTES, MAX_SIDE, PhotoError, PhotoPreparer, prepare_photo_sync
 
