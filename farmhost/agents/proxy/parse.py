@@ -126,7 +126,9 @@ def prepare(raw: bytes, *, max_tokens: int, photos: Mapping[str, str] | None = N
     images = checked_images(body, photos or {})
     text_only = without_images(body, photos or {}) if images else None
     stream = bool(body.get("stream"))
-    estimate = estimate_prompt_tokens(text_only or body) + images * IMAGE_TOKENS if stream else 0
+    estimate = 0
+    if stream:  # an image counts as its tokens, not as the characters of its base64
+        estimate = estimate_prompt_tokens(text_only if text_only is not None else body) + images * IMAGE_TOKENS
     return PreparedBody(
         without_model=json.dumps(body).encode(),
         stream=stream,

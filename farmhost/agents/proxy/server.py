@@ -6,9 +6,9 @@ and `GET /v1/models` (answered here: the configured model is the only one an age
 proxy's lifetime and each run's socket and HTTP server; the pieces it wires together own the rest:
 connections accepted within caps and deadlines (proxy/listener.py), one run's exchanges (proxy/exchange.py), bodies
 checked by a bounded scan and parsed off the event loop (proxy/parse.py) and rewritten to known fields
-(proxy/body.py) with only the run's own photos as images (proxy/images.py), every request reserved against the run's and the group's daily budgets (proxy/budget.py), the
-endpoints tried in order with the key added and answers redacted (proxy/upstream.py, proxy/chain.py), and streams
-relayed as they arrive (proxy/stream.py).
+(proxy/body.py) with only the run's own photo as an image (proxy/images.py), every request reserved against the
+run's and the group's daily budgets (proxy/budget.py), the endpoints tried in order with the key added and answers
+redacted (proxy/upstream.py, proxy/chain.py), and streams relayed as they arrive (proxy/stream.py).
 """
 
 from __future__ import annotations

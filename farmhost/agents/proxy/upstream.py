@@ -1,8 +1,9 @@
 """UpstreamClient: the proxy's side toward the LLM endpoints: the HTTP session, the fallback walk, the key, redaction.
 
 A prepared body is POSTed to each endpoint in the chain's order (proxy/chain.py) until one answers below 500, with
-the endpoint's key added, its model set and, for one that cannot see, each image part made text; a buffered answer is read within MAX_RESPONSE_BYTES. Whatever comes
-back toward an agent passes through `redact`, so no endpoint's key ever reaches one.
+the endpoint's key added, its model set and, for one that cannot see, each image part made text (proxy/images.py);
+a buffered answer is read within MAX_RESPONSE_BYTES. Whatever comes back toward an agent passes through `redact`,
+so no endpoint's key ever reaches one.
 """
 
 from __future__ import annotations
