@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,19 +127,19 @@ async def test_a_fallback_endpoint_without_vision_gets_no_image_part(
 
 
 @pytest.mark.parametrize(
-    ("content", "why"),
+    ("make", "why"),
     [
-        (b"<html>this is not a photo</html>", "the file is not a JPEG, PNG or WebP image"),
-        (png_bomb(), "the image has more than the 24 million pixels a photo may have"),
+        (lambda: b"<html>this is not a photo</html>", "the file is not a JPEG, PNG or WebP image"),
+        (png_bomb, "the image has more than the 24 million pixels a photo may have"),
     ],
     ids=["not-an-image", "decompression-bomb"],
 )
 async def test_a_photo_that_is_no_usable_image_is_not_attached_and_the_run_still_happens(
-    root: Path, fake_telegram: FakeTelegram, llm_stub: ScriptedLLM, content: bytes, why: str
+    root: Path, fake_telegram: FakeTelegram, llm_stub: ScriptedLLM, make: Callable[[], bytes], why: str
 ) -> None:
     llm_stub.script(Reply(ANSWER))
     settings = vision_settings(root, fake_telegram, llm_stub, FARMHOST_LLM_VISION="1")
-    reply, path = await photo_reply(root, fake_telegram, settings, content)
+    reply, path = await photo_reply(root, fake_telegram, settings, make())
     (request,) = llm_stub.requests
     assert image_parts(request.messages) == []
     assert the_prompt(request)["content"].endswith(f"\n[farmhost: the photo {path} is not attached: {why}]")
