@@ -54,6 +54,8 @@ def test_the_llm_chain_is_a_list_in_the_order_of_the_variables(tmp_path: Path) -
          "endpoint 2 needs FARMHOST_LLM_2_BASE_URL"),
         ({"FARMHOST_LLM_BASE_URL": "http://a/v1", "FARMHOST_LLM_MODEL": "m", "FARMHOST_LLM_3_BASE_URL": "http://c/v1",
           "FARMHOST_LLM_3_MODEL": "o"}, "tried after FARMHOST_LLM_2_BASE_URL"),
+        ({"FARMHOST_LLM_BASE_URL": "http://a/v1", "FARMHOST_LLM_MODEL": "m", "FARMHOST_LLM_2_VISION": "1"},
+         "endpoint 2 needs FARMHOST_LLM_2_BASE_URL"),
     ],
 )  # fmt: skip
 def test_a_fallback_out_of_order_is_still_refused_in_one_line(
@@ -63,6 +65,21 @@ def test_a_fallback_out_of_order_is_still_refused_in_one_line(
         monkeypatch.setenv(name, value)
     with pytest.raises(ConfigError, match=message):
         load_settings(data_dir=tmp_path, env_file=None)
+
+
+def test_vision_is_each_endpoints_own_and_off_by_default(tmp_path: Path) -> None:
+    chain = {
+        "FARMHOST_LLM_BASE_URL": "https://api.example.com/v1",
+        "FARMHOST_LLM_MODEL": "big",
+        "FARMHOST_LLM_2_BASE_URL": "http://192.168.1.20:11434/v1",
+        "FARMHOST_LLM_2_MODEL": "qwen2.5:7b",
+    }
+    plain = config(tmp_path, **chain).agents.llm
+    assert [e.vision for e in plain.endpoints] == [False, False] and not plain.vision
+    seeing = config(tmp_path, **chain, FARMHOST_LLM_VISION="1").agents.llm
+    assert [e.vision for e in seeing.endpoints] == [True, False] and seeing.vision
+    second = config(tmp_path, **chain, FARMHOST_LLM_2_VISION="true").agents.llm
+    assert [e.vision for e in second.endpoints] == [False, True] and second.vision
 
 
 def test_what_the_host_decides_is_looked_up_once_and_shared(tmp_path: Path) -> None:

@@ -33,12 +33,13 @@ async def main() -> None:
     await app.stop()
 
 asyncio.run(main())
-print(sorted(m for m in ("telegram", "httpx") if m in sys.modules))
+print(sorted(m for m in ("telegram", "httpx", "PIL") if m in sys.modules))
 """
 
 
 def test_a_daemon_without_telegram_never_loads_the_telegram_client(data_dir: Path) -> None:
-    # python-telegram-bot and httpx cost ~20 MB of RSS (docs/performance.md): only a bot token loads them.
+    # python-telegram-bot and httpx cost ~20 MB of RSS (docs/performance.md): only a bot token loads them. Pillow
+    # (3.6 MB) loads only when a photo is prepared for a model that can see.
     done = subprocess.run(
         [sys.executable, "-c", PROBE, str(data_dir)], capture_output=True, text=True, env=clean_env(), timeout=60,
         check=False,

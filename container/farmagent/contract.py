@@ -19,6 +19,8 @@ from farmagent.wire import FOLDER_RE, REQUEST_ID_RE
 
 MAX_INPUT_BYTES: Final = 4 << 20  # a prompt, a few memory snippets: kilobytes; anything near this is a bug
 MAX_TURNS_LIMIT: Final = 100
+# The host's photo is a JPEG of at most 300 KB: 400 KB as base64; this leaves room and stops nothing of the host's.
+MAX_IMAGE_URL_CHARS: Final = 1 << 20
 _ZONE_RE: Final = r"^[A-Za-z0-9_+-]+(/[A-Za-z0-9_+-]+)*$"  # an IANA name: no dots, so no `..` into the zone files
 
 
@@ -32,6 +34,11 @@ def _text(max_length: int, min_length: int = 0, pattern: str | None = None) -> d
 _ID: Final = {"type": "string", "pattern": REQUEST_ID_RE.pattern}
 _SNIPPET: Final = obj(
     {"citation": _text(1024), "groupFolder": _text(64), "snippet": _text(20_000)}, "citation", "groupFolder", "snippet"
+)
+_IMAGE: Final = obj(
+    {"path": _text(256, min_length=1), "url": _text(MAX_IMAGE_URL_CHARS, pattern=r"^data:image/jpeg;base64,")},
+    "path",
+    "url",
 )
 SCHEMA: Final = obj(
     {
@@ -49,6 +56,7 @@ SCHEMA: Final = obj(
         "memory": {"type": "array", "maxItems": 64, "items": _SNIPPET},
         "maxTurns": {"type": "integer", "minimum": 1, "maximum": MAX_TURNS_LIMIT},
         "model": _text(200, min_length=1),
+        "images": {"type": "array", "maxItems": 4, "items": _IMAGE},
     },
     *("version", "runId", "groupFolder", "isMain", "prompt", "scheduled", "contextMode", "timezone", "now"),
     *("maxTurns", "model"),
@@ -71,6 +79,14 @@ class MemorySnippet:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ImageInput:
+    """A photo the host attached to the run: where it is in the workspace, and the downscaled JPEG as a data URL."""
+
+    path: str
+    url: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class AgentInput:
     """What the host asks of one run (docs: container/README.md "The runner contract")."""
 
@@ -88,6 +104,7 @@ class AgentInput:
     memory: list[MemorySnippet] = field(default_factory=list)
     maxTurns: int
     model: str
+    images: list[ImageInput] = field(default_factory=list)  # for a model that can see: image parts of the prompt
 
 
 def parse_input(raw: bytes) -> AgentInput:
@@ -113,7 +130,12 @@ def parse_input(raw: bytes) -> AgentInput:
         problems += [problem] if problem else []
     if problems or now is None:
         raise InputError(f"the AgentInput breaks the contract: {summary(problems)}")
-    fields = {**document, "now": now, "memory": [MemorySnippet(**hit) for hit in document.get("memory", [])]}
+    fields = {
+        **document,
+        "now": now,
+        "memory": [MemorySnippet(**hit) for hit in document.get("memory", [])],
+        "images": [ImageInput(**image) for image in document.get("images", [])],
+    }
     return AgentInput(**fields)
 
 

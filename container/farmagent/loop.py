@@ -63,14 +63,28 @@ class LoopParams:
     tools: tuple[ToolSpec, ...]
     max_turns: int
     endpoint: str
+    images: tuple[str, ...] = ()  # data URLs of the host's photos: image parts of the prompt's message
+
+
+def user_message(prompt: str, images: tuple[str, ...]) -> dict[str, Any]:
+    """The prompt's message as the model gets it: its text, then each image as an OpenAI image part."""
+    if not images:
+        return {"role": "user", "content": prompt}
+    parts = [{"type": "image_url", "image_url": {"url": url}} for url in images]
+    return {"role": "user", "content": [{"type": "text", "text": prompt}, *parts]}
 
 
 def run_loop(llm: ChatClient, tools: ToolContext, params: LoopParams) -> LoopOutcome:
-    """Run the conversation to a final answer, an LLM error, or the turn limit."""
+    """Run the conversation to a final answer, an LLM error, or the turn limit.
+
+    The images go with the prompt in every request of the run, but `added` (what a group's conversation keeps)
+    holds the prompt's text only: the next run's requests would otherwise carry every earlier photo.
+    """
     outcome = LoopOutcome(status="error", added=[{"role": "user", "content": params.prompt}])
     offered = tool_params(params.tools)
     names = {tool.name for tool in params.tools}
-    system = [{"role": "system", "content": params.system}]
+    before = [{"role": "system", "content": params.system}, *params.history]
+    request = user_message(params.prompt, params.images)
     while outcome.turns < params.max_turns:
         outcome.turns += 1
         asked = time.monotonic()
@@ -78,7 +92,7 @@ def run_loop(llm: ChatClient, tools: ToolContext, params: LoopParams) -> LoopOut
             message = complete(
                 llm,
                 model=params.model,
-                messages=system + params.history + outcome.added,
+                messages=[*before, request, *outcome.added[1:]],
                 tools=offered,
                 endpoint=params.endpoint,
             )

@@ -41,6 +41,7 @@ def run(agent_input: AgentInput, settings: AgentSettings) -> AgentResult:
         tools=tools,
         max_turns=agent_input.maxTurns,
         endpoint=where(settings),
+        images=tuple(image.url for image in agent_input.images),
     )
     outcome = run_loop(ChatClient(settings), ToolContext.from_settings(settings), params)
     outcome.log_timing()

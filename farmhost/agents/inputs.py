@@ -11,6 +11,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from farmhost.agents.jobs import AgentJob
+from farmhost.agents.photos import PreparedPhoto
 from farmhost.protocol.envelope import utc_stamp
 
 INPUT_VERSION: Final = 1
@@ -66,9 +67,10 @@ def agent_input(
     memory: list[dict[str, str]],
     max_turns: int,
     model: str,
+    images: Sequence[PreparedPhoto] = (),
 ) -> dict[str, Any]:
-    """The AgentInput document of the contract (docs/agent-runtime.md)."""
-    return {
+    """The AgentInput document of the contract (docs/agent-runtime.md); `images`: the photos attached to the run."""
+    document: dict[str, Any] = {
         "version": INPUT_VERSION,
         "runId": job.run_id,
         "groupFolder": job.folder,
@@ -84,6 +86,9 @@ def agent_input(
         "maxTurns": max_turns,
         "model": model,
     }
+    if images:  # absent without a photo: a runner older than images still runs every other job
+        document["images"] = [{"path": photo.path, "url": photo.data_url} for photo in images]
+    return document
 
 
 class AgentResult(BaseModel):

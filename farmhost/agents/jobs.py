@@ -14,6 +14,8 @@ from farmhost.protocol.codes import FOLDER_RE
 # Run ids name log files and containers: no path characters, and sortable by start time when generated.
 RUN_ID_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 CONTEXT_MODES: Final = ("isolated", "group")
+# A chat photo is a file the host saved in the workspace's inbox/: one name, never a way out of it.
+PHOTO_RE: Final = re.compile(r"^inbox/[A-Za-z0-9][A-Za-z0-9_.-]{0,159}$")
 
 Status = Literal["ok", "error", "timeout", "cancelled"]
 
@@ -35,6 +37,7 @@ class AgentJob:
     chat_jid: str | None = None
     run_id: str = field(default_factory=new_run_id)
     message: str | None = None  # a chat job: the farmer's own words (Assist hears these when no LLM answers)
+    photo: str | None = None  # a chat job for a photo: its file in the workspace (a model that can see gets it)
 
     def __post_init__(self) -> None:
         if not FOLDER_RE.fullmatch(self.folder):
@@ -43,6 +46,8 @@ class AgentJob:
             raise ValueError(f"invalid run id {self.run_id!r} (letters, digits, '_', '.', '-'; at most 64)")
         if self.context_mode not in CONTEXT_MODES:
             raise ValueError(f"context_mode must be 'isolated' or 'group', not {self.context_mode!r}")
+        if self.photo is not None and not PHOTO_RE.fullmatch(self.photo):
+            raise ValueError(f"invalid photo {self.photo!r} (a file name in inbox/)")
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class AgentOutcome:
     answered_by: str | None = None  # "assist" when Home Assistant's Assist answered instead of an LLM
     fallback_why: str | None = None  # why it did ("no LLM is configured", ...), for the chat's one-time notice
     receipt: str | None = None  # what farmhost saw the run change in HA (farm/state/receipts.py); None: nothing
+    photo_note: str | None = None  # why the model did not see the job's photo, for the chat; None: it did, or none
     # Where the host's time went, in ms, in order (hook, memory, sandbox, agent, cleanup, log): the run log and
     # bench/agent_run.py show it.
     phases_ms: dict[str, float] = field(default_factory=dict)

@@ -89,6 +89,7 @@ class RunRecord:
         self.exit: Exit | None = None
         self.result: AgentResult | None = None
         self.out_of_memory = False  # the kernel killed one of its processes at the cgroup memory limit
+        self.photo: str | None = None  # what became of the job's photo (attached, or why not)
         self.phases_ms: dict[str, float] = {}  # the host's phases so far (AgentOutcome.phases_ms)
 
     def phase(self, name: str, start: float, end: float | None = None) -> float:
@@ -118,6 +119,7 @@ class RunRecord:
                 f"{limits.max_turns} turns"
             ),
             f"memory snippets: {self.memory}",
+            *([f"photo: {self.photo}"] if self.photo else []),
             f"runtime: {self.backend}",
             f"command: {shlex.join(self.command) if self.command else '(not started)'}",
             f"status: {outcome.status}, exit code {outcome.exit_code}",

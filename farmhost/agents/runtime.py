@@ -22,6 +22,7 @@ from farmhost.agents.jobs import AgentJob, AgentOutcome, Status
 from farmhost.agents.kinds import AgentKind, agent_kind
 from farmhost.agents.launch import Exit, Launch, end_container
 from farmhost.agents.limits import LimitsReader
+from farmhost.agents.photos import PhotoError, PhotoPreparer, PreparedPhoto
 from farmhost.agents.proxy.budget import REQUESTS_PER_TURN, ProxyUsage
 from farmhost.agents.proxy.server import LlmProxy
 from farmhost.agents.queue import CHAT, SCHEDULED, QueueClosed, RunQueue
@@ -122,6 +123,7 @@ class AgentRuntime:
         self._limits = LimitsReader.of(layout.agent_limits, settings)
         self._proxy = proxy or LlmProxy(settings=settings.llm, layout=layout, limits=self._limits)
         self._queue = RunQueue(settings.max_agents)
+        self._photos = PhotoPreparer()
         self._active: dict[str, Launch] = {}
         self._finished: set[asyncio.Future[None]] = set()
         self._started = False
@@ -162,6 +164,7 @@ class AgentRuntime:
                     else "they are refused until cgroups are delegated or FARMHOST_AGENT_UNENFORCED_LIMITS=allow",
                 )
         await self._proxy.start()
+        self._photos.start()
         self._started = True
         logger.info(
             "agent runtime %s: up to %d run(s) at once, LLM %s",
@@ -179,6 +182,7 @@ class AgentRuntime:
         if self._finished:
             await asyncio.wait(self._finished)
         await self._proxy.stop()
+        self._photos.stop()
         self.trees.close()
         self._started = False
 
@@ -268,6 +272,8 @@ class AgentRuntime:
         hooked = time.monotonic()
         memory = await self._memory(job)
         searched = time.monotonic()
+        photos, photo_note = await self._photo(job)
+        prepared = time.monotonic()
         if self._stopping:
             error = "the agent runtime stopped before the run started"
             return self._outcome(job, "cancelled", error=error, started=started)
@@ -282,17 +288,18 @@ class AgentRuntime:
             cgroup_memory=self._cgroups is not None and self._cgroups.available,
         )
         document = agent_input(
-            with_notes(job, self._host_notes(job.folder) if self._host_notes is not None else []),
+            self._told(job, photos, photo_note),
             is_main=group.is_main,
             timezone=self._settings.zone.key,
             now=now_utc(),
             memory=memory,
             max_turns=limits.max_turns,
             model=self._settings.llm.model,
+            images=photos,
         )
         record = RunRecord(job=job, group=group, limits=limits, backend=self._backend.name, memory=len(memory))
         record.phase("hook", started, hooked)
-        since = record.phase("memory", hooked, searched)
+        since = _record_photo(record, photos, photo_note, record.phase("memory", hooked, searched), prepared)
         try:
             identity = await self._ids.identity(job.folder) if self._ids is not None else None
             plan = for_identity(self._backend, identity).plan(spec)
@@ -316,7 +323,7 @@ class AgentRuntime:
         )
         try:
             budget = REQUESTS_PER_TURN * limits.max_turns
-            async with self._proxy.serve(job.folder, job.run_id, max_requests=budget) as usage:
+            async with self._proxy.serve(job.folder, job.run_id, max_requests=budget, photos=photos) as usage:
                 record.usage = usage
                 procs = cgroup.procs_files if cgroup is not None else ()
                 stdin = json.dumps(document).encode()
@@ -332,7 +339,31 @@ class AgentRuntime:
                 record.out_of_memory = await end_container(plan) or record.out_of_memory
             await asyncio.to_thread(self.trees.after_run_sync, spec)
             record.phase("cleanup", since)
-        return await self._after_run(job, group, await self._finish(record, run, started), record.usage, started)
+        outcome = await self._after_run(job, group, await self._finish(record, run, started), record.usage, started)
+        return _with_photo_note(job, outcome, photo_note, record.usage)
+
+    def _told(self, job: AgentJob, photos: tuple[PreparedPhoto, ...], photo_note: str | None) -> AgentJob:
+        """The job as the agent is told it: the host's notes before the prompt; after it, why a photo is missing."""
+        told = with_notes(job, self._host_notes(job.folder) if self._host_notes is not None else [])
+        if job.photo is not None and not photos and self._settings.llm.vision:  # without vision: as ever
+            told = replace(
+                told, prompt=f"{told.prompt}\n[farmhost: the photo {job.photo} is not attached: {photo_note}]"
+            )
+        return told
+
+    async def _photo(self, job: AgentJob) -> tuple[tuple[PreparedPhoto, ...], str | None]:
+        """The job's photo as a model that can see gets it, or none and why the model gets no image."""
+        if job.photo is None:
+            return (), None
+        if not self._settings.llm.vision:
+            return (), "the farm's model cannot see photos"
+        try:
+            photo = await self._photos.prepare(self._layout.workspace(job.folder), job.photo)
+        except PhotoError as err:
+            logger.warning("agent run %s for %s: the photo %s is not shown to the model: %s", job.run_id, job.folder,
+                           job.photo, err.message, extra=_ids(job))  # fmt: skip
+            return (), err.message
+        return (photo,), None
 
     def _words(self, job: AgentJob) -> str | None:
         """What Assist should hear of the job (None: no fallback, or the job is no chat message)."""
@@ -516,6 +547,32 @@ class AgentRuntime:
 
     def _secrets(self) -> list[str | None]:
         return list(self._settings.secrets)
+
+
+def _record_photo(
+    record: RunRecord, photos: tuple[PreparedPhoto, ...], note: str | None, start: float, end: float
+) -> float:
+    """The run log's line and phase for the job's photo (none without one); returns when the next phase starts."""
+    if record.job.photo is None:
+        return start
+    if photos:
+        photo = photos[0]
+        record.photo = f"{photo.path} attached as a {photo.width}x{photo.height} JPEG of {len(photo.jpeg) // 1024} KB"
+    else:
+        record.photo = f"{record.job.photo} not attached: {note}"
+    return record.phase("photo", start, end)
+
+
+def _with_photo_note(job: AgentJob, outcome: AgentOutcome, why: str | None, usage: ProxyUsage | None) -> AgentOutcome:
+    """The outcome with the line the chat's reply ends with when the model did not see the message's photo.
+
+    `why` is set when no image was attached; an attached one was still not seen by a fallback without vision.
+    """
+    if why is None and usage is not None and usage.unseen_by:
+        why = f"an LLM that answered ({' and '.join(sorted(usage.unseen_by.values()))}) cannot see photos"
+    if why is None:
+        return outcome
+    return replace(outcome, photo_note=f"(The model did not see your photo, saved as {job.photo}: {why}.)")
 
 
 def _ids(job: AgentJob) -> dict[str, str]:

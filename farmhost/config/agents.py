@@ -14,12 +14,13 @@ KindName = Literal["farmagent", "opencode", "command"]
 
 @dataclass(frozen=True)
 class LlmEndpoint:
-    """One OpenAI-compatible endpoint of the chain: its place (1 is FARMHOST_LLM_*), URL, model and key."""
+    """One OpenAI-compatible endpoint of the chain: its place (1 is FARMHOST_LLM_*), URL, model, key, and vision."""
 
     number: int
     base_url: str
     model: str
     api_key: str | None = field(default=None, repr=False)
+    vision: bool = False  # the model accepts image parts (FARMHOST_LLM[_n]_VISION); the proxy strips them if not
 
     @property
     def env_prefix(self) -> str:
@@ -57,6 +58,11 @@ class LlmSettings:
     def model(self) -> str:
         """The model agents are given: the first endpoint's ("" without an LLM)."""
         return self.endpoints[0].model if self.endpoints else ""
+
+    @property
+    def vision(self) -> bool:
+        """Some endpoint of the chain accepts images (photos are attached to runs; the proxy strips them for others)."""
+        return any(endpoint.vision for endpoint in self.endpoints)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -75,7 +75,7 @@ def build_config(settings: Settings) -> Config:
     site = site_name(settings.site or host_name())
     ha = HaSettings(url=settings.ha_url, token=settings.ha_token)
     llm = _llm(settings, zone)
-    keys = (key for _number, _url, _model, key in settings.llm_fields())
+    keys = (key for _number, _url, _model, key, _vision in settings.llm_fields())
     secrets = tuple(s for s in (settings.ha_token, settings.telegram_bot_token, *keys) if s)
     profile_path = settings.farm_profile_path or settings.data_dir / "farm-profile.json"
     return Config(
@@ -241,7 +241,9 @@ def llm_chain(settings: Settings) -> tuple[LlmEndpoint, ...]:
     so the chain is every endpoint with both.
     """
     return tuple(
-        LlmEndpoint(number, url, model, key) for number, url, model, key in settings.llm_fields() if url and model
+        LlmEndpoint(number, url, model, key, vision=vision)
+        for number, url, model, key, vision in settings.llm_fields()
+        if url and model
     )
 
 

@@ -52,6 +52,8 @@ class Settings(BaseSettings):
     llm_base_url: str | None = Field(default=None, validation_alias="FARMHOST_LLM_BASE_URL")
     llm_api_key: str | None = Field(default=None, validation_alias="FARMHOST_LLM_API_KEY", repr=False)
     llm_model: str | None = Field(default=None, validation_alias="FARMHOST_LLM_MODEL")
+    # The endpoint's model accepts images: a chat photo goes to the agent as an image part (docs/agent-runtime.md).
+    llm_vision: bool = Field(default=False, validation_alias="FARMHOST_LLM_VISION")
     ipc_mode: Literal["inotify", "poll"] = Field(default="inotify", validation_alias="FARMHOST_IPC_MODE")
     mqtt_url: str | None = Field(default=None, validation_alias="FARMHOST_MQTT_URL", repr=False)
     site: str | None = Field(default=None, validation_alias="FARMHOST_SITE")
@@ -105,9 +107,11 @@ class Settings(BaseSettings):
     llm_2_base_url: str | None = Field(default=None, validation_alias="FARMHOST_LLM_2_BASE_URL")
     llm_2_model: str | None = Field(default=None, validation_alias="FARMHOST_LLM_2_MODEL")
     llm_2_api_key: str | None = Field(default=None, validation_alias="FARMHOST_LLM_2_API_KEY", repr=False)
+    llm_2_vision: bool = Field(default=False, validation_alias="FARMHOST_LLM_2_VISION")
     llm_3_base_url: str | None = Field(default=None, validation_alias="FARMHOST_LLM_3_BASE_URL")
     llm_3_model: str | None = Field(default=None, validation_alias="FARMHOST_LLM_3_MODEL")
     llm_3_api_key: str | None = Field(default=None, validation_alias="FARMHOST_LLM_3_API_KEY", repr=False)
+    llm_3_vision: bool = Field(default=False, validation_alias="FARMHOST_LLM_3_VISION")
     # An endpoint that failed (no connection, a timeout, a 5xx) is tried last for this long: long enough that a
     # run does not wait for a dead hosted endpoint at every turn, short enough to be back soon after the internet.
     llm_cooldown_seconds: float = Field(default=120.0, ge=0, le=86400, validation_alias="FARMHOST_LLM_COOLDOWN_SECONDS")
@@ -354,11 +358,11 @@ class Settings(BaseSettings):
     def _fallbacks_in_order(self) -> Settings:
         configured = True
         previous = ""
-        for number, url, model, key in self.llm_fields():
+        for number, url, model, key, vision in self.llm_fields():
             prefix = "FARMHOST_LLM" if number == 1 else f"FARMHOST_LLM_{number}"
             if number == 1:
                 configured = bool(url and model)
-            elif url or model or key:
+            elif url or model or key or vision:
                 if not (url and model):
                     missing = f"{prefix}_BASE_URL" if not url else f"{prefix}_MODEL"
                     raise ValueError(f"the fallback LLM endpoint {number} needs {missing} too")
@@ -372,12 +376,12 @@ class Settings(BaseSettings):
             previous = prefix
         return self
 
-    def llm_fields(self) -> tuple[tuple[int, str | None, str | None, str | None], ...]:
-        """Each LLM endpoint's place, base URL, model and key as written, in the order they are tried."""
+    def llm_fields(self) -> tuple[tuple[int, str | None, str | None, str | None, bool], ...]:
+        """Each LLM endpoint's place, base URL, model, key and vision as written, in the order they are tried."""
         return (
-            (1, self.llm_base_url, self.llm_model, self.llm_api_key),
-            (2, self.llm_2_base_url, self.llm_2_model, self.llm_2_api_key),
-            (3, self.llm_3_base_url, self.llm_3_model, self.llm_3_api_key),
+            (1, self.llm_base_url, self.llm_model, self.llm_api_key, self.llm_vision),
+            (2, self.llm_2_base_url, self.llm_2_model, self.llm_2_api_key, self.llm_2_vision),
+            (3, self.llm_3_base_url, self.llm_3_model, self.llm_3_api_key, self.llm_3_vision),
         )
 
 

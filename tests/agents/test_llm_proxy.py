@@ -10,7 +10,7 @@ import os
 import resource
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from llm_stub import Fail, Raw, Reply, ScriptedLLM
 from runtime_support import settings_for
 
 from farmhost.agents.limits import LimitsReader
+from farmhost.agents.photos import PreparedPhoto
 from farmhost.agents.proxy.budget import ProxyUsage
 from farmhost.agents.proxy.server import LlmProxy
 from farmhost.config import Settings, build_config
@@ -60,14 +61,14 @@ def proxy_for(settings: Settings, layout: DataLayout, **options: Any) -> LlmProx
 
 @asynccontextmanager
 async def proxied(
-    settings: Settings, *, max_requests: int = 8, **options: Any
+    settings: Settings, *, max_requests: int = 8, photos: Sequence[PreparedPhoto] = (), **options: Any
 ) -> AsyncIterator[tuple[openai.AsyncOpenAI, ProxyUsage, str]]:
-    """A proxy serving group `field`, and an openai client that reaches it through its socket as an agent does."""
+    """A proxy serving group `field` (with the run's `photos`), and an openai client on its socket as an agent's."""
     layout = DataLayout(settings.data_dir)
     proxy = proxy_for(settings, layout, **options)
     await proxy.start()
     try:
-        async with proxy.serve("field", "run-1", max_requests=max_requests) as usage:
+        async with proxy.serve("field", "run-1", max_requests=max_requests, photos=photos) as usage:
             directory = os.open(layout.group_run("field"), os.O_RDONLY | os.O_DIRECTORY)
             try:
                 path = f"/proc/self/fd/{directory}/llm.sock"  # the client's path must fit sun_path too

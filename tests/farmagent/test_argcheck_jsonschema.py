@@ -25,7 +25,7 @@ from jsonschema import Draft202012Validator
 # One value of every JSON type, with the numbers JSON Schema and Python tell apart (true is not 1, 3.0 is 3).
 SAMPLES: list[Any] = [None, True, False, 0, 1, -1, 3.0, -2.0, 2.5, 1e20, "", "x", [], ["x"], {}, {"k": 1}]
 # Strings tried in turn for a valid value of a patterned string: one of them fits each pattern the tools use.
-CANDIDATES = ("farm", "telegram:1", "sensor.x", "en")
+CANDIDATES = ("farm", "telegram:1", "sensor.x", "en", "data:image/jpeg;base64,/9j/")
 # Breakers of a valid string `v`: anchors, whitespace, case, separators, path tricks.
 BREAKERS = ("", " ", "{v}\n", "\n{v}", "{v} ", " {v}", "{v};x", "{v}/x", "../{v}", "{V}", "é{v}", "{v}\x00")
 UNKNOWN_KEY = "zz_unknown"

@@ -50,6 +50,11 @@ def parsed(**fields: Any) -> AgentInput:
         (json.dumps(agent_input(memory=[{"citation": "a"}])).encode(), "AgentInput.memory[0].groupFolder is required"),
         (json.dumps(agent_input(prompt="")).encode(), "AgentInput.prompt length must be at least 1 (got 0)"),
         (json.dumps(agent_input(apiKey="sk-secret")).encode(), "AgentInput has the unknown key 'apiKey'"),
+        (
+            json.dumps(agent_input(images=[{"path": "inbox/a.jpg", "url": "https://example.com/a.jpg"}])).encode(),
+            "AgentInput.images[0].url must match",
+        ),
+        (json.dumps(agent_input(images=[{"url": "data:image/jpeg;base64,"}])).encode(), "images[0].path is required"),
         (b" " * (5 << 20), "over the"),
     ],
 )
@@ -65,6 +70,13 @@ def test_optional_fields_may_be_left_out() -> None:
         del document[key]
     parsed_input = parse_input(json.dumps(document).encode())
     assert (parsed_input.taskId, parsed_input.chatJid, parsed_input.memory) == (None, None, [])
+    assert parsed_input.images == []  # no photo: the field is left out
+
+
+def test_an_attached_photo_is_read_as_an_image_input() -> None:
+    url = "data:image/jpeg;base64,/9j/4AAQ"
+    got = parsed(images=[{"path": "inbox/2026-11-30T10-00-00-photo-7.jpg", "url": url}])
+    assert [(image.path, image.url) for image in got.images] == [("inbox/2026-11-30T10-00-00-photo-7.jpg", url)]
 
 
 def test_the_result_line_has_exactly_the_contract_fields() -> None:

@@ -12,7 +12,7 @@ import os
 import sqlite3
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,15 +89,15 @@ async def _no_memory(folder: str, prompt: str) -> list[dict[str, Any]]:
     return []
 
 
-def make_runtime(settings: Settings) -> AgentRuntime:
-    """The real runtime on the settings' data dir, running the echo agent."""
+def make_runtime(settings: Settings, command: Sequence[str] | None = ECHO_COMMAND) -> AgentRuntime:
+    """The real runtime on the settings' data dir, running the echo agent (`command=None`: the settings' own)."""
     return AgentRuntime(
         settings=build_config(settings).agents,
         layout=DataLayout(settings.data_dir),
         group=group_lookup(settings.data_dir),
         before_run=_no_hook,
         memory_snippets=_no_memory,
-        command=ECHO_COMMAND,
+        command=command,
         term_grace=1.0,
     )
 
@@ -144,8 +144,9 @@ async def running(
     ipc: bool = False,
     status: Callable[[], Awaitable[dict[str, Any]]] | None = None,
     typing_interval: float = 0.3,
+    command: Sequence[str] | None = ECHO_COMMAND,
 ) -> AsyncIterator[Host]:
-    """Start runtime, inbound (and delivery, and the IPC service on the same database) on the settings' data dir.
+    """Start runtime (running `command`; None: the settings' agent), inbound (and delivery, and IPC) on the data dir.
 
     They are stopped in the app's order at the end.
     """
@@ -164,7 +165,7 @@ async def running(
             identity=identity,
         )
         await service.start()
-    runtime = make_runtime(settings)
+    runtime = make_runtime(settings, command)
     if start_runtime:
         await runtime.start()
     telegram = build_config(settings).telegram

@@ -41,6 +41,8 @@ class ProxyUsage:
     upstream_failures: int = 0  # requests no endpoint answered (unreachable, timed out, 5xx)
     upstream_answers: int = 0  # requests an endpoint answered with 2xx (a stream: once its headers came)
     answered_by: dict[int, str] = field(default_factory=dict)  # endpoint number -> label, of those that answered 2xx
+    # endpoint number -> label, of those that answered 2xx to a request whose photo they could not see (no vision)
+    unseen_by: dict[int, str] = field(default_factory=dict)
 
 
 class BudgetExceeded(Exception):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -82,8 +83,12 @@ class RunHandler:
         folder: str,
         run_id: str,
         usage: ProxyUsage,
+        photos: Mapping[str, str] | None = None,
     ) -> None:
-        """The handlers for run `run_id` of group `folder`, counting into `usage`; the rest is shared by every run."""
+        """The handlers for run `run_id` of group `folder`, counting into `usage`; the rest is shared by every run.
+
+        `photos`: the run's attached photos, data URL -> workspace path: the only images its requests may carry.
+        """
         self._upstream = upstream
         self._parser = parser
         self._budgets = budgets
@@ -92,6 +97,7 @@ class RunHandler:
         self._folder = folder
         self._run_id = run_id
         self._usage = usage
+        self._photos = dict(photos or {})
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         """Check, rewrite and forward one chat completion request."""
@@ -125,7 +131,7 @@ class RunHandler:
             # The client went away mid-body or sent a broken one; nobody may read this answer, but the log line says so.
             return _error(400, f"the request body could not be read ({err})", "invalid_request", close=True)
         try:
-            body = await self._parser.prepare(raw, max_tokens=self._rules.max_tokens)
+            body = await self._parser.prepare(raw, max_tokens=self._rules.max_tokens, photos=self._photos)
         except BodyRefused as err:
             return self._refused(str(err))
         del raw  # only the prepared bytes are held while the upstream answers
@@ -136,7 +142,7 @@ class RunHandler:
             status, data, content_type, endpoint = await self._upstream.forward(body)
         except (TimeoutError, aiohttp.ClientError) as err:
             return self._unreachable(err, self._rules.request_timeout)
-        return self._answer(reservation, status, data, content_type, endpoint)
+        return self._answer(reservation, status, data, content_type, endpoint, body)
 
     async def _stream(
         self, request: web.Request, body: PreparedBody, reservation: Reservation, tally: StreamTally
@@ -157,9 +163,8 @@ class RunHandler:
                         data = await self._upstream.read(upstream)
                 except (TimeoutError, aiohttp.ClientError) as err:
                     return self._unreachable(err, self._rules.request_timeout)
-                return self._answer(reservation, upstream.status, data, upstream.content_type, endpoint)
-            self._usage.upstream_answers += 1
-            self._usage.answered_by[endpoint.number] = endpoint.label
+                return self._answer(reservation, upstream.status, data, upstream.content_type, endpoint, body)
+            self._answered(endpoint, body)
             extra = {"group": self._folder, "runId": self._run_id}
             relay = StreamRelay(
                 tally=tally,
@@ -185,15 +190,27 @@ class RunHandler:
                 self._budgets.add_tokens(reservation, *tally.tokens(body.prompt_estimate))
 
     def _answer(
-        self, reservation: Reservation, status: int, data: bytes, content_type: str | None, endpoint: LlmEndpoint
+        self,
+        reservation: Reservation,
+        status: int,
+        data: bytes,
+        content_type: str | None,
+        endpoint: LlmEndpoint,
+        body: PreparedBody,
     ) -> web.Response:
         if 200 <= status < 300:
-            self._usage.upstream_answers += 1
-            self._usage.answered_by[endpoint.number] = endpoint.label
+            self._answered(endpoint, body)
             self._budgets.add_tokens(reservation, *answer_tokens(data))
         elif status >= 500:
             self._usage.upstream_failures += 1
         return web.Response(status=status, body=data, content_type=content_type or "application/json")
+
+    def _answered(self, endpoint: LlmEndpoint, body: PreparedBody) -> None:
+        """Count a 2xx answer, and whether the endpoint that gave it got the run's photo as text only."""
+        self._usage.upstream_answers += 1
+        self._usage.answered_by[endpoint.number] = endpoint.label
+        if body.images and not endpoint.vision:
+            self._usage.unseen_by[endpoint.number] = endpoint.label
 
     def _refused(self, message: str) -> web.Response:
         """The 400 for a body that cannot be forwarded, logged with its reason (the agent's own answer says it too)."""

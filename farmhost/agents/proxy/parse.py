@@ -6,8 +6,9 @@ once took the daemon from 135 MB to 677 MB and blocked its loop for every group.
 1. a linear tokenising scan counts the values and the nesting depth, and refuses a body over `MAX_VALUES` or
    `MAX_DEPTH` as soon as it gets there (the scan yields the GIL between tokens, so the loop keeps running);
 2. only then `json.loads`, which is now bounded (at most `MAX_VALUES` objects, a few MB and a few ms);
-3. the rewrite (proxy/body.py) and the serialisation, so the daemon holds bytes while the upstream answers, never
-   the built body.
+3. the rewrite (proxy/body.py), the check of image parts (proxy/images.py; with a photo, a second serialisation
+   for the endpoints that cannot see it), and the serialisation, so the daemon holds bytes while the upstream
+   answers, never the built body.
 One thread for every run's bodies: one parsed body at a time in memory.
 """
 
@@ -17,12 +18,15 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final
 
 from farmhost.agents.proxy.body import BodyRefused, rewrite, wants_usage
+from farmhost.agents.proxy.images import IMAGE_TOKENS, checked_images, without_images
 from farmhost.agents.proxy.tokens import estimate_prompt_tokens
+from farmhost.config import LlmEndpoint
 
 # JSON values (strings and object keys included) one body may hold. A long conversation with large tool schemas
 # has a few thousand; 100,000 tiny ones parse in about 10 ms and take about 10 MB, which the worker can afford.
@@ -54,10 +58,13 @@ class PreparedBody:
     stream: bool
     relay_usage: bool  # the agent asked for a stream's usage chunk itself
     prompt_estimate: int  # prompt tokens by characters, for a stream that reports no usage
+    images: int = 0  # image parts (each one of the run's photos)
+    text_only: bytes | None = None  # with images: the same body, each image part a text part saying what it was
 
-    def for_model(self, model: str) -> bytes:
-        """The body to POST to an endpoint that serves `model`."""
-        return self.without_model[:-1] + b', "model": ' + json.dumps(model).encode() + b"}"
+    def for_endpoint(self, endpoint: LlmEndpoint) -> bytes:
+        """The body to POST to `endpoint`: its model set, and no image part unless it can see."""
+        base = self.without_model if endpoint.vision or self.text_only is None else self.text_only
+        return base[:-1] + b', "model": ' + json.dumps(endpoint.model).encode() + b"}"
 
 
 def scan(raw: bytes, *, max_values: int = MAX_VALUES, max_depth: int = MAX_DEPTH) -> None:
@@ -93,8 +100,8 @@ def _constant(name: str) -> Any:
     raise BodyRefused(f"the request body is not JSON ({name} is not a JSON number)")
 
 
-def prepare(raw: bytes, *, max_tokens: int) -> PreparedBody:
-    """Scan, parse and rewrite one body (blocking: call it through `BodyParser`).
+def prepare(raw: bytes, *, max_tokens: int, photos: Mapping[str, str] | None = None) -> PreparedBody:
+    """Scan, parse and rewrite one body (blocking: call it through `BodyParser`); `photos`: the run's, URL -> path.
 
     Raises:
         BodyRefused: what is wrong with the body, in a sentence for the agent.
@@ -116,10 +123,19 @@ def prepare(raw: bytes, *, max_tokens: int) -> PreparedBody:
     relay_usage = wants_usage(body)
     body = rewrite(body, model="", max_tokens=max_tokens)
     del body["model"]
+    images = checked_images(body, photos or {})
+    text_only = without_images(body, photos or {}) if images else None
     stream = bool(body.get("stream"))
-    estimate = estimate_prompt_tokens(body) if stream else 0
+    estimate = 0
+    if stream:  # an image counts as its tokens, not as the characters of its base64
+        estimate = estimate_prompt_tokens(text_only if text_only is not None else body) + images * IMAGE_TOKENS
     return PreparedBody(
-        without_model=json.dumps(body).encode(), stream=stream, relay_usage=relay_usage, prompt_estimate=estimate
+        without_model=json.dumps(body).encode(),
+        stream=stream,
+        relay_usage=relay_usage,
+        prompt_estimate=estimate,
+        images=images,
+        text_only=json.dumps(text_only).encode() if text_only is not None else None,
     )
 
 
@@ -140,7 +156,7 @@ class BodyParser:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
 
-    async def prepare(self, raw: bytes, *, max_tokens: int) -> PreparedBody:
+    async def prepare(self, raw: bytes, *, max_tokens: int, photos: Mapping[str, str] | None = None) -> PreparedBody:
         """`prepare(raw)` in the worker.
 
         Raises:
@@ -148,4 +164,4 @@ class BodyParser:
         """
         assert self._executor is not None, "start() the parser first"
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, lambda: prepare(raw, max_tokens=max_tokens))
+        return await loop.run_in_executor(self._executor, lambda: prepare(raw, max_tokens=max_tokens, photos=photos))

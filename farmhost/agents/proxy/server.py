@@ -6,9 +6,9 @@ and `GET /v1/models` (answered here: the configured model is the only one an age
 proxy's lifetime and each run's socket and HTTP server; the pieces it wires together own the rest:
 connections accepted within caps and deadlines (proxy/listener.py), one run's exchanges (proxy/exchange.py), bodies
 checked by a bounded scan and parsed off the event loop (proxy/parse.py) and rewritten to known fields
-(proxy/body.py), every request reserved against the run's and the group's daily budgets (proxy/budget.py), the
-endpoints tried in order with the key added and answers redacted (proxy/upstream.py, proxy/chain.py), and streams
-relayed as they arrive (proxy/stream.py).
+(proxy/body.py) with only the run's own photo as an image (proxy/images.py), every request reserved against the
+run's and the group's daily budgets (proxy/budget.py), the endpoints tried in order with the key added and answers
+redacted (proxy/upstream.py, proxy/chain.py), and streams relayed as they arrive (proxy/stream.py).
 """
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Final
 
 from aiohttp import web
 
 from farmhost.agents.limits import LimitsReader
+from farmhost.agents.photos import PreparedPhoto
 from farmhost.agents.proxy.budget import LlmBudgets, ProxyUsage
 from farmhost.agents.proxy.exchange import ExchangeRules, RunHandler, UsageNotice
 from farmhost.agents.proxy.listener import HTTP_ERRORS, ConnectionCaps, ProxyListener
@@ -116,8 +117,12 @@ class LlmProxy:
             self._db, self._budgets = None, None
 
     @asynccontextmanager
-    async def serve(self, folder: str, run_id: str, *, max_requests: int) -> AsyncIterator[ProxyUsage]:
+    async def serve(
+        self, folder: str, run_id: str, *, max_requests: int, photos: Sequence[PreparedPhoto] = ()
+    ) -> AsyncIterator[ProxyUsage]:
         """Listen on `<data>/run/<folder>/llm.sock` for the block; yields the run's usage counters.
+
+        `photos` are those the host attached to the run: the only images its requests may carry (proxy/images.py).
 
         Raises:
             OSError: the socket cannot be created.
@@ -133,6 +138,7 @@ class LlmProxy:
             folder=folder,
             run_id=run_id,
             usage=usage,
+            photos={photo.data_url: photo.path for photo in photos},
         )
         directory = os.open(self._layout.create_group_run(folder), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         runner: web.AppRunner | None = None

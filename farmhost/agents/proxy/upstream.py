@@ -1,8 +1,9 @@
 """UpstreamClient: the proxy's side toward the LLM endpoints: the HTTP session, the fallback walk, the key, redaction.
 
 A prepared body is POSTed to each endpoint in the chain's order (proxy/chain.py) until one answers below 500, with
-the endpoint's key added and its model set; a buffered answer is read within MAX_RESPONSE_BYTES. Whatever comes
-back toward an agent passes through `redact`, so no endpoint's key ever reaches one.
+the endpoint's key added, its model set and, for one that cannot see, each image part made text (proxy/images.py);
+a buffered answer is read within MAX_RESPONSE_BYTES. Whatever comes back toward an agent passes through `redact`,
+so no endpoint's key ever reaches one.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ class UpstreamClient:
         url = f"{endpoint.base_url}/chat/completions"
         total = None if stream else self.timeout
         timeout = aiohttp.ClientTimeout(total=total, sock_connect=CONNECT_TIMEOUT)
-        return await self._session.post(url, data=body.for_model(endpoint.model), headers=headers, timeout=timeout)
+        return await self._session.post(url, data=body.for_endpoint(endpoint), headers=headers, timeout=timeout)
 
     async def read(self, response: aiohttp.ClientResponse) -> bytes:
         """A buffered answer's body, redacted.

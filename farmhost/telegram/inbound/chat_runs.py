@@ -31,6 +31,7 @@ from farmhost.store import chat_notices, groups, telegram_state
 from farmhost.store.db import Database
 from farmhost.store.telegram_state import QueuedRun
 from farmhost.telegram.bot import chat_id_of
+from farmhost.telegram.inbound.photos import photo_path
 from farmhost.telegram.inbound.prompt import CONTEXT_MESSAGES, build_prompt
 from farmhost.telegram.inbound.routing import COMMANDS, parse_command
 
@@ -125,6 +126,8 @@ class ChatRuns:
         text, status = reply_text(outcome)
         if outcome.receipt:  # farmhost's own account, under the agent's words (alone when it said nothing)
             text = f"{text}\n\n{outcome.receipt}" if text else outcome.receipt
+        if outcome.photo_note:  # the model did not see the message's photo, and why
+            text = f"{text}\n\n{outcome.photo_note}" if text else outcome.photo_note
         with self._db.tx() as conn:
             if telegram_state.finish_run(conn, run.update_id, status=status, note=outcome.status) and text:
                 key, at = f"reply:{outcome.run_id}", self._clock()
@@ -167,6 +170,7 @@ class ChatRuns:
             context_mode="group",
             chat_jid=group.jid,
             message=trigger.text,
+            photo=photo_path(trigger.text),
         )
 
     async def _submit(self, job: AgentJob) -> AgentOutcome:

@@ -1,0 +1,55 @@
+"""Real images for the photo tests: a camera-sized JPEG, a decompression bomb, and reading back what a model got."""
+
+from __future__ import annotations
+
+import base64
+import io
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+DATA_URL_PREFIX = "data:image/jpeg;base64,"
+
+
+def camera_jpeg(width: int = 3000, height: int = 2000) -> bytes:
+    """A JPEG as a phone takes it: smooth colours with sensor noise (noise keeps it from compressing to nothing)."""
+    rng = np.random.default_rng(38)
+    x = np.linspace(0, 255, width)[None, :, None]
+    y = np.linspace(0, 255, height)[:, None, None]
+    base = np.concatenate([x + 0 * y, y + 0 * x, (x + y) / 2], axis=2)
+    pixels = (base + rng.normal(0, 24, (height, width, 3))).clip(0, 255).astype("uint8")
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG", quality=92)
+    return out.getvalue()
+
+
+def png_bomb(width: int = 20_000, height: int = 20_000) -> bytes:
+    """A PNG of black pixels: a few hundred KB that would be width x height bytes decoded."""
+    out = io.BytesIO()
+    Image.new("L", (width, height)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def decoded(url: str) -> Image.Image:
+    """The image of a `data:image/jpeg;base64,` URL (loaded, so it can be checked after)."""
+    assert url.startswith(DATA_URL_PREFIX), url[:40]
+    image = Image.open(io.BytesIO(base64.b64decode(url.removeprefix(DATA_URL_PREFIX))))
+    image.load()
+    return image
+
+
+def image_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every image part of a request's messages."""
+    return [
+        part
+        for message in messages
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+        if part.get("type") == "image_url"
+    ]
+
+
+def jpeg_bytes(url: str) -> int:
+    """How long the JPEG of a data URL is."""
+    return len(base64.b64decode(url.removeprefix(DATA_URL_PREFIX)))
