@@ -297,6 +297,7 @@ class App:
                 desk=self.desk,
                 stop=self.emergency_stop,
                 alerts=self.alerts,
+                stt=self.stt,
             )
             self.ipc.add_change_listener(self.telegram.ipc_changed)
             await self.telegram.start()

@@ -455,9 +455,10 @@ class FakeTelegram:
     def media_message(
         self,
         chat_id: int,
-        kind: Literal["photo", "document", "voice", "location"],
+        kind: Literal["photo", "document", "voice", "audio", "video_note", "location"],
         *,
         caption: str | None = None,
+        duration: int = 3,
         content: bytes = b"fake media bytes",
         file_name: str | None = None,
         mime_type: str | None = None,
@@ -472,7 +473,7 @@ class FakeTelegram:
         caption_entities: list[dict[str, Any]] | None = None,
         reply_to_message_id: int | None = None,
     ) -> dict[str, Any]:
-        """Queue a photo / document / voice / location message; returns the Update."""
+        """Queue a photo / document / voice / audio / video note / location message; returns the Update."""
         with self._cond:
             body: dict[str, Any] = {}
             if kind == "photo":
@@ -484,7 +485,15 @@ class FakeTelegram:
                 body["document"] = {"file_name": name, "mime_type": mime, **_file_ref(stored)}
             elif kind == "voice":
                 stored = self._store_file("voice", "voice.oga", content, declared_size)
-                body["voice"] = {"duration": 3, "mime_type": mime_type or "audio/ogg", **_file_ref(stored)}
+                body["voice"] = {"duration": duration, "mime_type": mime_type or "audio/ogg", **_file_ref(stored)}
+            elif kind == "audio":
+                name = file_name or "audio.mp3"
+                stored = self._store_file("music", name, content, declared_size)
+                body["audio"] = {"duration": duration, "mime_type": mime_type or "audio/mpeg", "file_name": name,
+                                 **_file_ref(stored)}  # fmt: skip
+            elif kind == "video_note":
+                stored = self._store_file("video_notes", "video_note.mp4", content, declared_size)
+                body["video_note"] = {"duration": duration, "length": 240, **_file_ref(stored)}
             elif kind == "location":
                 body["location"] = {"latitude": latitude, "longitude": longitude}
             else:

@@ -19,6 +19,7 @@ from farmhost.store.db import Database
 from farmhost.telegram.bot import make_bot
 from farmhost.telegram.delivery.worker import OutboxDelivery
 from farmhost.telegram.inbound.receiver import StatusSource, TelegramInbound
+from farmhost.voice.stt import SpeechToText
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class TelegramService:
         desk: ApprovalDesk | None = None,
         stop: EmergencyStop | None = None,
         alerts: AlertNotifier | None = None,
+        stt: SpeechToText | None = None,
     ) -> None:
         """Build the bot and both sides; nothing talks to Telegram before `start()`.
 
@@ -52,6 +54,7 @@ class TelegramService:
             desk: Decides the Approve / Deny buttons of farm actions under approval.
             stop: The emergency stop behind /stop, /resume and the Stop everything button.
             alerts: Records the Acknowledge and Snooze 1 h buttons of farm alerts.
+            stt: Hears voice notes (None: they are saved to the group's inbox only).
         """
         self.bot: telegram.Bot = make_bot(settings)
         self.delivery = OutboxDelivery(db=db, settings=settings, layout=layout, bot=self.bot)
@@ -67,6 +70,7 @@ class TelegramService:
             desk=desk,
             stop=stop,
             alerts=alerts,
+            stt=stt,
         )
 
     async def start(self) -> None:

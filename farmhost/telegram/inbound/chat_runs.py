@@ -5,7 +5,8 @@ run is submitted from a background task (nobody waits for an agent); the typing 
 meanwhile; the outcome and its reply are stored in one transaction. The submit is shielded: stopping this service
 never cancels a run under the runtime (that would orphan the agent process), the runtime ends its own runs when
 it stops, and a row whose outcome was not recorded stays `queued` and is submitted again at the next start. A row
-is submitted at most MAX_ATTEMPTS times; then it is failed with a message to the chat.
+is submitted at most MAX_ATTEMPTS times; then it is failed with a message to the chat. The reply to a voice note
+starts with the words that were understood.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from farmhost.telegram.bot import chat_id_of
 from farmhost.telegram.inbound.photos import photo_path
 from farmhost.telegram.inbound.prompt import CONTEXT_MESSAGES, build_prompt
 from farmhost.telegram.inbound.routing import COMMANDS, parse_command
+from farmhost.telegram.inbound.voice_notes import quote, spoken_words
 
 logger = logging.getLogger(__name__)
 
@@ -101,10 +103,11 @@ class ChatRuns:
 
     async def _run_once(self, run: QueuedRun) -> None:
         with self._db.tx() as conn:
-            job = self._prepare(conn, run)
-        if job is None:
+            prepared = self._prepare(conn, run)
+        if prepared is None:
             self._wake_outbox()
             return
+        job, heard = prepared
         typing = asyncio.create_task(self._typing(chat_id_of(run.chat_jid)), name=f"telegram:typing:{run.chat_jid}")
         try:
             outcome = await self._submit(job)
@@ -128,6 +131,8 @@ class ChatRuns:
             text = f"{text}\n\n{outcome.receipt}" if text else outcome.receipt
         if outcome.photo_note:  # the model did not see the message's photo, and why
             text = f"{text}\n\n{outcome.photo_note}" if text else outcome.photo_note
+        if text and heard is not None:  # a voice note: what was understood comes first
+            text = f"{quote(heard)}\n\n{text}"
         with self._db.tx() as conn:
             if telegram_state.finish_run(conn, run.update_id, status=status, note=outcome.status) and text:
                 key, at = f"reply:{outcome.run_id}", self._clock()
@@ -143,8 +148,11 @@ class ChatRuns:
                     enqueue_notice(conn, key=key, jid=run.chat_jid, text=text, at=at)
         self._wake_outbox()
 
-    def _prepare(self, conn: sqlite3.Connection, run: QueuedRun) -> AgentJob | None:
-        """The job of a queued run (counting the attempt), or None when it cannot run (then it is finished)."""
+    def _prepare(self, conn: sqlite3.Connection, run: QueuedRun) -> tuple[AgentJob, str | None] | None:
+        """The job of a queued run (counting the attempt) and a voice note's words; None when it cannot run.
+
+        A run that cannot run is finished here.
+        """
         group = groups.find_by_jid(conn, run.chat_jid)
         trigger = telegram_state.transcript_message(conn, run.transcript_id)
         if group is None or trigger is None:
@@ -163,15 +171,17 @@ class ChatRuns:
         username = self._username()
         context = [message for message in context if not _is_command(message.text, username)]
         prompt = build_prompt(trigger, context, zone=self._settings.zone, omitted=omitted)
-        return AgentJob(
+        words = spoken_words(trigger.text)
+        job = AgentJob(
             folder=group.folder,
             prompt=prompt,
             scheduled=False,
             context_mode="group",
             chat_jid=group.jid,
-            message=trigger.text,
+            message=trigger.text if words is None else words,  # Assist hears the words, not the placeholder
             photo=photo_path(trigger.text),
         )
+        return job, words
 
     async def _submit(self, job: AgentJob) -> AgentOutcome:
         submitted = asyncio.ensure_future(self._runtime.submit(job))

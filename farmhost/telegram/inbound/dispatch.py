@@ -1,15 +1,16 @@
 """Dispatch of one update: dropped when seen before, else to the button, message or membership handler.
 
 A message is routed (routing.py) here: ignored (the chat recorded as seen), offered for approval when its chat
-is not registered (membership.py), or stored as context, a run or a command (storing.py). Edits never start a
-run or answer a command.
+is not registered (membership.py), or stored as context, a run or a command (message_store.py). Edits never start
+a run or answer a command. A voice note in a registered chat is heard first (voice_notes.py) and routed by its words,
+as if they had been typed.
 """
 
 from __future__ import annotations
 
 import logging
 
-from telegram import Message, Update
+from telegram import Message, Update, User
 
 from farmhost.store import groups, telegram_state
 from farmhost.telegram.bot import jid_of
@@ -19,6 +20,7 @@ from farmhost.telegram.inbound.media import media_of
 from farmhost.telegram.inbound.message_store import MessageStore
 from farmhost.telegram.inbound.routing import Incoming, Route, route
 from farmhost.telegram.inbound.update_context import INBOUND_LOGGER, InboundPorts
+from farmhost.telegram.inbound.voice_notes import is_voice
 
 logger = logging.getLogger(INBOUND_LOGGER)
 
@@ -64,6 +66,12 @@ async def on_message(
     if not text and ref is None:
         ports.finish(update_id, jid, "ignored", "no text or media (a service message)", ports.seen_chat(chat))
         return
+    heard = None
+    if group is not None and not edited and is_voice(ref) and _may_speak(ports, group.is_main, sender):
+        assert ref is not None
+        heard = await messages.hear(update_id, group, ref, message)
+        if heard is not None:
+            text = heard.text
     incoming = Incoming(
         text=text,
         chat_type=chat.type,
@@ -84,7 +92,14 @@ async def on_message(
         membership.offer(ports, update_id, chat, sender)
     else:
         assert group is not None
-        await messages.store(update_id, message, group, decision, text, ref, edited=edited)
+        await messages.store(update_id, message, group, decision, text, ref, edited=edited, heard=heard)
+
+
+def _may_speak(ports: InboundPorts, is_main: bool, sender: User | None) -> bool:
+    """Whether a voice note is worth hearing: routing ignores bots, and other senders than the main chat's own."""
+    if sender is not None and sender.is_bot:
+        return False
+    return not (is_main and ports.main_senders and (sender is None or sender.id not in ports.main_senders))
 
 
 def _replies_to_bot(ports: InboundPorts, message: Message) -> bool:

@@ -122,39 +122,47 @@ def inbox_name(ref: MediaRef, *, message_id: int, local_time: datetime) -> str:
     return stem + suffix
 
 
+@dataclass(frozen=True)
+class Saved:
+    """Media after `save_media`: its placeholder, and its bytes when it was saved into the inbox."""
+
+    placeholder: str
+    data: bytes | None = None
+
+
 async def save_media(
     bot: Bot, ref: MediaRef, workspace: Path, *, message_id: int, local_time: datetime, max_bytes: int
-) -> str:
-    """Fetch the media's file into the workspace's inbox; returns its placeholder (saying why when it is not saved).
+) -> Saved:
+    """Fetch the media's file into the workspace's inbox; its placeholder says where, or why it is not saved.
 
     Raises:
         MediaRetry: a network error or flood control; the caller processes the update again later.
     """
     if ref.file_id is None:
         if ref.too_big is not None:
-            return placeholder(ref, over_limit(ref.too_big, max_bytes))
-        return describe_unsaved(ref)
+            return Saved(placeholder(ref, over_limit(ref.too_big, max_bytes)))
+        return Saved(describe_unsaved(ref))
     if ref.file_size is not None and ref.file_size > max_bytes:
-        return placeholder(ref, over_limit(ref.file_size, max_bytes))
+        return Saved(placeholder(ref, over_limit(ref.file_size, max_bytes)))
     try:
         file = await bot.get_file(ref.file_id)
         if file.file_size is not None and file.file_size > max_bytes:
-            return placeholder(ref, over_limit(file.file_size, max_bytes))
+            return Saved(placeholder(ref, over_limit(file.file_size, max_bytes)))
         data = bytes(await file.download_as_bytearray())
     except (NetworkError, RetryAfter) as err:
         raise MediaRetry(f"downloading the {ref.kind} failed: {err}") from err
     except (TelegramError, RuntimeError) as err:
         logger.warning("telegram: cannot download a %s (message %d): %s", ref.kind, message_id, err)
-        return placeholder(ref, f"(not saved: Telegram would not give the file: {one_line(str(err))})")
+        return Saved(placeholder(ref, f"(not saved: Telegram would not give the file: {one_line(str(err))})"))
     if len(data) > max_bytes:
-        return placeholder(ref, over_limit(len(data), max_bytes))
+        return Saved(placeholder(ref, over_limit(len(data), max_bytes)))
     name = inbox_name(ref, message_id=message_id, local_time=local_time)
     try:
         await asyncio.to_thread(write_inbox_file, workspace, name, data)
     except OSError as err:
         logger.error("telegram: cannot save a %s into %s/%s: %s", ref.kind, workspace, INBOX, err)
-        return placeholder(ref, f"(not saved: cannot write to {INBOX}/: {err.strerror or err})")
-    return placeholder(ref, f"{INBOX}/{name}")
+        return Saved(placeholder(ref, f"(not saved: cannot write to {INBOX}/: {err.strerror or err})"))
+    return Saved(placeholder(ref, f"{INBOX}/{name}"), data)
 
 
 def write_inbox_file(workspace: Path, name: str, data: bytes) -> None:

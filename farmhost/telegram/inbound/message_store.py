@@ -4,6 +4,8 @@ The transcript row (edits as their own rows, marked "(edited)"), the chats row, 
 (handed to ChatRuns once committed) or the update's row with a command reply queued in the outbox. Media is
 fetched into the group's inbox first; a download failing on the network makes the whole update be retried
 (MediaRetry, up to MEDIA_TRIES times), after which the message is stored with a note instead of the file.
+A voice note is fetched and heard (voice_notes.py) before it is routed; one that is not transcribed is stored as
+context with the reason, and the chat is told that reason instead of a run.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from farmhost.store.groups import Group
 from farmhost.store.telegram_state import QueuedRun, UpdateStatus
 from farmhost.telegram.inbound.chat_runs import ChatRuns
 from farmhost.telegram.inbound.command_replies import CommandReplies
-from farmhost.telegram.inbound.media import MediaRef, MediaRetry, placeholder, save_media
+from farmhost.telegram.inbound.media import MediaRef, MediaRetry, Saved, placeholder, save_media
 from farmhost.telegram.inbound.routing import Route
 from farmhost.telegram.inbound.update_context import INBOUND_LOGGER, InboundPorts
+from farmhost.telegram.inbound.voice_notes import Heard, hear
 
 logger = logging.getLogger(INBOUND_LOGGER)
 
@@ -51,8 +54,11 @@ class MessageStore:
         ref: MediaRef | None,
         *,
         edited: bool,
+        heard: Heard | None = None,
     ) -> None:
         """Store `message` as `decision` says (run, command or context) and move the offset past it.
+
+        `heard` is its voice note after `hear` (its media is then saved already).
 
         Raises:
             MediaRetry: its media could not be fetched (yet); the update is to be processed again.
@@ -60,8 +66,14 @@ class MessageStore:
         ports = self._ports
         jid = group.jid
         body = text
-        if ref is not None:
-            note = f"[{ref.kind}]" if edited else await self._save_media(update_id, group, ref, message)
+        refusal: str | None = None  # a voice note meant for the agent that was not heard: the chat is told why
+        if heard is not None:
+            body = heard.body
+            if heard.refusal is not None and decision.action == "run":
+                refusal = heard.refusal
+                decision = Route("store", "a voice note that was not transcribed")
+        elif ref is not None:
+            note = f"[{ref.kind}]" if edited else (await self._save_media(update_id, group, ref, message)).placeholder
             body = f"{note} {text}".strip()
         at = (message.edit_date if edited else None) or message.date
         key = f"tg:{message.chat.id}:{message.message_id}"
@@ -93,6 +105,8 @@ class MessageStore:
                 enqueue_notice(
                     conn, key=f"command:{update_id}", jid=jid, text=reply, at=ports.clock(), reply_markup=markup
                 )
+            if refusal is not None:
+                enqueue_notice(conn, key=f"voice:{update_id}", jid=jid, text=refusal, at=ports.clock())
             telegram_state.record_update(
                 conn, update_id=update_id, chat_jid=jid, status=status, detail=decision.reason, at=ports.clock()
             )
@@ -105,10 +119,22 @@ class MessageStore:
             logger.info("telegram: message %d in %s (%s) starts a run: %s", message.message_id, jid, group.folder,
                         decision.reason)  # fmt: skip
             self._runs.spawn(queued[0])
-        if reply is not None:
+        if reply is not None or refusal is not None:
             ports.wake_outbox()
 
-    async def _save_media(self, update_id: int, group: Group, ref: MediaRef, message: Message) -> str:
+    async def hear(self, update_id: int, group: Group, ref: MediaRef, message: Message) -> Heard | None:
+        """Fetch a voice note into the inbox and transcribe it (None: no speech-to-text is configured).
+
+        Raises:
+            MediaRetry: its media could not be fetched (yet); the update is to be processed again.
+        """
+        stt = self._ports.stt
+        if stt is None:
+            return None
+        saved = await self._save_media(update_id, group, ref, message)
+        return await hear(stt, ref, saved.placeholder, saved.data, message.caption or "")
+
+    async def _save_media(self, update_id: int, group: Group, ref: MediaRef, message: Message) -> Saved:
         settings = self._ports.settings
         try:
             return await save_media(
@@ -126,4 +152,4 @@ class MessageStore:
                 raise
             self._media_failures.pop(update_id, None)
             logger.warning("telegram: giving up on the %s of message %d: %s", ref.kind, message.message_id, err)
-            return placeholder(ref, f"(not saved: {one_line(str(err))})")
+            return Saved(placeholder(ref, f"(not saved: {one_line(str(err))})"))

@@ -40,6 +40,7 @@ from farmhost.telegram.inbound.message_store import MessageStore
 from farmhost.telegram.inbound.polling import RETRY_DELAYS, Poller
 from farmhost.telegram.inbound.routing import parse_senders
 from farmhost.telegram.inbound.update_context import InboundPorts
+from farmhost.voice.stt import SpeechToText
 
 __all__ = ["UPDATE_RETENTION", "StatusSource", "TelegramInbound"]
 
@@ -64,6 +65,7 @@ class TelegramInbound:
         desk: ApprovalDesk | None = None,
         stop: EmergencyStop | None = None,
         alerts: AlertNotifier | None = None,
+        stt: SpeechToText | None = None,
         clock: Callable[[], datetime] = now_utc,
         typing_interval: float = TYPING_INTERVAL,
         retry_delays: tuple[float, float] = RETRY_DELAYS,
@@ -83,6 +85,7 @@ class TelegramInbound:
             desk: Decides the farm-action approval buttons (None: they answer "not used any more").
             stop: The emergency stop behind /stop, /resume and the Stop everything button (None: unavailable).
             alerts: Records the Acknowledge and Snooze 1 h buttons of farm alerts (None: unavailable).
+            stt: Hears voice notes before they are routed (None: they are saved to the inbox only).
             clock: The current time (aware).
             typing_interval: Seconds between two typing indicators while a run goes on.
             retry_delays: The first and the longest wait after a failed poll.
@@ -106,6 +109,7 @@ class TelegramInbound:
             desk=desk,
             stop=stop,
             alerts=alerts,
+            stt=stt,
         )
         self._runs = ChatRuns(
             db=db,

@@ -27,6 +27,7 @@ from farmhost.store import chats, telegram_state
 from farmhost.store.db import Database
 from farmhost.store.telegram_state import UpdateStatus
 from farmhost.telegram.bot import jid_of
+from farmhost.voice.stt import SpeechToText
 
 # One logger for the whole inbound side, split over several modules: its name is what operators filter on.
 INBOUND_LOGGER: Final = "farmhost.telegram.inbound.receiver"
@@ -51,6 +52,7 @@ class InboundPorts:
     desk: ApprovalDesk | None = None  # decides the farm-action approval buttons
     stop: EmergencyStop | None = None  # /stop, /resume and the Stop everything button
     alerts: AlertNotifier | None = None  # the Acknowledge and Snooze 1 h buttons of farm alerts
+    stt: SpeechToText | None = None  # hears voice notes (None: they stay files in the inbox)
 
     def finish(
         self,

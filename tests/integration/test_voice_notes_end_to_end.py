@@ -1,0 +1,150 @@
+"""Issue 38 end to end: a voice note in the chat is heard on the farm and handled as the farmer's typed words.
+
+Every part is real but Telegram and the hosted LLM: the daemon (a subprocess), the fake Bot API on 127.0.0.1, the
+real faster-whisper model in farmhost's worker process, a spoken note made by espeak-ng and encoded to OGG/Opus as
+Telegram sends them, a bubblewrap agent run against the scripted LLM, the real Home Assistant test instance.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from farmhost_testing import FIELD_JID, MAIN_JID, clean_env, running_daemon, wait_for
+from ha_fixture import HaInstance
+from llm_stub import Recorded, Reply, ScriptedLLM, ToolCall
+from telegram_stub import FakeTelegram
+
+from farmhost.store.db import Database
+from farmhost.store.transcripts import latest
+from farmhost_dev.voice import IRRIGATION_WORDS, spoken_note
+
+pytestmark = pytest.mark.slow  # end to end, many seconds each
+
+MAIN_CHAT = int(MAIN_JID.removeprefix("telegram:"))
+FIELD_CHAT = int(FIELD_JID.removeprefix("telegram:"))
+PUMP = "switch.irrigation_pump"
+
+
+def _env(ha_env: dict[str, str], tg: FakeTelegram, model: Path, **extra: str) -> dict[str, str]:
+    return clean_env(
+        **ha_env,
+        TELEGRAM_BOT_TOKEN=tg.token,
+        TELEGRAM_API_BASE_URL=tg.api_root,
+        FARMHOST_TELEGRAM_POLL_TIMEOUT="1",
+        FARMHOST_AGENT_RUNTIME="bwrap",
+        FARMHOST_STT_MODEL=str(model),
+        FARMHOST_STT_LANGUAGE="en",
+        **extra,
+    )
+
+
+def _llm(llm: ScriptedLLM) -> dict[str, str]:
+    return {"FARMHOST_LLM_BASE_URL": llm.base_url, "FARMHOST_LLM_MODEL": "farm-model", "FARMHOST_LLM_API_KEY": "sk"}
+
+
+def _stored(data_dir: Path, jid: str) -> list[tuple[str, str]]:
+    db = Database.open(data_dir)
+    try:
+        return [(m.direction, m.text) for m in latest(db.conn, [jid])]
+    finally:
+        db.close()
+
+
+def _inbox(data_dir: Path, folder: str) -> list[str]:
+    return sorted(p.name for p in (data_dir / "groups" / folder / "inbox").iterdir())
+
+
+def _confirm(request: Recorded) -> Reply:
+    result = json.loads(request.last_tool_result() or "{}")
+    return Reply(f"Done: the irrigation pump is {result['state']['state']}.")
+
+
+def test_a_spoken_request_turns_the_pump_on_and_the_reply_quotes_what_was_heard(
+    data_dir: Path,
+    fake_telegram: FakeTelegram,
+    llm_stub: ScriptedLLM,
+    ha_reset: HaInstance,
+    ha_env: dict[str, str],
+    whisper_base: Path,
+    irrigation_note: bytes,
+) -> None:
+    assert ha_reset.get_state(PUMP)["state"] == "off"
+    llm_stub.script(ToolCall("ha_set_entity", {"entityId": PUMP, "value": "on"}), _confirm)
+    with running_daemon(data_dir, env=_env(ha_env, fake_telegram, whisper_base, **_llm(llm_stub))) as daemon:
+        fake_telegram.media_message(MAIN_CHAT, "voice", content=irrigation_note, duration=6, chat_type="private",
+                                    title=None)  # fmt: skip
+        (reply,) = fake_telegram.wait_sent(1, chat_id=MAIN_CHAT, timeout=90)
+        assert "Traceback" not in daemon.log()
+
+    assert ha_reset.get_state(PUMP)["state"] == "on"  # the agent switched it, through farmhost's rules
+    heard, answer = str(reply.params["text"]).split("\n\n", 1)
+    assert heard.startswith("🎤 ") and all(word in heard.lower() for word in IRRIGATION_WORDS), heard
+    assert answer.startswith("Done: the irrigation pump is on.")
+    prompt = llm_stub.requests[0].text()
+    assert "🎤" in prompt and all(word in prompt.lower() for word in IRRIGATION_WORDS)
+    [note] = _inbox(data_dir, "main")  # the audio is kept
+    assert note.endswith(".ogg")
+    first = _stored(data_dir, MAIN_JID)[0]
+    assert first[0] == "in" and first[1].startswith(f"[voice: inbox/{note}] 🎤 ")
+    assert "irrigation" in first[1].lower()
+
+
+def test_without_an_llm_assist_hears_the_words(
+    data_dir: Path,
+    fake_telegram: FakeTelegram,
+    ha_reset: HaInstance,
+    ha_env: dict[str, str],
+    whisper_base: Path,
+) -> None:
+    assert ha_reset.get_state(PUMP)["state"] == "off"
+    note = spoken_note("Turn on the irrigation pump.")
+    with running_daemon(data_dir, env=_env(ha_env, fake_telegram, whisper_base)) as daemon:
+        fake_telegram.media_message(MAIN_CHAT, "voice", content=note, chat_type="private", title=None)
+        _notice, reply = fake_telegram.wait_sent(2, chat_id=MAIN_CHAT, timeout=90)
+        assert "Traceback" not in daemon.log()
+    assert ha_reset.get_state(PUMP)["state"] == "on"  # Assist switched it
+    heard, answer = str(reply.params["text"]).split("\n\n", 1)
+    assert heard.startswith("🎤 ") and "pump" in heard.lower()
+    assert answer.startswith("Turned on")
+    audit = [json.loads(line) for line in (data_dir / "farm-state" / "audit.ndjson").read_text().splitlines()]
+    [asked] = [a for a in audit if a["action"] == "ha_assist"]
+    assert "pump" in asked["params"]["text"].lower() and "[voice" not in asked["params"]["text"]
+
+
+def test_bad_and_long_notes_get_a_sentence_and_two_groups_are_both_heard(
+    data_dir: Path,
+    fake_telegram: FakeTelegram,
+    llm_stub: ScriptedLLM,
+    ha_env: dict[str, str],
+    whisper_base: Path,
+    irrigation_note: bytes,
+) -> None:
+    tg = fake_telegram
+    llm_stub.script(then=Reply("Noted."))
+    env = _env(ha_env, tg, whisper_base, FARMHOST_STT_MAX_SECONDS="4", **_llm(llm_stub))
+    short = spoken_note("How dry is field one?")
+    with running_daemon(data_dir, env=env) as daemon:
+        tg.media_message(MAIN_CHAT, "voice", content=b"OggS this is not audio at all", chat_type="private", title=None)
+        (corrupt,) = tg.wait_sent(1, chat_id=MAIN_CHAT, timeout=60)
+        tg.media_message(MAIN_CHAT, "voice", content=irrigation_note, duration=6, chat_type="private", title=None)
+        (_, too_long) = tg.wait_sent(2, chat_id=MAIN_CHAT, timeout=60)
+        # two notes at once from two groups: both heard, both answered
+        tg.media_message(MAIN_CHAT, "voice", content=short, chat_type="private", title=None)
+        tg.media_message(FIELD_CHAT, "voice", content=short, caption="@Field")
+        main_reply = tg.wait_sent(3, chat_id=MAIN_CHAT, timeout=90)[2]
+        (field_reply,) = tg.wait_sent(1, chat_id=FIELD_CHAT, timeout=90)
+        assert "Traceback" not in daemon.log()
+
+    assert str(corrupt.params["text"]).startswith("🎤 ")
+    assert "could not be read as audio" in str(corrupt.params["text"])
+    assert str(too_long.params["text"]).startswith("🎤 ") and "4" in str(too_long.params["text"])
+    for reply in (main_reply, field_reply):
+        heard, answer = str(reply.params["text"]).split("\n\n", 1)
+        assert heard.startswith("🎤 ") and "dry" in heard.lower() and answer.startswith("Noted.")
+    assert len(llm_stub.requests) == 2  # the refused notes started no run
+    assert len(_inbox(data_dir, "main")) == 3  # nothing lost: every note's audio is in the inbox
+    stored = wait_for(lambda: _stored(data_dir, MAIN_JID), what="the main chat's transcript")
+    refused = [text for direction, text in stored if direction == "in" and "(not transcribed)" in text]
+    assert len(refused) == 2
