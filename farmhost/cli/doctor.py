@@ -432,7 +432,8 @@ def _bwrap(binary: str, sandbox: SandboxSettings) -> list[Check]:
     if sandbox.proc == "container":
         detail = (
             "FARMHOST_SANDBOX_PROC=container: runs see this container's /proc read-only (its process list and "
-            "command lines, not the host's); other uids' environments and memory stay closed"
+            "command lines, not the host's; other uids' environments and memory stay closed), and a run's share of "
+            "inotify instances is not capped (the container's /proc/sys is read-only)"
         )
         fix = "where the kernel lets bwrap mount a new /proc (outside a container), unset FARMHOST_SANDBOX_PROC"
         checks.append(Check("sandbox", "warn", detail, fix))

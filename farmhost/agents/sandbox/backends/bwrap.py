@@ -121,7 +121,8 @@ class BwrapBackend:
 
     def _drop(self, identity: AgentIdentity, spec: SandboxSpec) -> list[str]:
         if not identity.switch:
-            share = str(max(self.inotify_share, 1))
+            # The container's /proc/sys is read-only: the run's inotify share cannot be set there (docs/security.md).
+            share = "0" if self.proc == "container" else str(max(self.inotify_share, 1))
             return [str(self.python.executable), "-I", "-c", LAUNCHER, share, str(spec.limits.pids)]
         if self.setpriv is None:
             raise SandboxError("setpriv (util-linux) is needed to run agents as an unprivileged user under root")
