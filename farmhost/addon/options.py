@@ -67,7 +67,7 @@ def read_options(path: Path = OPTIONS_PATH) -> tuple[AddonOptions, list[str]]:
         for error in err.errors():
             name = str(error["loc"][0]) if error["loc"] else "?"
             bad.add(name)
-            problems.append(f"option {name}: {error['msg']} (got {_shown(name, raw.get(name))}); it is left unset")
+            problems.append(f"option {name}: {error['msg']} (got {_shown(name, raw.get(name))}); its default is used")
         options = AddonOptions.model_validate({k: v for k, v in raw.items() if k not in bad})
     for name in _NEEDED:
         if getattr(options, name) is None and not any(p.startswith(f"option {name}:") for p in problems):
