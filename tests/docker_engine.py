@@ -15,6 +15,7 @@ import pytest
 
 AGENT_IMAGE = os.environ.get("FARMHOST_TEST_AGENT_IMAGE", "farmhost-agent:test")
 FARMHOST_IMAGE = os.environ.get("FARMHOST_TEST_FARMHOST_IMAGE", "farmhost:test")
+ADDON_IMAGE = os.environ.get("FARMHOST_TEST_ADDON_IMAGE", "farmhost-addon:test")
 BASE_IMAGE = os.environ.get("FARMHOST_TEST_BASE_IMAGE", "farmhost-base:bookworm")
 ENGINE_HOST = os.environ.get("FARMHOST_TEST_DOCKER_HOST") or os.environ.get("DOCKER_HOST") or ""
 ENGINE_ENV = {**os.environ, "DOCKER_HOST": ENGINE_HOST} if ENGINE_HOST else dict(os.environ)

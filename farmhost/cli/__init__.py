@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from farmhost import __version__
+from farmhost.addon.options import OPTIONS_PATH
+from farmhost.addon.run import addon_run
 from farmhost.cli import commands, doctor, groups, health, ipc
 from farmhost.config import Settings, load_settings
 from farmhost.demo import cli as demo
@@ -90,6 +92,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the sandbox's tool table instead (shipped as container/farmagent/tool_table.json)",
     )
     p.set_defaults(func=commands.schema)
+
+    p = sub.add_parser(
+        "addon-run",
+        help="the Home Assistant add-on's entry point: options, Supervisor, then `farmhost run`",
+        description="Read the add-on's /data/options.json (one warning per missing or wrong option), find Home "
+        "Assistant and the MQTT broker through the Supervisor (SUPERVISOR_TOKEN; FARMHOST_SUPERVISOR_URL, default "
+        "http://supervisor), create /data/farmhost and the main chat's group, then exec `farmhost run` as uid 1000.",
+    )
+    p.add_argument("--options", type=Path, default=OPTIONS_PATH, help="the options file (default /data/options.json)")
+    p.set_defaults(func=lambda args, _settings: addon_run(args.options))
 
     groups.add_parsers(sub, common)
     commands.add_list_parsers(sub, common)

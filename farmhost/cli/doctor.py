@@ -435,7 +435,16 @@ def _bwrap(binary: str, sandbox: SandboxSettings) -> list[Check]:
         fix = "allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1) or use docker"
         return [Check("sandbox", "broken", detail, fix)]
     trial_check = Check("sandbox", "ok", f"bwrap ({binary}), agent interpreter {python.executable}")
-    return [trial_check, _seccomp(binary, str(python.executable), sandbox.seccomp)]
+    checks = [trial_check, _seccomp(binary, str(python.executable), sandbox.seccomp)]
+    if sandbox.proc == "container":
+        detail = (
+            "FARMHOST_SANDBOX_PROC=container: runs see this container's /proc read-only (its process list and "
+            "command lines, not the host's; other uids' environments and memory stay closed), and a run's share of "
+            "inotify instances is not capped (the container's /proc/sys is read-only)"
+        )
+        fix = "where the kernel lets bwrap mount a new /proc (outside a container), unset FARMHOST_SANDBOX_PROC"
+        checks.append(Check("sandbox", "warn", detail, fix))
+    return checks
 
 
 def _seccomp(binary: str, python: str, mode: SeccompMode) -> Check:

@@ -87,6 +87,7 @@ class SandboxSettings:
     image: str
     python: Path | None  # the agents' interpreter (FARMHOST_AGENT_PYTHON), None: the daemon's own
     seccomp: Literal["required", "off"]
+    proc: Literal["new", "container"] = "new"  # FARMHOST_SANDBOX_PROC: bwrap's /proc (docs/deployment.md, add-on)
     uid_base: int
     uid_count: int
     max_agents: int

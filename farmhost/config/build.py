@@ -197,6 +197,7 @@ def _agents(settings: Settings, zone: ZoneInfo, llm: LlmSettings, secrets: tuple
             image=settings.agent_image,
             python=settings.agent_python,
             seccomp=settings.sandbox_seccomp,
+            proc=settings.sandbox_proc,
             uid_base=settings.agent_uid_base,
             uid_count=settings.agent_uid_count,
             max_agents=settings.max_agents,

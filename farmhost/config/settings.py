@@ -100,6 +100,9 @@ class Settings(BaseSettings):
     agent_uid_count: int = Field(default=65536, ge=1, le=2**24, validation_alias="FARMHOST_AGENT_UID_COUNT")
     # bwrap runs: `required` refuses to start agents when the seccomp filter cannot be built, `off` runs them without.
     sandbox_seccomp: Literal["required", "off"] = Field(default="required", validation_alias="FARMHOST_SANDBOX_SECCOMP")
+    # bwrap runs: `new` mounts a /proc of the run's own pid namespace; `container` binds the /proc farmhost sees,
+    # read-only, for a container (the Home Assistant add-on) whose masked /proc paths forbid mounting a new one.
+    sandbox_proc: Literal["new", "container"] = Field(default="new", validation_alias="FARMHOST_SANDBOX_PROC")
     # The LLM proxy (docs/agent-runtime.md): connections a run may hold and all runs together, so a flood of them
     # can never take the daemon to its descriptor limit; an agent's client needs one or two.
     # Fallback LLM endpoints, tried in this order after FARMHOST_LLM_BASE_URL/MODEL/API_KEY (agent-runtime.md): e.g. a

@@ -363,3 +363,19 @@ def test_each_kind_gets_the_seccomp_rules_of_its_socket_families(root: Path, tmp
     assert profile["defaultAction"] == "SCMP_ACT_ALLOW" and profile["syscalls"] == engine_profile(wanted)["syscalls"]
     socket_rules = [rule for rule in profile["syscalls"] if rule["names"] == ["socket"]]
     assert {rule["errnoRet"] for rule in socket_rules} == {errno.EAFNOSUPPORT}
+
+
+def test_bwrap_in_a_container_binds_its_proc_and_leaves_the_inotify_share_alone(root: Path) -> None:
+    # FARMHOST_SANDBOX_PROC=container (the Home Assistant add-on): the kernel refuses a new /proc under a container's
+    # masked paths, and the container's /proc/sys is read-only (tests/deploy/test_addon_container.py runs it there).
+    python = find_python_install_sync(None)
+    backend = BwrapBackend(
+        bwrap="/usr/bin/bwrap", python=python, system=(), identity=AS_USER, setpriv=None, seccomp=None,
+        inotify_share=7, proc="container",
+    )  # fmt: skip
+    argv = list(backend.plan(spec(root, "main", is_main=True)).argv)
+    assert "--proc" not in argv
+    at = argv.index("/proc")
+    assert argv[at - 1 : at + 2] == ["--ro-bind", "/proc", "/proc"], argv[at - 1 : at + 2]
+    launcher = [str(python.executable), "-I", "-c", LAUNCHER, "0", "64"]
+    assert argv[-9:-3] == launcher, argv[-9:]

@@ -25,7 +25,13 @@ from farmhost.agents.kinds import IMAGE_OPENCODE_BIN, OPENCODE_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
 # (Dockerfile, build context) as docker-compose.yml builds them (tests/deploy/test_compose_config.py checks that).
-IMAGES = {"farmhost": (REPO / "Dockerfile", REPO), "agent": (REPO / "container" / "Dockerfile", REPO / "container")}
+IMAGES = {
+    "farmhost": (REPO / "Dockerfile", REPO),
+    "agent": (REPO / "container" / "Dockerfile", REPO / "container"),
+    # The Home Assistant add-on's, built by the Supervisor from the repository root (config.yaml beside them).
+    "addon-amd64": (REPO / "Dockerfile.amd64", REPO),
+    "addon-aarch64": (REPO / "Dockerfile.aarch64", REPO),
+}
 FETCHERS = re.compile(r"\b(curl|wget|git\s+clone|fetch)\b|https?://|\bgit\+")
 
 

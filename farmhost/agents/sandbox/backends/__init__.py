@@ -126,6 +126,7 @@ async def create_backend(settings: SandboxSettings) -> SandboxBackend:
             identity=identity,
             setpriv=setpriv,
             seccomp=bpf,
+            proc=settings.proc,
             inotify_share=0 if as_root else inotify_share(settings.max_agents),
         )
     user = None if os.geteuid() == 0 else container_user(settings.data_dir)  # root: each group's own (for_identity)

@@ -8,7 +8,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Final
+from typing import Final, Literal
 
 from farmhost.agents.sandbox.backends.base import (
     FD_PLACEHOLDER,
@@ -38,6 +38,10 @@ class BwrapBackend:
     # None: FARMHOST_SANDBOX_SECCOMP=off.
     seccomp: Mapping[tuple[int, ...], bytes] | None
     inotify_share: int = 0  # a daemon that is not root: the inotify instances each run may hold (share.py)
+    # `new`: a /proc of the run's own pid namespace. `container`: the /proc farmhost sees, bound read-only, where the
+    # kernel refuses a new one (a container's masked /proc paths, as in a Home Assistant add-on): the run then sees
+    # the container's process list, not the host's; other uids' environments and memory stay closed to it.
+    proc: Literal["new", "container"] = "new"
     name: str = "bwrap"
     isolated: bool = True
 
@@ -70,7 +74,8 @@ class BwrapBackend:
                 else ["--ro-bind", entry.path, entry.path]
             )
         tmp_bytes = str(spec.limits.tmp_mb * 1024 * 1024)
-        argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", tmp_bytes, "--tmpfs", "/tmp"]
+        argv += ["--proc", "/proc"] if self.proc == "new" else ["--ro-bind", "/proc", "/proc"]
+        argv += ["--dev", "/dev", "--perms", "1777", "--size", tmp_bytes, "--tmpfs", "/tmp"]
         argv += ["--perms", "1777", "--size", tmp_bytes, "--tmpfs", "/dev/shm"]  # else part of /dev, uncapped
         binds = [
             path
@@ -116,7 +121,8 @@ class BwrapBackend:
 
     def _drop(self, identity: AgentIdentity, spec: SandboxSpec) -> list[str]:
         if not identity.switch:
-            share = str(max(self.inotify_share, 1))
+            # The container's /proc/sys is read-only: the run's inotify share cannot be set there (docs/security.md).
+            share = "0" if self.proc == "container" else str(max(self.inotify_share, 1))
             return [str(self.python.executable), "-I", "-c", LAUNCHER, share, str(spec.limits.pids)]
         if self.setpriv is None:
             raise SandboxError("setpriv (util-linux) is needed to run agents as an unprivileged user under root")

@@ -20,14 +20,16 @@ INOTIFY_LIMITS: Final = (Path("/proc/sys/fs/inotify/max_user_instances"), Path("
 DEFAULT_INOTIFY: Final = 128
 
 # Run inside the sandbox by the agent's interpreter, with CAP_SYS_RESOURCE in the run's user namespace (and nothing
-# else): argv is `<inotify> <nproc> <command...>`. Caps the namespace's inotify instances, lowers RLIMIT_NPROC,
-# clears the ambient capabilities (PR_CAP_AMBIENT 47, CLEAR_ALL 4) and starts the agent, which so has none.
+# else): argv is `<inotify> <nproc> <command...>`. Caps the namespace's inotify instances (not when <inotify> is 0:
+# under the container's read-only /proc/sys, FARMHOST_SANDBOX_PROC=container), lowers RLIMIT_NPROC, clears the
+# ambient capabilities (PR_CAP_AMBIENT 47, CLEAR_ALL 4) and starts the agent, which so has none.
 LAUNCHER: Final = """\
 import ctypes, os, resource, sys
 inotify, nproc, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 try:
-    with open("/proc/sys/user/max_inotify_instances", "w") as f:
-        f.write(inotify)
+    if inotify != "0":
+        with open("/proc/sys/user/max_inotify_instances", "w") as f:
+            f.write(inotify)
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
     if ctypes.CDLL(None, use_errno=True).prctl(47, 4, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "cannot clear the ambient capabilities")
