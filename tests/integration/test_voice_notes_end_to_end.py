@@ -18,7 +18,7 @@ from telegram_stub import FakeTelegram
 
 from farmhost.store.db import Database
 from farmhost.store.transcripts import latest
-from farmhost_dev.voice import IRRIGATION_WORDS, spoken_note
+from farmhost_dev.voice import IRRIGATION_WORDS, silent_note, spoken_note
 
 pytestmark = pytest.mark.slow  # end to end, many seconds each
 
@@ -119,16 +119,16 @@ def test_bad_and_long_notes_get_a_sentence_and_two_groups_are_both_heard(
     llm_stub: ScriptedLLM,
     ha_env: dict[str, str],
     whisper_base: Path,
-    irrigation_note: bytes,
 ) -> None:
     tg = fake_telegram
     llm_stub.script(then=Reply("Noted."))
-    env = _env(ha_env, tg, whisper_base, FARMHOST_STT_MAX_SECONDS="4", **_llm(llm_stub))
+    env = _env(ha_env, tg, whisper_base, **_llm(llm_stub))
     short = spoken_note("How dry is field one?")
+    ten_minutes = silent_note(600)
     with running_daemon(data_dir, env=env) as daemon:
         tg.media_message(MAIN_CHAT, "voice", content=b"OggS this is not audio at all", chat_type="private", title=None)
         (corrupt,) = tg.wait_sent(1, chat_id=MAIN_CHAT, timeout=60)
-        tg.media_message(MAIN_CHAT, "voice", content=irrigation_note, duration=6, chat_type="private", title=None)
+        tg.media_message(MAIN_CHAT, "voice", content=ten_minutes, duration=600, chat_type="private", title=None)
         (_, too_long) = tg.wait_sent(2, chat_id=MAIN_CHAT, timeout=60)
         # two notes at once from two groups: both heard, both answered
         tg.media_message(MAIN_CHAT, "voice", content=short, chat_type="private", title=None)
@@ -139,7 +139,7 @@ def test_bad_and_long_notes_get_a_sentence_and_two_groups_are_both_heard(
 
     assert str(corrupt.params["text"]).startswith("🎤 ")
     assert "could not be read as audio" in str(corrupt.params["text"])
-    assert str(too_long.params["text"]).startswith("🎤 ") and "4" in str(too_long.params["text"])
+    assert str(too_long.params["text"]).startswith("🎤 ") and "120" in str(too_long.params["text"])
     for reply in (main_reply, field_reply):
         heard, answer = str(reply.params["text"]).split("\n\n", 1)
         assert heard.startswith("🎤 ") and "dry" in heard.lower() and answer.startswith("Noted.")
