@@ -13,13 +13,16 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from farmagent.budget import estimate, prompt_limit
 from farmagent.errors import LlmError
-from farmagent.llm import complete, tool_params
-from farmagent.tools import ToolOutcome, call_tool
+from farmagent.llm import complete
+from farmagent.tools import ToolOutcome
 
 if TYPE_CHECKING:
     from farmagent.llm import AssistantMessage, ChatClient, ToolCall
-    from farmagent.tools import ToolContext, ToolSpec
+    from farmagent.prompt import RunContext
+    from farmagent.toolbox import Toolbox
+    from farmagent.tools import ToolContext
 
 logger = logging.getLogger(__name__)
 
@@ -59,18 +62,20 @@ class LoopParams:
     model: str
     system: str
     history: list[dict[str, Any]]
+    context: RunContext  # sent ahead of the prompt, not kept in the conversation
     prompt: str
-    tools: tuple[ToolSpec, ...]
+    tools: Toolbox
     max_turns: int
     endpoint: str
+    context_tokens: int | None = None  # the endpoint's context size; None: unknown, nothing is trimmed
 
 
 def run_loop(llm: ChatClient, tools: ToolContext, params: LoopParams) -> LoopOutcome:
     """Run the conversation to a final answer, an LLM error, or the turn limit."""
     outcome = LoopOutcome(status="error", added=[{"role": "user", "content": params.prompt}])
-    offered = tool_params(params.tools)
-    names = {tool.name for tool in params.tools}
-    system = [{"role": "system", "content": params.system}]
+    offered = params.tools.params()
+    names = params.tools.names()
+    fit = _Fit(params, offered)
     while outcome.turns < params.max_turns:
         outcome.turns += 1
         asked = time.monotonic()
@@ -78,7 +83,7 @@ def run_loop(llm: ChatClient, tools: ToolContext, params: LoopParams) -> LoopOut
             message = complete(
                 llm,
                 model=params.model,
-                messages=system + params.history + outcome.added,
+                messages=fit.messages(outcome.added),
                 tools=offered,
                 endpoint=params.endpoint,
             )
@@ -96,7 +101,7 @@ def run_loop(llm: ChatClient, tools: ToolContext, params: LoopParams) -> LoopOut
         for call in calls:
             outcome.tool_calls += 1
             called = time.monotonic()
-            result = _run_call(tools, call, names)
+            result = _run_call(tools, call, params.tools, names)
             outcome.tool_seconds += time.monotonic() - called
             outcome.added.append({"role": "tool", "tool_call_id": call.id, "content": _cut(result.text)})
     outcome.error = (
@@ -113,14 +118,14 @@ def _assistant(message: AssistantMessage) -> dict[str, Any]:
     return entry
 
 
-def _run_call(tools: ToolContext, call: ToolCall, names: set[str]) -> ToolOutcome:
+def _run_call(tools: ToolContext, call: ToolCall, box: Toolbox, names: set[str]) -> ToolOutcome:
     started = time.monotonic()
     if call.type != "function":
         outcome = _refusal(f"only function tools exist here, not {call.type!r}")
         name = "?"
     else:
         name = call.function.name
-        outcome = _call_function(tools, name, call.function.arguments, names)
+        outcome = _call_function(tools, name, call.function.arguments, box, names)
     logger.info(
         "tool %s: %s in %.0f ms",
         name,
@@ -130,7 +135,9 @@ def _run_call(tools: ToolContext, call: ToolCall, names: set[str]) -> ToolOutcom
     return outcome
 
 
-def _call_function(tools: ToolContext, name: str, raw_arguments: str | None, names: set[str]) -> ToolOutcome:
+def _call_function(
+    tools: ToolContext, name: str, raw_arguments: str | None, box: Toolbox, names: set[str]
+) -> ToolOutcome:
     if name not in names:
         return _refusal(f"there is no tool {name!r} in this run; tools: {', '.join(sorted(names))}")
     try:
@@ -139,7 +146,70 @@ def _call_function(tools: ToolContext, name: str, raw_arguments: str | None, nam
         return _refusal(f"the arguments are not valid JSON ({err}); send a JSON object")
     if not isinstance(arguments, dict):
         return _refusal("the arguments must be a JSON object")
-    return call_tool(tools, name, arguments)
+    return box.call(tools, name, arguments)
+
+
+class _Fit:
+    """The messages of each request, trimmed to the context.
+
+    The oldest history goes first, then the memory hits, then the group's memory; each drop is said once in
+    the run log. A run whose own messages do not fit ends with an error rather than a prompt the server
+    would truncate.
+    """
+
+    def __init__(self, params: LoopParams, offered: list[dict[str, Any]]) -> None:
+        self.params, self.offered = params, offered
+        self.system = {"role": "system", "content": params.system}
+        self.history = list(params.history)
+        self.snippets = self.memory = True
+        self.limit = None if params.context_tokens is None else prompt_limit(params.context_tokens)
+
+    def messages(self, added: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The request's messages: system, history, the prompt with the run's section ahead of it, this run's turns.
+
+        Raises:
+            LlmError: even without history and memory the request would not fit.
+        """
+        while True:
+            prompt = _with_context(added[0], self.params.context.text(memory=self.memory, snippets=self.snippets))
+            messages = [self.system, *self.history, prompt, *added[1:]]
+            if self.limit is None:
+                return messages
+            need = estimate(messages, self.offered)
+            if need <= self.limit:
+                return messages
+            if not self._drop(need):
+                raise LlmError(
+                    f"the request needs about {need} tokens, more than the {self.limit} this run may send to the "
+                    f"model's {self.params.context_tokens}-token context (even without history and memory); "
+                    "use a model with a larger context (FARMHOST_LLM_CONTEXT_TOKENS) or a shorter request"
+                )
+
+    def _drop(self, need: int) -> bool:
+        why = f"the request needed about {need} tokens of {self.limit}"
+        if self.history:
+            dropped = 1
+            while dropped < len(self.history) and self.history[dropped]["role"] != "user":
+                dropped += 1
+            logger.info("context: dropped the %d oldest history message(s): %s", dropped, why)
+            del self.history[:dropped]
+        elif self.snippets and self.params.context.snippets:
+            logger.info("context: dropped the memory hits: %s", why)
+            self.snippets = False
+        elif self.memory and self.params.context.memory:
+            logger.info("context: dropped the group's memory (MEMORY.md): %s", why)
+            self.memory = False
+        else:
+            return False
+        return True
+
+
+def _with_context(message: dict[str, Any], context: str) -> dict[str, Any]:
+    """The user's message with the run's section ahead of its text (its own first part, for a list of parts)."""
+    content = message.get("content")
+    if isinstance(content, list):
+        return {**message, "content": [{"type": "text", "text": context}, *content]}
+    return {**message, "content": f"{context}{content or ''}"}
 
 
 def _refusal(error: str) -> ToolOutcome:
