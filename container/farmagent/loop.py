@@ -170,35 +170,49 @@ class _Fit:
         Raises:
             LlmError: even without history and memory the request would not fit.
         """
+        dropped: list[str] = []
+        needed, kept = 0, len(self.history)
         while True:
             prompt = _with_context(added[0], self.params.context.text(memory=self.memory, snippets=self.snippets))
             messages = [self.system, *self.history, prompt, *added[1:]]
             if self.limit is None:
                 return messages
             need = estimate(messages, self.offered)
+            needed = needed or need
             if need <= self.limit:
+                if kept > len(self.history):
+                    dropped.insert(0, f"the {kept - len(self.history)} oldest history message(s)")
+                if dropped:
+                    logger.info(
+                        "context: dropped %s: the request needed about %d tokens, %d may be sent to the model's "
+                        "%d-token context; now about %d",
+                        ", ".join(dropped),
+                        needed,
+                        self.limit,
+                        self.params.context_tokens,
+                        need,
+                    )
                 return messages
-            if not self._drop(need):
+            if not self._drop(dropped):
                 raise LlmError(
                     f"the request needs about {need} tokens, more than the {self.limit} this run may send to the "
                     f"model's {self.params.context_tokens}-token context (even without history and memory); "
                     "use a model with a larger context (FARMHOST_LLM_CONTEXT_TOKENS) or a shorter request"
                 )
 
-    def _drop(self, need: int) -> bool:
-        why = f"the request needed about {need} tokens of {self.limit}"
+    def _drop(self, dropped: list[str]) -> bool:
+        """Drop the next thing in line (memory parts said in `dropped`); False when nothing is left to drop."""
         if self.history:
-            dropped = 1
-            while dropped < len(self.history) and self.history[dropped]["role"] != "user":
-                dropped += 1
-            logger.info("context: dropped the %d oldest history message(s): %s", dropped, why)
-            del self.history[:dropped]
+            count = 1
+            while count < len(self.history) and self.history[count]["role"] != "user":
+                count += 1
+            del self.history[:count]
         elif self.snippets and self.params.context.snippets:
-            logger.info("context: dropped the memory hits: %s", why)
             self.snippets = False
+            dropped.append("the memory hits")
         elif self.memory and self.params.context.memory:
-            logger.info("context: dropped the group's memory (MEMORY.md): %s", why)
             self.memory = False
+            dropped.append("the group's memory (MEMORY.md)")
         else:
             return False
         return True
