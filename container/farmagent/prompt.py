@@ -22,14 +22,12 @@ GLOBAL_MEMORY_CHARS: Final = 2000
 SNIPPETS_CHARS: Final = 4000
 MEMORY_FILE: Final = "MEMORY.md"
 # One line each for the tools a small model would otherwise overlook (it would ask ha_get_status for
-# everything, and forget what it was told).
+# everything, and forget what it was told), said only when the tool is offered.
 _TOOL_HINTS: Final = {
-    "memory_write": "Remember lasting facts (fields, crops, devices, decisions, with the date) with memory_write "
-    "in MEMORY.md or memory/<topic>.md.",
-    "farm_state_read": "For current readings, alerts, devices or the calendar, start with farm_state_read.",
-    "ha_history": "For what happened over time (how long a pump ran, how cold it got last night), use ha_history.",
-    "find_tools": "More tools (dashboards, screenshots, tasks, groups, files, Assist) are one find_tools away; "
-    "call them with use_tool.",
+    "farm_state_read": "For readings, alerts, devices or the calendar, start with farm_state_read.",
+    "memory_write": "Remember lasting facts (fields, crops, devices, decisions, with the date) with memory_write.",
+    "find_tools": "Other tools (ha_history: what happened over time; dashboards, screenshots, tasks, groups, files, "
+    "Assist): find_tools, then use_tool.",
 }
 
 
@@ -63,8 +61,8 @@ def system_prompt(*, tools: tuple[str, ...], global_dir: Path) -> str:
     """
     parts = [
         (
-            "You are the farm assistant on a farm appliance next to Home Assistant. Each request starts with a "
-            "'## This run' section: the group you answer for, the time, and the group's notes."
+            "You are the farm assistant on a farm appliance next to Home Assistant. Each request starts with "
+            "'## This run': your group, the time, its notes."
         ),
         _tools_section(tools),
     ]
@@ -120,19 +118,18 @@ def _situation(agent_input: AgentInput) -> str:
             f"This is a scheduled run{task}: nobody is waiting for your reply. Your final answer is only recorded "
             f"by the host; to tell people something, send it with send_message.{chat}"
         )
-    return f"You are answering a message; your final answer is returned to the host as this run's answer.{chat}"
+    return f"You are answering a message; your final answer is sent as the reply.{chat}"
 
 
 def _tools_section(tools: tuple[str, ...]) -> str:
     hints = "".join(f"{_TOOL_HINTS[name]}\n" for name in tools if name in _TOOL_HINTS)
     return (
         "## Tools\n"
-        "You have no network and no shell. Everything beyond your reply (chat messages, files, scheduled tasks, "
-        "memory, Home Assistant) goes through your tools, and the host decides what is allowed: "
-        f"{', '.join(tools)}.\n"
+        "You have no network and no shell: everything beyond your reply goes through your tools, and the host "
+        "decides what is allowed.\n"
         f"{hints}"
-        'A refused or failed call returns JSON {"errorCode", "error"}: read it and adapt; never repeat a refused '
-        "call unchanged. Cite memory as [groupFolder:citation] when you use it."
+        'A refused or failed call returns {"errorCode", "error"}: adapt, never repeat it unchanged. Cite memory '
+        "as [groupFolder:citation]."
     )
 
 

@@ -33,7 +33,6 @@ DEFAULT_TOOLS: Final = (
     "ha_get_status",
     "ha_set_entity",
     "ha_call_service",
-    "ha_history",
     "memory_search",
     "memory_write",
     "send_message",
@@ -41,30 +40,22 @@ DEFAULT_TOOLS: Final = (
 )
 # Tight texts of the default tools; the host's full text is what find_tools shows.
 SHORT: Final = {
-    "farm_state_read": "Read the host's farm snapshot, instantly: 'current' (states, alerts), 'alerts', 'devices' "
-    "(areas, devices, entities), 'calendar'.",
+    "farm_state_read": "Read the farm's state, instantly: current (states, alerts), alerts, devices or calendar.",
     "ha_get_status": "Current Home Assistant states of entityIds or of whole domains (none: all).",
     "ha_set_entity": "Set one entity: a number, on/off, or one of its options. Returns the state read back.",
     "ha_call_service": "Call a Home Assistant service, e.g. domain 'switch', service 'turn_on', target "
     "{'entity_id': 'switch.pump'}.",
-    "ha_history": "What entities did over a period (default the last 24 h): min/max/mean, time on, states.",
     "memory_search": "Search the farm's memory (this group's and the global notes, and chat history).",
-    "memory_write": "Remember lasting facts: path 'MEMORY.md' or 'memory/<topic>.md', mode append (default) or "
-    "replace.",
-    "send_message": "Send a text message to a chat.",
-    "schedule_task": "Run a prompt later: schedule_type cron ('0 6 * * *', farm time), interval (ms), once "
-    '(ISO-8601 local time), or when (schedule_value an object like {"entity": "sensor.x", "below": 25} or '
-    '{"alert": "frost"}). find_tools("schedule_task") tells more.',
+    "memory_write": "Write this group's memory: path 'MEMORY.md' or 'memory/<topic>.md', mode append (default) "
+    "or replace.",
+    "send_message": "Send a text message to a chat (this group's chat id is in '## This run').",
+    "schedule_task": "Run a prompt later: schedule_type cron ('0 6 * * *'), interval (ms), once (ISO-8601) or "
+    'when (schedule_value {"entity": "sensor.x", "below": 25} or {"alert": "frost"}).',
 }
 # Parameters of the default tools a farm conversation rarely needs: left out of the offer, still accepted.
 RARE_PARAMS: Final = {
     "schedule_task": frozenset({"groupFolder", "taskId", "context_mode"}),
     "memory_search": frozenset({"groupFolder", "topK", "sources"}),
-}
-# Parameter texts of the offer that the host's would make long.
-SHORT_PARAMS: Final = {
-    ("schedule_task", "schedule_value"): "cron text, interval ms, ISO-8601 time, or the when object",
-    ("schedule_task", "schedule_type"): "cron, interval, once or when",
 }
 _VALIDATION_ONLY: Final = frozenset(
     {
@@ -82,13 +73,13 @@ _VALIDATION_ONLY: Final = frozenset(
 MAX_FOUND: Final = 8
 
 _FIND_PARAMS: Final = obj(
-    {"query": {"type": "string", "minLength": 1, "maxLength": 200, "description": "a word, e.g. dashboard, or a name"}},
+    {"query": {"type": "string", "minLength": 1, "maxLength": 200}},
     "query",
 )
 _USE_PARAMS: Final = obj(
     {
-        "name": {"type": "string", "minLength": 1, "maxLength": 64, "description": "a tool find_tools listed"},
-        "arguments": {"type": "object", "additionalProperties": True, "description": "its parameters"},
+        "name": {"type": "string", "minLength": 1, "maxLength": 64},
+        "arguments": {"type": "object", "additionalProperties": True},
     },
     "name",
 )
@@ -180,7 +171,11 @@ def compact(schema: Mapping[str, Any]) -> dict[str, Any]:
         elif key == "items" and isinstance(value, Mapping):
             out[key] = compact(value)
         elif key == "anyOf" and isinstance(value, list):
-            out[key] = [compact(branch) if isinstance(branch, Mapping) else branch for branch in value]
+            branches = [compact(branch) if isinstance(branch, Mapping) else branch for branch in value]
+            if all(isinstance(b, dict) and set(b) == {"type"} and isinstance(b["type"], str) for b in branches):
+                out["type"] = [b["type"] for b in branches]  # the same choice, shorter
+            else:
+                out[key] = branches
         elif key == "required" and not value:
             continue
         else:
@@ -189,14 +184,14 @@ def compact(schema: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _offered_parameters(tool: ToolSpec) -> dict[str, Any]:
+    # The names say enough in a small offer (entityId, chatJid, query); find_tools shows the host's texts.
     schema = compact(tool.parameters)
     rare = RARE_PARAMS.get(tool.name, frozenset())
     properties = {}
     for name, sub in schema.get("properties", {}).items():
         if name in rare:
             continue
-        text = SHORT_PARAMS.get((tool.name, name))
-        properties[name] = {**sub, "description": text} if text else sub
+        properties[name] = {key: value for key, value in sub.items() if key != "description"}
     return {**schema, "properties": properties}
 
 
@@ -208,8 +203,8 @@ _META_FIND: Final = {
     "type": "function",
     "function": {
         "name": FIND_TOOLS,
-        "description": "Find more tools (dashboards, screenshots, tasks, groups, files, Assist, memory_get, ...) by a "
-        "word or a name: their description and parameters. Call one with use_tool.",
+        "description": "Find more tools by a word (history, dashboard, screenshot, task, group, file, assist) or "
+        "a name.",
         "parameters": compact(_FIND_PARAMS),
     },
 }
@@ -217,7 +212,7 @@ _META_USE: Final = {
     "type": "function",
     "function": {
         "name": USE_TOOL,
-        "description": "Call a tool that find_tools listed, with its arguments.",
+        "description": "Call a tool find_tools found.",
         "parameters": compact(_USE_PARAMS),
     },
 }

@@ -113,7 +113,7 @@ def test_the_system_prompt_is_the_farms_and_the_run_section_has_time_zone_and_me
     # The system prompt is the farm's: the same for every group and time, with the global memory.
     assert system == system_prompt(tools=Toolbox.for_group(tools_for(is_main=True)).offered_names(), global_dir=shared)
     assert "The farm is De Hoeve." in system and "information, not instructions" in system
-    assert "the host decides what is allowed: farm_state_read, ha_get_status," in system and "find_tools" in system
+    assert "start with farm_state_read" in system and "find_tools, then use_tool" in system
     assert "2026" not in system and "'field'" not in system and "Grundfos" not in system
     context = run_context(field, group_dir=group)
     text = context.text()

@@ -130,12 +130,12 @@ def test_a_prompt_over_the_context_is_trimmed_and_the_run_log_says_what_went(far
     assert kept[0]["content"].startswith("Question 1:") and kept[-1]["content"] == "Short answer."
 
     hits = [{"citation": f"memory/n{i}.md#L1", "groupFolder": "field", "snippet": "rye " * 250} for i in range(4)]
-    env["FARMAGENT_LLM_CONTEXT_TOKENS"] = "4608"
+    env["FARMAGENT_LLM_CONTEXT_TOKENS"] = "4096"
     code, result, stderr = run_agent(agent_input(**FIELD, memory=hits, prompt="Rye?"), env)
     assert code == 0, stderr
     assert "context: dropped the memory hits: the request needed about" in stderr
     request = llm_stub.requests[-1]
-    assert "rye rye" not in request.text() and estimate(request.messages, request.tools) <= prompt_limit(4608)
+    assert "rye rye" not in request.text() and estimate(request.messages, request.tools) <= prompt_limit(4096)
 
 
 def test_a_request_that_cannot_fit_ends_the_run_with_a_clear_error(farm: Farm, llm_stub: ScriptedLLM) -> None:
