@@ -113,6 +113,11 @@ class Settings(BaseSettings):
     # Each request's max_tokens is capped to this (and set to it when the agent sends none): a turn's answer is a
     # tool call or a reply of a few hundred tokens, and the cap bounds what one request can cost.
     llm_max_tokens: int = Field(default=4096, ge=16, le=1_000_000, validation_alias="FARMHOST_LLM_MAX_TOKENS")
+    # The model's context (llama-server -c, Ollama num_ctx): the built-in runner never sends a longer prompt. Set by
+    # hand rather than asked of the server: the proxy forwards only completions, and a fallback may differ.
+    llm_context_tokens: int | None = Field(
+        default=None, ge=512, le=10_000_000, validation_alias="FARMHOST_LLM_CONTEXT_TOKENS"
+    )
     # A stream is cut when the upstream sends nothing for this long (the whole stream is bounded by the 300 s request
     # timeout): a hosted model sends a token every few ms, a small machine may read a long prompt for a minute first.
     llm_stream_idle_timeout: float = Field(
