@@ -229,6 +229,11 @@ class Settings(BaseSettings):
             raise ValueError("unknown time zone (use an IANA name such as Europe/Lisbon)") from None
         return name
 
+    @field_validator("llm_context_tokens", mode="before")
+    @classmethod
+    def _context_tokens(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value  # empty: unset
+
     @field_validator("quiet_hours")
     @classmethod
     def _quiet_hours(cls, value: str | None) -> str | None:
