@@ -91,8 +91,12 @@ class LocalLlm:
         return f"its log ({self.log_path}) ends:\n{self.log()[-chars:]}"
 
     @classmethod
-    def start(cls, log_dir: Path) -> LocalLlm:
+    def start(
+        cls, log_dir: Path, *, context_tokens: int = CONTEXT_TOKENS, chat_template: Path | None = None
+    ) -> LocalLlm:
         """Spawn the server and wait until it is healthy; the caller must `stop()` it (or use `with`).
+
+        `context_tokens` is its context; `chat_template` a Jinja template file instead of the model's own.
 
         Raises:
             RuntimeError: it exited, or was not healthy within the (scaled) start deadline; the message has its log.
@@ -104,7 +108,15 @@ class LocalLlm:
         deadline = began + scaled(START_TIMEOUT)
         with log_path.open("w") as log:
             proc = subprocess.Popen(
-                [sys.executable, __file__, "--model", str(model_path())],
+                [
+                    sys.executable,
+                    __file__,
+                    "--model",
+                    str(model_path()),
+                    "--context",
+                    str(context_tokens),
+                    *(("--chat-template", str(chat_template)) if chat_template else ()),
+                ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,
@@ -175,7 +187,7 @@ def _wait_healthy(server: LocalLlm, deadline: float) -> None:
     raise RuntimeError(f"the local model server was not healthy in time (last: {last}); {server.log_tail()}")
 
 
-def serve(model: Path) -> int:
+def serve(model: Path, context_tokens: int = CONTEXT_TOKENS, chat_template: Path | None = None) -> int:
     """The child: load `model` into llama.cpp's server on 127.0.0.1:<any port>, print the address, serve until EOF."""
     import xllamacpp
 
@@ -184,13 +196,15 @@ def serve(model: Path) -> int:
     params.model_alias = {MODEL_ALIAS}
     params.hostnames = ["127.0.0.1"]
     params.port = 0  # the kernel picks a free one; the server reports it
-    params.n_ctx = CONTEXT_TOKENS
+    params.n_ctx = context_tokens
     params.n_parallel = 1
     for cpu, threads in ((params.cpuparams, THREADS), (params.cpuparams_batch, BATCH_THREADS)):
         cpu.n_threads = threads
         cpu.poll = 0  # no busy-waiting for work: it would take the CPU from everything else on the machine
     params.n_threads_http = 2
     params.use_jinja = True  # the model's own chat template, and `tools` accepted
+    if chat_template is not None:
+        params.chat_template = chat_template.read_text()
     params.warmup = False
     params.sampling.temp = 0.0
     params.sampling.seed = 1
@@ -205,9 +219,11 @@ def main() -> int:
     """`python tests/local_llm.py --model FILE`: the server process of `LocalLlm.start`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--context", type=int, default=CONTEXT_TOKENS)
+    parser.add_argument("--chat-template", type=Path)
     args = parser.parse_args()
     os.environ.setdefault("LLAMA_LOG_COLORS", "0")
-    return serve(args.model)
+    return serve(args.model, args.context, args.chat_template)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ class AgentSettings:
     ipc_mode: WaitMode = "inotify"
     llm_timeout: float = LLM_TIMEOUT
     llm_max_retries: int = LLM_MAX_RETRIES
+    llm_context_tokens: int | None = None  # the endpoint's context size, when the host knows it (budget.py)
 
     @property
     def is_main(self) -> bool:
@@ -57,7 +58,8 @@ class AgentSettings:
 
         Variables: FARMAGENT_IPC_DIR, FARMAGENT_GROUP_DIR, FARMAGENT_GLOBAL_DIR, FARMAGENT_FARM_STATE_DIR,
         FARMAGENT_DASHBOARD_DIR (main only), FARMAGENT_LLM_SOCKET, FARMAGENT_LLM_BASE_URL, FARMAGENT_IPC_MODE (inotify|poll), FARMAGENT_LLM_TIMEOUT
-        (seconds), FARMAGENT_LLM_MAX_RETRIES (retries of 408/409/429/5xx and connection errors; farmagent.llm).
+        (seconds), FARMAGENT_LLM_MAX_RETRIES (retries of 408/409/429/5xx and connection errors; farmagent.llm),
+        FARMAGENT_LLM_CONTEXT_TOKENS (the endpoint's context size; farmagent.budget).
 
         Raises:
             ConfigError: a value cannot be used (names the variable).
@@ -74,6 +76,7 @@ class AgentSettings:
         mode = (get("FARMAGENT_IPC_MODE") or "inotify").lower()
         if mode not in ("inotify", "poll"):
             raise ConfigError(f"FARMAGENT_IPC_MODE must be inotify or poll, not {mode!r}")
+        context = get("FARMAGENT_LLM_CONTEXT_TOKENS")
         return cls(
             ipc_dir=Path(get("FARMAGENT_IPC_DIR") or IPC_DIR),
             group_dir=Path(get("FARMAGENT_GROUP_DIR") or GROUP_DIR),
@@ -87,6 +90,9 @@ class AgentSettings:
             llm_max_retries=int(
                 _number(get("FARMAGENT_LLM_MAX_RETRIES"), "FARMAGENT_LLM_MAX_RETRIES", LLM_MAX_RETRIES, 0, 10)
             ),
+            llm_context_tokens=None
+            if context is None
+            else int(_number(context, "FARMAGENT_LLM_CONTEXT_TOKENS", 0, 512, 10_000_000)),
         )
 
 

@@ -13,13 +13,16 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from farmagent.budget import estimate, prompt_limit
 from farmagent.errors import LlmError
-from farmagent.llm import complete, tool_params
-from farmagent.tools import ToolOutcome, call_tool
+from farmagent.llm import complete
+from farmagent.tools import ToolOutcome
 
 if TYPE_CHECKING:
     from farmagent.llm import AssistantMessage, ChatClient, ToolCall
-    from farmagent.tools import ToolContext, ToolSpec
+    from farmagent.prompt import RunContext
+    from farmagent.toolbox import Toolbox
+    from farmagent.tools import ToolContext
 
 logger = logging.getLogger(__name__)
 
@@ -59,11 +62,13 @@ class LoopParams:
     model: str
     system: str
     history: list[dict[str, Any]]
+    context: RunContext  # sent ahead of the prompt, not kept in the conversation
     prompt: str
-    tools: tuple[ToolSpec, ...]
+    tools: Toolbox
     max_turns: int
     endpoint: str
     images: tuple[str, ...] = ()  # data URLs of the host's photos: image parts of the prompt's message
+    context_tokens: int | None = None  # the endpoint's context size; None: unknown, nothing is trimmed
 
 
 def user_message(prompt: str, images: tuple[str, ...]) -> dict[str, Any]:
@@ -81,10 +86,9 @@ def run_loop(llm: ChatClient, tools: ToolContext, params: LoopParams) -> LoopOut
     holds the prompt's text only: the next run's requests would otherwise carry every earlier photo.
     """
     outcome = LoopOutcome(status="error", added=[{"role": "user", "content": params.prompt}])
-    offered = tool_params(params.tools)
-    names = {tool.name for tool in params.tools}
-    before = [{"role": "system", "content": params.system}, *params.history]
-    request = user_message(params.prompt, params.images)
+    offered = params.tools.params()
+    names = params.tools.names()
+    fit = _Fit(params, offered)
     while outcome.turns < params.max_turns:
         outcome.turns += 1
         asked = time.monotonic()
@@ -92,7 +96,7 @@ def run_loop(llm: ChatClient, tools: ToolContext, params: LoopParams) -> LoopOut
             message = complete(
                 llm,
                 model=params.model,
-                messages=[*before, request, *outcome.added[1:]],
+                messages=fit.messages(outcome.added),
                 tools=offered,
                 endpoint=params.endpoint,
             )
@@ -110,7 +114,7 @@ def run_loop(llm: ChatClient, tools: ToolContext, params: LoopParams) -> LoopOut
         for call in calls:
             outcome.tool_calls += 1
             called = time.monotonic()
-            result = _run_call(tools, call, names)
+            result = _run_call(tools, call, params.tools, names)
             outcome.tool_seconds += time.monotonic() - called
             outcome.added.append({"role": "tool", "tool_call_id": call.id, "content": _cut(result.text)})
     outcome.error = (
@@ -127,14 +131,14 @@ def _assistant(message: AssistantMessage) -> dict[str, Any]:
     return entry
 
 
-def _run_call(tools: ToolContext, call: ToolCall, names: set[str]) -> ToolOutcome:
+def _run_call(tools: ToolContext, call: ToolCall, box: Toolbox, names: set[str]) -> ToolOutcome:
     started = time.monotonic()
     if call.type != "function":
         outcome = _refusal(f"only function tools exist here, not {call.type!r}")
         name = "?"
     else:
         name = call.function.name
-        outcome = _call_function(tools, name, call.function.arguments, names)
+        outcome = _call_function(tools, name, call.function.arguments, box, names)
     logger.info(
         "tool %s: %s in %.0f ms",
         name,
@@ -144,7 +148,9 @@ def _run_call(tools: ToolContext, call: ToolCall, names: set[str]) -> ToolOutcom
     return outcome
 
 
-def _call_function(tools: ToolContext, name: str, raw_arguments: str | None, names: set[str]) -> ToolOutcome:
+def _call_function(
+    tools: ToolContext, name: str, raw_arguments: str | None, box: Toolbox, names: set[str]
+) -> ToolOutcome:
     if name not in names:
         return _refusal(f"there is no tool {name!r} in this run; tools: {', '.join(sorted(names))}")
     try:
@@ -153,7 +159,85 @@ def _call_function(tools: ToolContext, name: str, raw_arguments: str | None, nam
         return _refusal(f"the arguments are not valid JSON ({err}); send a JSON object")
     if not isinstance(arguments, dict):
         return _refusal("the arguments must be a JSON object")
-    return call_tool(tools, name, arguments)
+    return box.call(tools, name, arguments)
+
+
+class _Fit:
+    """The messages of each request, trimmed to the context.
+
+    The oldest history goes first, then the memory hits, then the group's memory; each drop is said once in
+    the run log. A run whose own messages do not fit ends with an error rather than a prompt the server
+    would truncate.
+    """
+
+    def __init__(self, params: LoopParams, offered: list[dict[str, Any]]) -> None:
+        self.params, self.offered = params, offered
+        self.system = {"role": "system", "content": params.system}
+        self.history = list(params.history)
+        self.snippets = self.memory = True
+        self.limit = None if params.context_tokens is None else prompt_limit(params.context_tokens)
+
+    def messages(self, added: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The request's messages: system, history, the prompt with the run's section ahead of it, this run's turns.
+
+        Raises:
+            LlmError: even without history and memory the request would not fit.
+        """
+        dropped: list[str] = []
+        needed, kept = 0, len(self.history)
+        while True:
+            first = user_message(self.params.prompt, self.params.images)  # the photos go in every request
+            prompt = _with_context(first, self.params.context.text(memory=self.memory, snippets=self.snippets))
+            messages = [self.system, *self.history, prompt, *added[1:]]
+            if self.limit is None:
+                return messages
+            need = estimate(messages, self.offered)
+            needed = needed or need
+            if need <= self.limit:
+                if kept > len(self.history):
+                    dropped.insert(0, f"the {kept - len(self.history)} oldest history message(s)")
+                if dropped:
+                    logger.info(
+                        "context: dropped %s: the request needed about %d tokens, %d may be sent to the model's "
+                        "%d-token context; now about %d",
+                        ", ".join(dropped),
+                        needed,
+                        self.limit,
+                        self.params.context_tokens,
+                        need,
+                    )
+                return messages
+            if not self._drop(dropped):
+                raise LlmError(
+                    f"the request needs about {need} tokens, more than the {self.limit} this run may send to the "
+                    f"model's {self.params.context_tokens}-token context (even without history and memory); "
+                    "use a model with a larger context (FARMHOST_LLM_CONTEXT_TOKENS) or a shorter request"
+                )
+
+    def _drop(self, dropped: list[str]) -> bool:
+        """Drop the next thing in line (memory parts said in `dropped`); False when nothing is left to drop."""
+        if self.history:
+            count = 1
+            while count < len(self.history) and self.history[count]["role"] != "user":
+                count += 1
+            del self.history[:count]
+        elif self.snippets and self.params.context.snippets:
+            self.snippets = False
+            dropped.append("the memory hits")
+        elif self.memory and self.params.context.memory:
+            self.memory = False
+            dropped.append("the group's memory (MEMORY.md)")
+        else:
+            return False
+        return True
+
+
+def _with_context(message: dict[str, Any], context: str) -> dict[str, Any]:
+    """The user's message with the run's section ahead of its text (its own first part, for a list of parts)."""
+    content = message.get("content")
+    if isinstance(content, list):
+        return {**message, "content": [{"type": "text", "text": context}, *content]}
+    return {**message, "content": f"{context}{content or ''}"}
 
 
 def _refusal(error: str) -> ToolOutcome:

@@ -13,12 +13,14 @@ import traceback
 from typing import Final, TextIO
 
 from farmagent import conversation
+from farmagent.budget import context_tokens as context_tokens_of
 from farmagent.config import AgentSettings
 from farmagent.contract import MAX_INPUT_BYTES, AgentInput, AgentResult, InputError, parse_input
 from farmagent.errors import ConfigError
 from farmagent.llm import ChatClient, where
 from farmagent.loop import LoopParams, run_loop
-from farmagent.prompt import system_prompt
+from farmagent.prompt import run_context, system_prompt
+from farmagent.toolbox import Toolbox
 from farmagent.tools import ToolContext, tools_for
 
 EXIT_OK: Final = 0
@@ -32,16 +34,20 @@ def run(agent_input: AgentInput, settings: AgentSettings) -> AgentResult:
     """Run the tool loop for one AgentInput and keep the conversation when `contextMode` is `group`."""
     keep = agent_input.contextMode == "group"
     history = conversation.load(settings.group_dir) if keep else []
-    tools = tools_for(is_main=agent_input.isMain)
+    tools = Toolbox.for_group(tools_for(is_main=agent_input.isMain))
+    context_tokens, source = context_tokens_of(settings)
+    logger.info("context: %s tokens (%s)", context_tokens or "?", source)
     params = LoopParams(
         model=agent_input.model,
-        system=system_prompt(agent_input, tools=tools, group_dir=settings.group_dir, global_dir=settings.global_dir),
+        system=system_prompt(tools=tools.offered_names(), global_dir=settings.global_dir),
         history=history,
+        context=run_context(agent_input, group_dir=settings.group_dir),
         prompt=agent_input.prompt,
         tools=tools,
         max_turns=agent_input.maxTurns,
         endpoint=where(settings),
         images=tuple(image.url for image in agent_input.images),
+        context_tokens=context_tokens,
     )
     outcome = run_loop(ChatClient(settings), ToolContext.from_settings(settings), params)
     outcome.log_timing()

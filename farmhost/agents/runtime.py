@@ -415,7 +415,11 @@ class AgentRuntime:
             return AgentKind(name="command", argv=self._command, needs_llm=False)
         name, command = self._limits.agent_choice(folder, self._settings.kind, self._settings.command)
         in_image = isinstance(self._backend, DockerBackend)
-        return agent_kind(name, command, self._settings.opencode_bin, in_image=in_image)
+        kind = agent_kind(name, command, self._settings.opencode_bin, in_image=in_image)
+        context = self._settings.llm.context_tokens
+        if kind.name == "farmagent" and context is not None:  # the built-in runner trims its prompt to it (budget.py)
+            return replace(kind, env={**kind.env, "FARMAGENT_LLM_CONTEXT_TOKENS": str(context)})
+        return kind
 
     async def _prepare(self, folder: str) -> None:
         try:

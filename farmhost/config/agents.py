@@ -48,6 +48,8 @@ class LlmSettings:
     requests_per_day: int  # each group's default daily budgets (agent-limits.json may override them)
     tokens_per_day: int
     zone: ZoneInfo  # the budgets' days are the farm's
+    # The endpoints' (smallest) context in tokens, given to the built-in runner, which trims its prompt to it.
+    context_tokens: int | None = None
 
     @property
     def enabled(self) -> bool:

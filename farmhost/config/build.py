@@ -167,6 +167,7 @@ def _llm(settings: Settings, zone: ZoneInfo) -> LlmSettings:
         requests_per_day=settings.llm_requests_per_day,
         tokens_per_day=settings.llm_tokens_per_day,
         zone=zone,
+        context_tokens=settings.llm_context_tokens,
     )
 
 

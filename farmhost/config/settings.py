@@ -123,6 +123,11 @@ class Settings(BaseSettings):
     # Each request's max_tokens is capped to this (and set to it when the agent sends none): a turn's answer is a
     # tool call or a reply of a few hundred tokens, and the cap bounds what one request can cost.
     llm_max_tokens: int = Field(default=4096, ge=16, le=1_000_000, validation_alias="FARMHOST_LLM_MAX_TOKENS")
+    # The model's context (llama-server -c, Ollama num_ctx): the built-in runner never sends a longer prompt. Set by
+    # hand rather than asked of the server: the proxy forwards only completions, and a fallback may differ.
+    llm_context_tokens: int | None = Field(
+        default=None, ge=512, le=10_000_000, validation_alias="FARMHOST_LLM_CONTEXT_TOKENS"
+    )
     # A stream is cut when the upstream sends nothing for this long (the whole stream is bounded by the 300 s request
     # timeout): a hosted model sends a token every few ms, a small machine may read a long prompt for a minute first.
     llm_stream_idle_timeout: float = Field(
@@ -241,6 +246,11 @@ class Settings(BaseSettings):
         except (ZoneInfoNotFoundError, ValueError):
             raise ValueError("unknown time zone (use an IANA name such as Europe/Lisbon)") from None
         return name
+
+    @field_validator("llm_context_tokens", mode="before")
+    @classmethod
+    def _context_tokens(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value  # empty: unset
 
     @field_validator("quiet_hours")
     @classmethod

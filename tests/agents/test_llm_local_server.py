@@ -12,11 +12,15 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+from farmagent.contract import parse_input
 from farmagent.llm import tool_params
+from farmagent.prompt import run_context, system_prompt
+from farmagent.toolbox import Toolbox
 from farmagent.tools import tools_for
 from farmhost_testing import MAIN_JID, clean_env, running_daemon, scaled, wait_for
 from local_llm import LocalLlm
@@ -137,7 +141,7 @@ async def test_a_request_with_the_farm_tools_is_accepted_and_answered(root: Path
     assert usage.requests == 2 and stored_usage(root)[0] == 2
 
 
-@pytest.mark.slow  # ~20 s on a loaded 2-core machine: the model reads the runner's ~1,600-token prompt at ~100/s
+@pytest.mark.slow  # ~10 s on a loaded 2-core machine: the model reads the runner's ~1,000-token prompt at ~100/s
 @pytest.mark.timeout(120)
 def test_a_chat_message_gets_a_reply_from_the_built_in_runner_on_the_local_model(
     data_dir: Path, fake_telegram: FakeTelegram, local_llm: LocalLlm
@@ -154,6 +158,7 @@ def test_a_chat_message_gets_a_reply_from_the_built_in_runner_on_the_local_model
         FARMHOST_LLM_MAX_TOKENS=str(MAX_TOKENS),
         FARMHOST_AGENT_MAX_TURNS="2",
         FARMHOST_AGENT_TIMEOUT_SECONDS="90",
+        FARMHOST_LLM_CONTEXT_TOKENS="4096",
     )
     with running_daemon(data_dir, env=env) as daemon:
         fake_telegram.user_message(MAIN_CHAT, "Is the irrigation pump on?", chat_type="private", title=None)
@@ -163,6 +168,7 @@ def test_a_chat_message_gets_a_reply_from_the_built_in_runner_on_the_local_model
     (log_path,) = logs
     log = log_path.read_text()
     assert "-m farmagent.run" in log and "runtime: bwrap" in log
+    assert "context: 4096 tokens (FARMAGENT_LLM_CONTEXT_TOKENS)" in log  # the host passed the model's context
     status = re.search(r"^status: (\w+), exit code (\d+)$", log, re.MULTILINE)
     assert status is not None, log[-3000:]
     result_line = log.split("--- stdout ---", 1)[1].split("--- stderr ---", 1)[0].strip().splitlines()[-1]
@@ -183,3 +189,43 @@ def test_a_chat_message_gets_a_reply_from_the_built_in_runner_on_the_local_model
         db.close()
     assert entry.status == "sent" and entry.body == text
     assert stored_usage(data_dir, "main")[0] == requests
+
+
+def test_the_runners_prompt_prefix_is_read_once_by_the_servers_cache(tmp_path: Path, local_llm: LocalLlm) -> None:
+    """Two runs a minute apart: llama.cpp reuses the system prompt and tools, and reads only the run's own part."""
+    box = Toolbox.for_group(tools_for(is_main=True))
+    system = system_prompt(tools=box.offered_names(), global_dir=Path(__file__).parents[2] / "memory")
+
+    def ask_at(now: str) -> dict[str, Any]:
+        document = {
+            "version": 1,
+            "runId": "cache-1",
+            "groupFolder": "main",
+            "isMain": True,
+            "prompt": "Is the pump on?",
+            "scheduled": False,
+            "contextMode": "isolated",
+            "timezone": "Europe/Amsterdam",
+            "now": now,
+            "maxTurns": 1,
+            "model": local_llm.model,
+        }
+        context = run_context(parse_input(json.dumps(document).encode()), group_dir=tmp_path)
+        body = {
+            "model": local_llm.model,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": context.text() + "Hi"}],
+            "tools": box.params(),
+            "max_tokens": 1,
+        }
+        request = urllib.request.Request(
+            f"{local_llm.base_url}/chat/completions", data=json.dumps(body).encode(), method="POST"
+        )
+        request.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(request, timeout=scaled(120)) as answer:
+            return dict(json.load(answer))
+
+    ask_at("2026-07-01T04:30:00Z")
+    again = ask_at("2026-07-01T04:31:00Z")
+    timings, usage = again["timings"], again["usage"]
+    assert timings["cache_n"] > 0 and timings["cache_n"] + timings["prompt_n"] == usage["prompt_tokens"]
+    assert timings["prompt_n"] < 200 < timings["cache_n"], timings  # the run's section only, not the prefix

@@ -13,7 +13,8 @@ from farmagent import conversation
 from farmagent.config import AgentSettings
 from farmagent.contract import AgentInput, AgentResult, InputError, parse_input
 from farmagent.errors import ConfigError
-from farmagent.prompt import GROUP_MEMORY_CHARS, read_head, system_prompt
+from farmagent.prompt import GROUP_MEMORY_CHARS, read_head, run_context, system_prompt
+from farmagent.toolbox import Toolbox
 from farmagent.tools import tools_for
 
 
@@ -111,30 +112,34 @@ def test_settings_default_to_the_sandbox_mounts_and_read_the_environment() -> No
     assert (str(custom.ipc_dir), custom.ipc_mode, custom.llm_base_url) == ("/x/ipc", "poll", "http://h:1/v1")
 
 
-def test_the_system_prompt_has_time_zone_memory_and_tools(tmp_path: Path) -> None:
+def test_the_system_prompt_is_the_farms_and_the_run_section_has_time_zone_and_memory(tmp_path: Path) -> None:
     group, shared = tmp_path / "group", tmp_path / "global"
     group.mkdir()
     shared.mkdir()
     (group / "MEMORY.md").write_text("Our pump is a Grundfos SQ.\n" + "filler line\n" * 1000)
     (shared / "MEMORY.md").write_text("The farm is De Hoeve.\n")
     memory = [{"citation": f"memory/n{i}.md#L1-L2", "groupFolder": "field", "snippet": "x" * 900} for i in range(8)]
-    text = system_prompt(
-        parsed(groupFolder="field", isMain=False, memory=memory, timezone="America/New_York"),
-        tools=tools_for(is_main=False),
-        group_dir=group,
-        global_dir=shared,
-    )
+    field = parsed(groupFolder="field", isMain=False, memory=memory, timezone="America/New_York")
+    names = Toolbox.for_group(tools_for(is_main=False)).offered_names()
+    system = system_prompt(tools=names, global_dir=shared)
+    # The system prompt is the farm's: the same for every group and time, with the global memory.
+    assert system == system_prompt(tools=Toolbox.for_group(tools_for(is_main=True)).offered_names(), global_dir=shared)
+    assert "The farm is De Hoeve." in system and "information, not instructions" in system
+    assert "start with farm_state_read" in system and "find_tools, then use_tool" in system
+    assert "2026" not in system and "'field'" not in system and "Grundfos" not in system
+    context = run_context(field, group_dir=group)
+    text = context.text()
+    assert "Group 'field', a group of the farm." in text
     assert "2026-07-01 00:30 (Wednesday), time zone America/New_York" in text
     assert "Grundfos SQ" in text and "[cut here; read the rest with memory_get]" in text
-    assert "The farm is De Hoeve." in text
     assert "[field:memory/n0.md#L1-L2]" in text and "[more hits left out; use memory_search]" in text
-    assert "the host decides what is allowed: send_message, send_file," in text and "register_group" not in text
-    assert "information, not instructions" in text
-    assert len(text) < 15_000
+    assert text.endswith("## The request\n")
+    assert "[field:" not in context.text(snippets=False) and "Grundfos" not in context.text(memory=False)
+    assert len(system) + len(text) < 15_000
 
 
 def test_an_unknown_zone_falls_back_to_utc_and_says_so(tmp_path: Path) -> None:
-    text = system_prompt(parsed(timezone="Mars/Olympus_Mons"), tools=(), group_dir=tmp_path, global_dir=tmp_path)
+    text = run_context(parsed(timezone="Mars/Olympus_Mons"), group_dir=tmp_path).text()
     assert "2026-07-01 04:30" in text and "zone data for Mars/Olympus_Mons is missing" in text
 
 

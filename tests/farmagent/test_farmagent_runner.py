@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from agent_support import Farm, agent_input, run_agent
-from farmagent.tools import TOOLS, tools_for
+from farmagent.toolbox import DEFAULT_TOOLS
 from farmhost_testing import FIELD_JID
 from llm_stub import Recorded, Reply, ScriptedLLM, ToolCall, ToolCalls
 
@@ -59,13 +59,16 @@ def test_memory_search_then_send_message_then_answer(farm: Farm, llm_stub: Scrip
     first, second, third = llm_stub.requests
     assert first.model == "farm-model"
     assert first.headers["authorization"] == "Bearer farmhost-proxy"
-    assert set(first.tool_names) == {tool.name for tool in TOOLS}
-    system = first.system
-    assert "[main:memory/pests.md#L4-L6] " + SNIPPET in system  # the host's snippets, with their citation
-    assert "Europe/Amsterdam" in system and "2026-07-01 06:30" in system  # 04:30 UTC in the farm's zone
-    assert "San Marzano tomatoes" in system  # the head of the group's MEMORY.md
+    # The small default set and the lister, not the whole catalog; memory_search was offered, send_message too.
+    assert first.tool_names == [*DEFAULT_TOOLS, "find_tools", "use_tool"]
     assert [m["role"] for m in first.messages] == ["system", "user"]
-    assert first.messages[-1]["content"] == "How are the tomatoes?"
+    # The run's own facts come with the request, after the system prompt that stays the same.
+    request = first.messages[-1]["content"]
+    assert "[main:memory/pests.md#L4-L6] " + SNIPPET in request  # the host's snippets, with their citation
+    assert "Europe/Amsterdam" in request and "2026-07-01 06:30" in request  # 04:30 UTC in the farm's zone
+    assert "San Marzano tomatoes" in request  # the head of the group's MEMORY.md
+    assert request.endswith("## The request\nHow are the tomatoes?")
+    assert "2026-07-01" not in first.system and "San Marzano" not in first.system
     assert "San Marzano" in (second.last_tool_result() or "")
     assert json.loads(third.last_tool_result() or "{}")["queued"] is True
 
@@ -99,7 +102,7 @@ def test_tool_errors_go_back_to_the_model(farm: Farm, llm_stub: ScriptedLLM) -> 
 
 def test_group_context_continues_and_isolated_does_not(farm: Farm, llm_stub: ScriptedLLM) -> None:
     def answer(request: Recorded) -> Reply:
-        if request.messages[-1]["content"] == "The new tractor is blue.":
+        if request.messages[-1]["content"].endswith("The new tractor is blue."):
             return Reply("Noted: the new tractor is blue.")
         return Reply("It is blue." if "tractor is blue" in request.text() else "I do not know.")
 
@@ -119,11 +122,12 @@ def test_group_context_continues_and_isolated_does_not(farm: Farm, llm_stub: Scr
     first, *later = llm_stub.requests
     assert [m["role"] for m in first.messages] == ["system", "user"]
     (second,) = [r for r in later if len(r.messages) > 2]
-    assert [(m["role"], m["content"]) for m in second.messages[1:]] == [
+    # The history as it was asked (without the run sections of its time), then this run's section and question.
+    assert [(m["role"], m["content"]) for m in second.messages[1:-1]] == [
         ("user", "The new tractor is blue."),
         ("assistant", "Noted: the new tractor is blue."),
-        ("user", question),
     ]
+    assert second.messages[-1]["role"] == "user" and second.messages[-1]["content"].endswith("\n" + question)
     kept = json.loads(stored.read_text())["messages"]
     assert [(m["role"], m["content"]) for m in kept] == [
         ("user", "The new tractor is blue."),
@@ -144,5 +148,6 @@ def test_scheduled_runs_and_the_proxy_socket(farm: Farm) -> None:
     assert (code, result["answer"]) == (0, "Checked the vents."), stderr
     (request,) = llm.requests
     assert request.headers["authorization"] == "Bearer farmhost-proxy"
-    assert "scheduled run of task task-42" in request.system and "send_message" in request.system
-    assert set(request.tool_names) == {t.name for t in tools_for(is_main=True)}
+    section = request.messages[-1]["content"]
+    assert "scheduled run of task task-42" in section and "send_message" in section
+    assert request.tool_names == [*DEFAULT_TOOLS, "find_tools", "use_tool"]

@@ -1,0 +1,243 @@
+"""Prompt cache benchmark: what the built-in runner's prompt costs a llama.cpp server, run after run.
+
+Run from the repository root with the project's interpreter::
+
+    .venv/bin/python bench/prompt_cache.py                                  # this checkout's runner
+    .venv/bin/python bench/prompt_cache.py --before /path/to/old/container  # and an older runner, for a before/after
+
+The real runner (`python -m farmagent.run`) answers a farm question of the main group against a real daemon on a
+fresh data directory (its global MEMORY.md as `farmhost init` writes it, a short MEMORY.md for main), and talks to
+llama.cpp's server (xllamacpp with SmolLM2-135M-Instruct from the dev dependencies, the server of the test suite,
+with an 8,192-token context here so the old ~5,500-token prompt fits) through a small relay that records each
+request's body size and the server's own figures: `usage.prompt_tokens`, and `timings.prompt_n` (tokens read
+anew) against `timings.cache_n` (tokens reused from the slot's cache). The relay also caps `max_tokens` at 16:
+the answer's length does not change the prompt, only the bench's time.
+
+Three runs, one request each (maxTurns 1): main at 06:30, main again "a minute later" (the AgentInput's `now`
+is the host's clock, so a minute later is a field, not a wait), then the field group. The third run's cache is
+the second's, as it is on a server with one slot.
+
+The script reports; it never gates: the exit status is 0 whatever the figures (2 when it could not run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Final
+
+ROOT: Final = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # farmhost_dev: the dev tools at the repo root
+sys.path.insert(0, str(ROOT / "tests"))  # local_llm: the test suite's llama.cpp server
+
+from local_llm import LocalLlm
+
+from farmhost_dev.testing import FIELD_JID, MAIN_JID, clean_env, init_data_dir_in_process, running_daemon
+
+CONTEXT_TOKENS: Final = 8192
+# SmolLM2's own template ignores `tools`; models that call tools (Qwen2.5, Hermes) put them in the system turn.
+TEMPLATE: Final = Path(__file__).resolve().parent / "chatml_tools.jinja"
+MAX_TOKENS: Final = 16
+TOKENS_PER_SECOND: Final = 10.0  # a Pi 5 reading a prompt with a 1-3 B model is in this range (docs/performance.md)
+QUESTION: Final = "Is the irrigation pump on, and how dry is field 3?"
+MAIN_MEMORY: Final = (
+    "# Farm notes\n\nThe north field grows San Marzano tomatoes. Irrigation runs at 06:00 from the well pump.\n"
+)
+HIT: Final = [
+    {"citation": "memory/fields.md#L3-L4", "groupFolder": "main", "snippet": "Field 3 is sandy; water it first."}
+]
+
+
+@dataclass
+class Exchange:
+    """One request through the relay: its body size and what the server said of its prompt."""
+
+    body_bytes: int
+    prompt_tokens: int
+    prompt_n: int
+    cache_n: int
+
+
+class Relay(ThreadingHTTPServer):
+    """A recording HTTP relay to the llama.cpp server."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.upstream = upstream
+        self.exchanges: list[Exchange] = []
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL the runner is given."""
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Relay
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _relay(self, data: bytes | None) -> None:
+        request = urllib.request.Request(self.server.upstream + self.path, data=data, method=self.command)
+        request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=600) as answer:
+                status, body = answer.status, answer.read()
+        except urllib.error.HTTPError as err:
+            status, body = err.code, err.read()
+        if data is not None and status == 200:
+            document = json.loads(body)
+            usage, timings = document.get("usage") or {}, document.get("timings") or {}
+            self.server.exchanges.append(
+                Exchange(
+                    body_bytes=len(data),
+                    prompt_tokens=int(usage.get("prompt_tokens", -1)),
+                    prompt_n=int(timings.get("prompt_n", -1)),
+                    cache_n=int(timings.get("cache_n", -1)),
+                )
+            )
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self._relay(None)
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+        body["max_tokens"] = MAX_TOKENS
+        self._relay(json.dumps(body).encode())
+
+
+def agent_input(folder: str, now: str, **fields: Any) -> dict[str, Any]:
+    main = folder == "main"
+    document = {
+        "version": 1,
+        "runId": f"bench-{folder}-{now[11:16].replace(':', '')}",
+        "groupFolder": folder,
+        "isMain": main,
+        "prompt": QUESTION,
+        "scheduled": False,
+        "taskId": None,
+        "contextMode": "isolated",
+        "timezone": "Europe/Amsterdam",
+        "now": now,
+        "chatJid": MAIN_JID if main else FIELD_JID,
+        "memory": HIT if main else [],
+        "maxTurns": 1,
+        "model": "smollm2",
+    }
+    document.update(fields)
+    return document
+
+
+def run_agent(data_dir: Path, folder: str, document: dict[str, Any], base_url: str, source: Path | None) -> None:
+    env = {k: v for k, v in clean_env().items() if not k.startswith(("FARMAGENT_", "OPENAI_"))}
+    env.update(
+        FARMAGENT_IPC_DIR=str(data_dir / "ipc" / folder),
+        FARMAGENT_GROUP_DIR=str(data_dir / "groups" / folder),
+        FARMAGENT_GLOBAL_DIR=str(data_dir / "groups" / "global"),
+        FARMAGENT_FARM_STATE_DIR=str(data_dir / "farm-state"),
+        FARMAGENT_LLM_BASE_URL=base_url,
+        FARMAGENT_LLM_TIMEOUT="600",
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+    if source is not None:
+        env["PYTHONPATH"] = str(source)
+    done = subprocess.run(
+        [sys.executable, "-m", "farmagent.run"],
+        input=json.dumps(document).encode(),
+        capture_output=True,
+        env=env,
+        timeout=900,
+        check=False,
+    )
+    if not done.stdout.strip() or os.environ.get("BENCH_VERBOSE"):
+        print(done.stderr.decode()[-3000:], file=sys.stderr)
+    if not done.stdout.strip():
+        raise RuntimeError("the runner wrote no result (its log is above)")
+
+
+def measure(relay: Relay, data_dir: Path, source: Path | None) -> list[Exchange]:
+    start = len(relay.exchanges)
+    for folder, now in (
+        ("main", "2026-07-01T04:30:00Z"),
+        ("main", "2026-07-01T04:31:00Z"),
+        ("field", "2026-07-01T04:32:00Z"),
+    ):
+        run_agent(data_dir, folder, agent_input(folder, now), relay.base_url, source)
+    return relay.exchanges[start:]
+
+
+def minutes(tokens: int) -> float:
+    """How long reading `tokens` takes at TOKENS_PER_SECOND."""
+    return tokens / TOKENS_PER_SECOND / 60
+
+
+def report(name: str, runs: list[Exchange]) -> dict[str, Any]:
+    first, again, other = runs
+    row = {
+        "runner": name,
+        "first_prompt_tokens": first.prompt_tokens,
+        "first_body_bytes": first.body_bytes,
+        "same_group_new_tokens": again.prompt_n,
+        "same_group_cached_tokens": again.cache_n,
+        "other_group_new_tokens": other.prompt_n,
+        "other_group_cached_tokens": other.cache_n,
+        "other_group_body_bytes": other.body_bytes,
+    }
+    print(
+        f"{name}: first request {first.prompt_tokens} prompt tokens ({first.body_bytes} bytes, "
+        f"{minutes(first.prompt_tokens):.1f} min at {TOKENS_PER_SECOND:g} tokens/s); "
+        f"same group a minute later {again.prompt_n} new / {again.cache_n} cached ({minutes(again.prompt_n):.1f} min); "
+        f"another group {other.prompt_n} new / {other.cache_n} cached ({minutes(other.prompt_n):.1f} min)"
+    )
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--before", type=Path, help="an older runner's `container` directory to measure first")
+    parser.add_argument("--json", type=Path, help="write the rows here")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="prompt-cache-") as tmp:
+        root = Path(tmp)
+        data_dir = init_data_dir_in_process(root / "data")
+        (data_dir / "groups" / "main" / "MEMORY.md").write_text(MAIN_MEMORY)
+        try:
+            llm = LocalLlm.start(root, context_tokens=CONTEXT_TOKENS, chat_template=TEMPLATE)
+        except RuntimeError as err:
+            print(f"cannot start the llama.cpp server: {err}", file=sys.stderr)
+            return 2
+        relay = Relay(llm.address)
+        threading.Thread(target=relay.serve_forever, daemon=True).start()
+        rows = []
+        try:
+            with running_daemon(data_dir, env=clean_env()):
+                if args.before is not None:
+                    rows.append(report(f"before ({args.before})", measure(relay, data_dir, args.before)))
+                rows.append(report("this checkout", measure(relay, data_dir, None)))
+        finally:
+            relay.shutdown()
+            llm.stop()
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("LLAMA_LOG_COLORS", "0")
+    sys.exit(main())
