@@ -233,10 +233,11 @@ class _Fit:
 
 
 def _with_context(message: dict[str, Any], context: str) -> dict[str, Any]:
-    """The user's message with the run's section ahead of its text (its own first part, for a list of parts)."""
+    """The user's message with the run's section ahead of its text (the first text part's, for a list of parts)."""
     content = message.get("content")
     if isinstance(content, list):
-        return {**message, "content": [{"type": "text", "text": context}, *content]}
+        first, *rest = content
+        return {**message, "content": [{**first, "text": f"{context}{first['text']}"}, *rest]}
     return {**message, "content": f"{context}{content or ''}"}
 
 
