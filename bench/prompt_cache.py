@@ -38,10 +38,8 @@ from typing import Any, Final
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # farmhost_dev: the dev tools at the repo root
-sys.path.insert(0, str(ROOT / "tests"))  # local_llm: the test suite's llama.cpp server
 
-from local_llm import LocalLlm
-
+from farmhost_dev.local_llm import LocalLlm
 from farmhost_dev.testing import FIELD_JID, MAIN_JID, clean_env, init_data_dir_in_process, running_daemon
 
 CONTEXT_TOKENS: Final = 8192

