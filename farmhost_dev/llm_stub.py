@@ -173,6 +173,12 @@ Answer: TypeAlias = Reply | ToolCall | ToolCalls | Fail | Raw | Streamed  # what
 Step: TypeAlias = Answer | Callable[[Recorded], Any]
 
 
+def pump_state_reply(request: Recorded) -> Reply:
+    """A step that answers with the switched entity's state from the last tool result (`ha_set_entity`'s)."""
+    result = json.loads(request.last_tool_result() or "{}")
+    return Reply(f"Done: the irrigation pump is {result['state']['state']}.")
+
+
 def _text(message: dict[str, Any]) -> str:
     content = message.get("content")
     if isinstance(content, list):  # content parts

@@ -9,9 +9,32 @@ from collections.abc import Iterator
 
 import pytest
 
-from farmhost_dev.llm_stub import Fail, Raw, Recorded, Reply, ScriptedLLM, Step, Streamed, ToolCall, ToolCalls
+from farmhost_dev.llm_stub import (
+    Fail,
+    Raw,
+    Recorded,
+    Reply,
+    ScriptedLLM,
+    Step,
+    Streamed,
+    ToolCall,
+    ToolCalls,
+    pump_state_reply,
+)
 
-__all__ = ["Fail", "Raw", "Recorded", "Reply", "ScriptedLLM", "Step", "Streamed", "ToolCall", "ToolCalls", "llm_stub"]
+__all__ = [
+    "Fail",
+    "Raw",
+    "Recorded",
+    "Reply",
+    "ScriptedLLM",
+    "Step",
+    "Streamed",
+    "ToolCall",
+    "ToolCalls",
+    "llm_stub",
+    "pump_state_reply",
+]
 
 
 @pytest.fixture

@@ -7,14 +7,13 @@ Assistant, a Telegram stand-in on 127.0.0.1, the outbox.
 
 from __future__ import annotations
 
-import json
 import socket
 from pathlib import Path
 
 import pytest
 from farmhost_testing import MAIN_JID, clean_env, running_daemon
 from ha_fixture import HaInstance
-from llm_stub import Recorded, Reply, ScriptedLLM, ToolCall
+from llm_stub import ScriptedLLM, ToolCall, pump_state_reply
 from telegram_stub import FakeTelegram
 
 pytestmark = pytest.mark.slow  # end to end, several seconds each
@@ -28,11 +27,6 @@ def _dead_url() -> str:
         holder.bind(("127.0.0.1", 0))
         port = holder.getsockname()[1]
     return f"http://127.0.0.1:{port}/v1"
-
-
-def _confirm(request: Recorded) -> Reply:
-    result = json.loads(request.last_tool_result() or "{}")
-    return Reply(f"Done: the irrigation pump is {result['state']['state']}.")
 
 
 def _env(ha_env: dict[str, str], fake_telegram: FakeTelegram, **llm: str) -> dict[str, str]:
@@ -50,7 +44,7 @@ def test_a_dead_first_endpoint_and_the_second_answers_the_run(
     data_dir: Path, fake_telegram: FakeTelegram, llm_stub: ScriptedLLM, ha_reset: HaInstance, ha_env: dict[str, str]
 ) -> None:
     dead = _dead_url()
-    llm_stub.script(ToolCall("ha_set_entity", {"entityId": PUMP, "value": "on"}), _confirm)
+    llm_stub.script(ToolCall("ha_set_entity", {"entityId": PUMP, "value": "on"}), pump_state_reply)
     env = _env(
         ha_env,
         fake_telegram,

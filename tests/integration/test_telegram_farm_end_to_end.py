@@ -7,13 +7,12 @@ the pump is on in HA; the agent's reply arrives in the chat through the durable 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 from farmhost_testing import MAIN_JID, clean_env, running_daemon
 from ha_fixture import HaInstance
-from llm_stub import Recorded, Reply, ScriptedLLM, ToolCall
+from llm_stub import ScriptedLLM, ToolCall, pump_state_reply
 from telegram_stub import FakeTelegram
 
 from farmhost.store.db import Database
@@ -25,11 +24,6 @@ MAIN_CHAT = int(MAIN_JID.removeprefix("telegram:"))
 PUMP = "switch.irrigation_pump"
 
 
-def _confirm(request: Recorded) -> Reply:
-    result = json.loads(request.last_tool_result() or "{}")
-    return Reply(f"Done: the irrigation pump is {result['state']['state']}.")
-
-
 def test_a_chat_message_turns_the_pump_on_in_home_assistant_and_the_reply_reaches_the_chat(
     data_dir: Path,
     fake_telegram: FakeTelegram,
@@ -38,7 +32,7 @@ def test_a_chat_message_turns_the_pump_on_in_home_assistant_and_the_reply_reache
     ha_env: dict[str, str],
 ) -> None:
     assert ha_reset.get_state(PUMP)["state"] == "off"
-    llm_stub.script(ToolCall("ha_set_entity", {"entityId": PUMP, "value": "on"}), _confirm)
+    llm_stub.script(ToolCall("ha_set_entity", {"entityId": PUMP, "value": "on"}), pump_state_reply)
     env = clean_env(
         **ha_env,
         TELEGRAM_BOT_TOKEN=fake_telegram.token,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from farmhost_testing import FIELD_JID, MAIN_JID, clean_env, running_daemon, wait_for
 from ha_fixture import HaInstance
-from llm_stub import Recorded, Reply, ScriptedLLM, ToolCall
+from llm_stub import Reply, ScriptedLLM, ToolCall, pump_state_reply
 from telegram_stub import FakeTelegram
 
 from farmhost.store.db import Database
@@ -56,11 +56,6 @@ def _inbox(data_dir: Path, folder: str) -> list[str]:
     return sorted(p.name for p in (data_dir / "groups" / folder / "inbox").iterdir())
 
 
-def _confirm(request: Recorded) -> Reply:
-    result = json.loads(request.last_tool_result() or "{}")
-    return Reply(f"Done: the irrigation pump is {result['state']['state']}.")
-
-
 def test_a_spoken_request_turns_the_pump_on_and_the_reply_quotes_what_was_heard(
     data_dir: Path,
     fake_telegram: FakeTelegram,
@@ -71,7 +66,7 @@ def test_a_spoken_request_turns_the_pump_on_and_the_reply_quotes_what_was_heard(
     irrigation_note: bytes,
 ) -> None:
     assert ha_reset.get_state(PUMP)["state"] == "off"
-    llm_stub.script(ToolCall("ha_set_entity", {"entityId": PUMP, "value": "on"}), _confirm)
+    llm_stub.script(ToolCall("ha_set_entity", {"entityId": PUMP, "value": "on"}), pump_state_reply)
     with running_daemon(data_dir, env=_env(ha_env, fake_telegram, whisper_base, **_llm(llm_stub))) as daemon:
         fake_telegram.media_message(MAIN_CHAT, "voice", content=irrigation_note, duration=6, chat_type="private",
                                     title=None)  # fmt: skip
