@@ -27,6 +27,8 @@ VOICE_KINDS: Final = frozenset({"voice", "audio", "video_note"})
 MARK: Final = "🎤"
 # The words quoted back at the top of a reply are cut here; the transcript keeps them whole.
 QUOTE_CHARS: Final = 300
+# A note of FARMHOST_STT_MAX_SECONDS (120 s) is ~2,000 characters of words; this only bounds a runaway engine.
+WORDS_CHARS: Final = 20_000
 _HEARD_RE: Final = re.compile(r"\[(?:voice|audio|video_note): [^\]\n]*\] " + MARK + r" (?P<words>[^\n]+)")
 
 
@@ -59,7 +61,7 @@ async def hear(stt: SpeechToText, ref: MediaRef, saved: str, data: bytes | None,
     except VoiceError as err:
         logger.info("voice: a %s was not transcribed: %s", ref.kind, err)
         return refused(saved, caption, str(err))
-    words = one_line(transcript.text)
+    words = one_line(transcript.text, WORDS_CHARS)
     if not words:
         return refused(saved, caption, "I heard nothing I could make into words in this voice note.")
     logger.info("voice: a %.1f s %s transcribed by %s (%s)", transcript.seconds, ref.kind, transcript.engine,
