@@ -15,7 +15,9 @@ the answer's length does not change the prompt, only the bench's time.
 
 Three runs, one request each (maxTurns 1): main at 06:30, main again "a minute later" (the AgentInput's `now`
 is the host's clock, so a minute later is a field, not a wait), then the field group. The third run's cache is
-the second's, as it is on a server with one slot.
+the second's, as it is on a server with one slot. Then a conversation (`contextMode: group`, as a chat's runs
+are): main asks, answering in up to HISTORY_ANSWER_TOKENS tokens (an answer of a real model's length), and asks
+again a minute later with that exchange as its history: what the second run reads anew is the figure.
 
 The script reports; it never gates: the exit status is 0 whatever the figures (2 when it could not run).
 """
@@ -46,6 +48,10 @@ CONTEXT_TOKENS: Final = 8192
 # SmolLM2's own template ignores `tools`; models that call tools (Qwen2.5, Hermes) put them in the system turn.
 TEMPLATE: Final = Path(__file__).resolve().parent / "chatml_tools.jinja"
 MAX_TOKENS: Final = 16
+HISTORY_ANSWER_TOKENS: Final = 200
+# A question a small model answers at length, so the history is of a real answer's size.
+DETAILED: Final = "Explain step by step how to check the irrigation pump and its filter before the season."
+FOLLOW_UP: Final = "And how often should the filter be cleaned?"
 TOKENS_PER_SECOND: Final = 10.0  # a Pi 5 reading a prompt with a 1-3 B model is in this range (docs/performance.md)
 QUESTION: Final = "Is the irrigation pump on, and how dry is field 3?"
 MAIN_MEMORY: Final = (
@@ -64,6 +70,7 @@ class Exchange:
     prompt_tokens: int
     prompt_n: int
     cache_n: int
+    completion_tokens: int
 
 
 class Relay(ThreadingHTTPServer):
@@ -73,6 +80,7 @@ class Relay(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.upstream = upstream
         self.exchanges: list[Exchange] = []
+        self.max_tokens = MAX_TOKENS  # what each answer may take
 
     @property
     def base_url(self) -> str:
@@ -103,6 +111,7 @@ class _Handler(BaseHTTPRequestHandler):
                     prompt_tokens=int(usage.get("prompt_tokens", -1)),
                     prompt_n=int(timings.get("prompt_n", -1)),
                     cache_n=int(timings.get("cache_n", -1)),
+                    completion_tokens=int(usage.get("completion_tokens", -1)),
                 )
             )
         self.send_response(status)
@@ -116,7 +125,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
-        body["max_tokens"] = MAX_TOKENS
+        body["max_tokens"] = self.server.max_tokens
         self._relay(json.dumps(body).encode())
 
 
@@ -177,6 +186,16 @@ def measure(relay: Relay, data_dir: Path, source: Path | None) -> list[Exchange]
         ("field", "2026-07-01T04:32:00Z"),
     ):
         run_agent(data_dir, folder, agent_input(folder, now), relay.base_url, source)
+    stored = data_dir / "groups" / "main" / ".farmagent" / "conversation.json"
+    stored.unlink(missing_ok=True)  # each runner measured starts its conversation afresh
+    relay.max_tokens = HISTORY_ANSWER_TOKENS
+    try:
+        asked = agent_input("main", "2026-07-01T04:33:00Z", contextMode="group", prompt=DETAILED)
+        run_agent(data_dir, "main", asked, relay.base_url, source)
+    finally:
+        relay.max_tokens = MAX_TOKENS
+    follow_up = agent_input("main", "2026-07-01T04:34:00Z", contextMode="group", prompt=FOLLOW_UP)
+    run_agent(data_dir, "main", follow_up, relay.base_url, source)
     return relay.exchanges[start:]
 
 
@@ -186,7 +205,7 @@ def minutes(tokens: int) -> float:
 
 
 def report(name: str, runs: list[Exchange]) -> dict[str, Any]:
-    first, again, other = runs
+    first, again, other, asked, follow_up = runs
     row = {
         "runner": name,
         "first_prompt_tokens": first.prompt_tokens,
@@ -196,12 +215,18 @@ def report(name: str, runs: list[Exchange]) -> dict[str, Any]:
         "other_group_new_tokens": other.prompt_n,
         "other_group_cached_tokens": other.cache_n,
         "other_group_body_bytes": other.body_bytes,
+        "history_answer_tokens": asked.completion_tokens,
+        "with_history_new_tokens": follow_up.prompt_n,
+        "with_history_cached_tokens": follow_up.cache_n,
+        "with_history_prompt_tokens": follow_up.prompt_tokens,
     }
     print(
         f"{name}: first request {first.prompt_tokens} prompt tokens ({first.body_bytes} bytes, "
         f"{minutes(first.prompt_tokens):.1f} min at {TOKENS_PER_SECOND:g} tokens/s); "
         f"same group a minute later {again.prompt_n} new / {again.cache_n} cached ({minutes(again.prompt_n):.1f} min); "
-        f"another group {other.prompt_n} new / {other.cache_n} cached ({minutes(other.prompt_n):.1f} min)"
+        f"another group {other.prompt_n} new / {other.cache_n} cached ({minutes(other.prompt_n):.1f} min); "
+        f"same group with the last exchange as history ({asked.completion_tokens}-token answer) "
+        f"{follow_up.prompt_n} new / {follow_up.cache_n} cached ({minutes(follow_up.prompt_n):.1f} min)"
     )
     return row
 
