@@ -33,7 +33,7 @@ import aiohttp
 
 from farmhost.config import LlmEndpoint
 
-logger = logging.getLogger("farmhost.agents.proxy")
+logger = logging.getLogger(__name__)
 
 ASK_TIMEOUT: Final = 5.0  # one endpoint's questions, all of them
 RUN_WAIT: Final = 2.0  # what a run waits for questions still out
