@@ -130,26 +130,29 @@ class ContextSizes:
 
     async def _asked(self, endpoint: LlmEndpoint) -> ContextSize | None:
         before = self._known.get(endpoint.number)
+        said = before.size if before is not None else None
         size: ContextSize | None = None
         sure = False
         try:
             async with asyncio.timeout(self._ask_timeout):
                 size, sure = await self._ask_server(endpoint)
         except TimeoutError:
-            why = f"no answer within {self._ask_timeout:g} s"
+            why, size = f"no answer within {self._ask_timeout:g} s", said  # down for now: its size has not changed
         except (aiohttp.ClientError, OSError, ValueError) as err:
-            why = type(err).__name__
+            why, size = type(err).__name__, said
         else:
             why = "neither llama.cpp's /props nor Ollama's /api/show says it"
         ttl = KNOWN_TTL if sure else UNKNOWN_TTL
         self._known[endpoint.number] = _Known(size=size, until=self._clock() + ttl)
-        said = before.size if before is not None else None
         if size is not None and size != said:
             logger.info("LLM endpoint %d (%s): context %d tokens (%s)", endpoint.number, endpoint.label,
                         size.tokens, size.source)  # fmt: skip
         elif size is None and (before is None or said is not None):
-            logger.info("LLM endpoint %d (%s): its context is unknown (%s); FARMHOST_LLM_CONTEXT_TOKENS covers it",
-                        endpoint.number, endpoint.label, why)  # fmt: skip
+            covered = (
+                "FARMHOST_LLM_CONTEXT_TOKENS covers it" if self._setting else "FARMHOST_LLM_CONTEXT_TOKENS is unset"
+            )
+            logger.info("LLM endpoint %d (%s): its context is unknown (%s); %s", endpoint.number, endpoint.label,
+                        why, covered)  # fmt: skip
         return size
 
     async def _ask_server(self, endpoint: LlmEndpoint) -> tuple[ContextSize | None, bool]:
