@@ -8,14 +8,17 @@ Run from the repository root with the project's interpreter::
 The real runner (`python -m farmagent.run`) answers a farm question of the main group against a real daemon on a
 fresh data directory (its global MEMORY.md as `farmhost init` writes it, a short MEMORY.md for main), and talks to
 llama.cpp's server (xllamacpp with SmolLM2-135M-Instruct from the dev dependencies, the server of the test suite,
-with an 8,192-token context here so the old ~5,500-token prompt fits) through a small relay that records each
-request's body size and the server's own figures: `usage.prompt_tokens`, and `timings.prompt_n` (tokens read
-anew) against `timings.cache_n` (tokens reused from the slot's cache). The relay also caps `max_tokens` at 16:
-the answer's length does not change the prompt, only the bench's time.
+with an 8,192-token context here so the old ~5,500-token prompt fits) through a small relay
+(farmhost_dev/llm_relay.py) that records each request's body size and the server's own figures:
+`usage.prompt_tokens`, and `timings.prompt_n` (tokens read anew) against `timings.cache_n` (tokens reused from
+the slot's cache). The relay also caps `max_tokens` at 16: the answer's length does not change the prompt, only
+the bench's time.
 
 Three runs, one request each (maxTurns 1): main at 06:30, main again "a minute later" (the AgentInput's `now`
 is the host's clock, so a minute later is a field, not a wait), then the field group. The third run's cache is
-the second's, as it is on a server with one slot.
+the second's, as it is on a server with one slot. Then a conversation (`contextMode: group`, as a chat's runs
+are): main asks, answering in up to HISTORY_ANSWER_TOKENS tokens (an answer of a real model's length), and asks
+again a minute later with that exchange as its history: what the second run reads anew is the figure.
 
 The script reports; it never gates: the exit status is 0 whatever the figures (2 when it could not run).
 """
@@ -28,17 +31,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Final
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # farmhost_dev: the dev tools at the repo root
 
+from farmhost_dev.llm_relay import Exchange, Relay
 from farmhost_dev.local_llm import LocalLlm
 from farmhost_dev.testing import FIELD_JID, MAIN_JID, clean_env, init_data_dir_in_process, running_daemon
 
@@ -46,6 +45,10 @@ CONTEXT_TOKENS: Final = 8192
 # SmolLM2's own template ignores `tools`; models that call tools (Qwen2.5, Hermes) put them in the system turn.
 TEMPLATE: Final = Path(__file__).resolve().parent / "chatml_tools.jinja"
 MAX_TOKENS: Final = 16
+HISTORY_ANSWER_TOKENS: Final = 200
+# A question a small model answers at length, so the history is of a real answer's size.
+DETAILED: Final = "Explain step by step how to check the irrigation pump and its filter before the season."
+FOLLOW_UP: Final = "And how often should the filter be cleaned?"
 TOKENS_PER_SECOND: Final = 10.0  # a Pi 5 reading a prompt with a 1-3 B model is in this range (docs/performance.md)
 QUESTION: Final = "Is the irrigation pump on, and how dry is field 3?"
 MAIN_MEMORY: Final = (
@@ -54,70 +57,6 @@ MAIN_MEMORY: Final = (
 HIT: Final = [
     {"citation": "memory/fields.md#L3-L4", "groupFolder": "main", "snippet": "Field 3 is sandy; water it first."}
 ]
-
-
-@dataclass
-class Exchange:
-    """One request through the relay: its body size and what the server said of its prompt."""
-
-    body_bytes: int
-    prompt_tokens: int
-    prompt_n: int
-    cache_n: int
-
-
-class Relay(ThreadingHTTPServer):
-    """A recording HTTP relay to the llama.cpp server."""
-
-    def __init__(self, upstream: str) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.upstream = upstream
-        self.exchanges: list[Exchange] = []
-
-    @property
-    def base_url(self) -> str:
-        """The OpenAI base URL the runner is given."""
-        return f"http://127.0.0.1:{self.server_address[1]}/v1"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: Relay
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def _relay(self, data: bytes | None) -> None:
-        request = urllib.request.Request(self.server.upstream + self.path, data=data, method=self.command)
-        request.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(request, timeout=600) as answer:
-                status, body = answer.status, answer.read()
-        except urllib.error.HTTPError as err:
-            status, body = err.code, err.read()
-        if data is not None and status == 200:
-            document = json.loads(body)
-            usage, timings = document.get("usage") or {}, document.get("timings") or {}
-            self.server.exchanges.append(
-                Exchange(
-                    body_bytes=len(data),
-                    prompt_tokens=int(usage.get("prompt_tokens", -1)),
-                    prompt_n=int(timings.get("prompt_n", -1)),
-                    cache_n=int(timings.get("cache_n", -1)),
-                )
-            )
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self) -> None:
-        self._relay(None)
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
-        body["max_tokens"] = MAX_TOKENS
-        self._relay(json.dumps(body).encode())
 
 
 def agent_input(folder: str, now: str, **fields: Any) -> dict[str, Any]:
@@ -177,6 +116,16 @@ def measure(relay: Relay, data_dir: Path, source: Path | None) -> list[Exchange]
         ("field", "2026-07-01T04:32:00Z"),
     ):
         run_agent(data_dir, folder, agent_input(folder, now), relay.base_url, source)
+    stored = data_dir / "groups" / "main" / ".farmagent" / "conversation.json"
+    stored.unlink(missing_ok=True)  # each runner measured starts its conversation afresh
+    relay.max_tokens = HISTORY_ANSWER_TOKENS
+    try:
+        asked = agent_input("main", "2026-07-01T04:33:00Z", contextMode="group", prompt=DETAILED)
+        run_agent(data_dir, "main", asked, relay.base_url, source)
+    finally:
+        relay.max_tokens = MAX_TOKENS
+    follow_up = agent_input("main", "2026-07-01T04:34:00Z", contextMode="group", prompt=FOLLOW_UP)
+    run_agent(data_dir, "main", follow_up, relay.base_url, source)
     return relay.exchanges[start:]
 
 
@@ -186,7 +135,7 @@ def minutes(tokens: int) -> float:
 
 
 def report(name: str, runs: list[Exchange]) -> dict[str, Any]:
-    first, again, other = runs
+    first, again, other, asked, follow_up = runs
     row = {
         "runner": name,
         "first_prompt_tokens": first.prompt_tokens,
@@ -196,12 +145,18 @@ def report(name: str, runs: list[Exchange]) -> dict[str, Any]:
         "other_group_new_tokens": other.prompt_n,
         "other_group_cached_tokens": other.cache_n,
         "other_group_body_bytes": other.body_bytes,
+        "history_answer_tokens": asked.completion_tokens,
+        "with_history_new_tokens": follow_up.prompt_n,
+        "with_history_cached_tokens": follow_up.cache_n,
+        "with_history_prompt_tokens": follow_up.prompt_tokens,
     }
     print(
         f"{name}: first request {first.prompt_tokens} prompt tokens ({first.body_bytes} bytes, "
         f"{minutes(first.prompt_tokens):.1f} min at {TOKENS_PER_SECOND:g} tokens/s); "
         f"same group a minute later {again.prompt_n} new / {again.cache_n} cached ({minutes(again.prompt_n):.1f} min); "
-        f"another group {other.prompt_n} new / {other.cache_n} cached ({minutes(other.prompt_n):.1f} min)"
+        f"another group {other.prompt_n} new / {other.cache_n} cached ({minutes(other.prompt_n):.1f} min); "
+        f"same group with the last exchange as history ({asked.completion_tokens}-token answer) "
+        f"{follow_up.prompt_n} new / {follow_up.cache_n} cached ({minutes(follow_up.prompt_n):.1f} min)"
     )
     return row
 
@@ -220,16 +175,13 @@ def main() -> int:
         except RuntimeError as err:
             print(f"cannot start the llama.cpp server: {err}", file=sys.stderr)
             return 2
-        relay = Relay(llm.address)
-        threading.Thread(target=relay.serve_forever, daemon=True).start()
         rows = []
         try:
-            with running_daemon(data_dir, env=clean_env()):
+            with Relay(llm.address, max_tokens=MAX_TOKENS) as relay, running_daemon(data_dir, env=clean_env()):
                 if args.before is not None:
                     rows.append(report(f"before ({args.before})", measure(relay, data_dir, args.before)))
                 rows.append(report("this checkout", measure(relay, data_dir, None)))
         finally:
-            relay.shutdown()
             llm.stop()
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")

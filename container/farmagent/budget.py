@@ -2,9 +2,11 @@
 
 A server truncates (llama.cpp), refuses (OpenAI) or silently drops the start of (Ollama) a prompt longer than
 its context, and a truncated prompt loses the system prompt first. So the runner learns the context size where
-it can: FARMAGENT_LLM_CONTEXT_TOKENS (the host passes FARMHOST_LLM_CONTEXT_TOKENS), else, with a plain base
-URL (development, the benches), llama.cpp's `GET /props`. Through the host's proxy, with no setting, the size
-is unknown and nothing is trimmed beyond the conversation's own bounds (conversation.py).
+it can: FARMAGENT_LLM_CONTEXT_TOKENS, which the host passes (the smallest of FARMHOST_LLM_CONTEXT_TOKENS and
+what its endpoints say: llama.cpp's /props, Ollama's /api/show; farmhost/agents/proxy/context.py) with where it
+has it from (FARMAGENT_LLM_CONTEXT_SOURCE), else, with a plain base URL (development, the benches), llama.cpp's
+`GET /props`. Through the host's proxy, when the host knows nothing, the size is unknown and nothing is trimmed
+beyond the conversation's own bounds (conversation.py).
 
 Tokens are estimated, not counted (the runner has no tokenizer): UTF-8 bytes / BYTES_PER_TOKEN plus a few
 tokens a message for the template. Measured on llama.cpp with SmolLM2's tokenizer, this prompt's English and
@@ -58,9 +60,9 @@ def prompt_limit(context: int) -> int:
 def context_tokens(settings: AgentSettings) -> tuple[int | None, str]:
     """The endpoint's context size and where it comes from (None when unknown)."""
     if settings.llm_context_tokens is not None:
-        return settings.llm_context_tokens, "FARMAGENT_LLM_CONTEXT_TOKENS"
+        return settings.llm_context_tokens, settings.llm_context_source or "FARMAGENT_LLM_CONTEXT_TOKENS"
     if settings.llm_base_url is None:
-        return None, "unknown (the host passes FARMHOST_LLM_CONTEXT_TOKENS when it is set)"
+        return None, "unknown: the host learned it from no endpoint, and FARMHOST_LLM_CONTEXT_TOKENS is not set"
     asked = props_context(settings.llm_base_url)
     if asked is None:
         return None, f"unknown ({settings.llm_base_url} has no llama.cpp /props)"

@@ -27,6 +27,7 @@ LLM_SOCKET: Final = Path("/workspace/run/llm.sock")
 # (host side, default 600 s) bounds the whole loop.
 LLM_TIMEOUT: Final = 120.0
 LLM_MAX_RETRIES: Final = 2
+MAX_SOURCE_CHARS: Final = 200
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +47,7 @@ class AgentSettings:
     llm_timeout: float = LLM_TIMEOUT
     llm_max_retries: int = LLM_MAX_RETRIES
     llm_context_tokens: int | None = None  # the endpoint's context size, when the host knows it (budget.py)
+    llm_context_source: str | None = None  # where the host has that figure from, for the run log
 
     @property
     def is_main(self) -> bool:
@@ -59,7 +61,8 @@ class AgentSettings:
         Variables: FARMAGENT_IPC_DIR, FARMAGENT_GROUP_DIR, FARMAGENT_GLOBAL_DIR, FARMAGENT_FARM_STATE_DIR,
         FARMAGENT_DASHBOARD_DIR (main only), FARMAGENT_LLM_SOCKET, FARMAGENT_LLM_BASE_URL, FARMAGENT_IPC_MODE (inotify|poll), FARMAGENT_LLM_TIMEOUT
         (seconds), FARMAGENT_LLM_MAX_RETRIES (retries of 408/409/429/5xx and connection errors; farmagent.llm),
-        FARMAGENT_LLM_CONTEXT_TOKENS (the endpoint's context size; farmagent.budget).
+        FARMAGENT_LLM_CONTEXT_TOKENS (the endpoint's context size; farmagent.budget), FARMAGENT_LLM_CONTEXT_SOURCE
+        (where the host has it from: the setting, llama.cpp's /props or Ollama's /api/show; said in the run log).
 
         Raises:
             ConfigError: a value cannot be used (names the variable).
@@ -93,7 +96,15 @@ class AgentSettings:
             llm_context_tokens=None
             if context is None
             else int(_number(context, "FARMAGENT_LLM_CONTEXT_TOKENS", 0, 512, 10_000_000)),
+            llm_context_source=_text(get("FARMAGENT_LLM_CONTEXT_SOURCE"), MAX_SOURCE_CHARS),
         )
+
+
+def _text(value: str | None, limit: int) -> str | None:
+    """A one-line note for the log: printable characters only, at most `limit`."""
+    if value is None:
+        return None
+    return "".join(c if c.isprintable() else "?" for c in value[:limit])
 
 
 def _number(value: str | None, name: str, default: float, low: float, high: float) -> float:

@@ -82,8 +82,10 @@ def user_message(prompt: str, images: tuple[str, ...]) -> dict[str, Any]:
 def run_loop(llm: ChatClient, tools: ToolContext, params: LoopParams) -> LoopOutcome:
     """Run the conversation to a final answer, an LLM error, or the turn limit.
 
-    The images go with the prompt in every request of the run, but `added` (what a group's conversation keeps)
-    holds the prompt's text only: the next run's requests would otherwise carry every earlier photo.
+    `added` (what a group's conversation keeps) starts with the prompt's text as the first request sent it, the
+    run's section ahead of it, so the next run's requests begin with the same bytes as this run's (a server's
+    prompt cache then covers this exchange); the images go with the prompt in every request of the run but are
+    not kept: the next run's requests would otherwise carry every earlier photo.
     """
     outcome = LoopOutcome(status="error", added=[{"role": "user", "content": params.prompt}])
     offered = params.tools.params()
@@ -93,13 +95,10 @@ def run_loop(llm: ChatClient, tools: ToolContext, params: LoopParams) -> LoopOut
         outcome.turns += 1
         asked = time.monotonic()
         try:
-            message = complete(
-                llm,
-                model=params.model,
-                messages=fit.messages(outcome.added),
-                tools=offered,
-                endpoint=params.endpoint,
-            )
+            messages = fit.messages(outcome.added)
+            if outcome.turns == 1:
+                outcome.added[0] = {"role": "user", "content": fit.sent_prompt()}
+            message = complete(llm, model=params.model, messages=messages, tools=offered, endpoint=params.endpoint)
         except LlmError as err:
             outcome.error = err.message
             return outcome
@@ -177,8 +176,14 @@ class _Fit:
         self.snippets = self.memory = True
         self.limit = None if params.context_tokens is None else prompt_limit(params.context_tokens)
 
+    def sent_prompt(self) -> str:
+        """The prompt's text as the request sends it: the run's section ahead of it (without the group's memory)."""
+        return f"{self.params.context.text(snippets=self.snippets)}{self.params.prompt}"
+
     def messages(self, added: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The request's messages: system, history, the prompt with the run's section ahead of it, this run's turns.
+
+        The group's memory goes ahead of the first user message (the oldest of the history, or the prompt).
 
         Raises:
             LlmError: even without history and memory the request would not fit.
@@ -187,8 +192,11 @@ class _Fit:
         needed, kept = 0, len(self.history)
         while True:
             first = user_message(self.params.prompt, self.params.images)  # the photos go in every request
-            prompt = _with_context(first, self.params.context.text(memory=self.memory, snippets=self.snippets))
-            messages = [self.system, *self.history, prompt, *added[1:]]
+            prompt = _with_context(first, self.params.context.text(snippets=self.snippets))
+            turns = [*self.history, prompt]
+            if self.memory and self.params.context.memory:
+                turns[0] = _with_context(turns[0], self.params.context.memory_head())
+            messages = [self.system, *turns, *added[1:]]
             if self.limit is None:
                 return messages
             need = estimate(messages, self.offered)

@@ -1,8 +1,10 @@
 """The runner's prompt: a system prompt that stays the same, and a section of the run ahead of each request.
 
 The system prompt (role, rules, the offered tools' names, the global memory) is byte-identical for every group
-and every run, so an LLM server's prompt cache keeps it; what changes (the group, the time, the situation, the
-group's memory, the memory hits) is sent last, ahead of the user's request (`RunContext`).
+and every run, so an LLM server's prompt cache keeps it. The group's memory, which changes seldom, comes next, at
+the head of the request's first user message; then the group's conversation (`contextMode: group`) as it was
+sent; what changes from run to run (the group, the time, the situation, the memory hits) is last, ahead of the
+user's request (`RunContext`), and is kept with it in the conversation, so the next run's prefix covers it.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def system_prompt(*, tools: tuple[str, ...], global_dir: Path) -> str:
     """
     parts = [
         (
-            "You are the farm assistant on a farm appliance next to Home Assistant. Each request starts with "
+            "You are the farm assistant on a farm appliance next to Home Assistant. Each request has "
             "'## This run': your group, the time, its notes."
         ),
         _tools_section(tools),
@@ -79,20 +81,24 @@ def system_prompt(*, tools: tuple[str, ...], global_dir: Path) -> str:
 
 @dataclass(frozen=True)
 class RunContext:
-    """The run's section ahead of the user's request.
+    """The run's section ahead of the user's request, and the group's memory ahead of the conversation.
 
-    `head` always; the group's `memory` and the memory hits (`snippets`) when they fit in the context (the
-    loop drops the hits first).
+    `head` always; the memory hits (`snippets`) and the group's `memory` when they fit in the context (the loop
+    drops the hits first).
     """
 
     head: str
     memory: str
     snippets: str
 
-    def text(self, *, memory: bool = True, snippets: bool = True) -> str:
-        """The section, with or without the group's memory and the memory hits."""
-        parts = [self.head, self.memory if memory else "", self.snippets if snippets else "", "## The request\n"]
+    def text(self, *, snippets: bool = True) -> str:
+        """The section ahead of the user's request, with or without the memory hits."""
+        parts = [self.head, self.snippets if snippets else "", "## The request\n"]
         return "\n\n".join(part for part in parts if part)
+
+    def memory_head(self) -> str:
+        """What goes ahead of the request's first user message: the group's memory ("" without one)."""
+        return f"{self.memory}\n\n" if self.memory else ""
 
 
 def run_context(agent_input: AgentInput, *, group_dir: Path) -> RunContext:

@@ -267,6 +267,7 @@ class AgentRuntime:
         if no_llm:
             logger.warning("agent run %s for %s refused: no LLM is configured", job.run_id, job.folder, extra=_ids(job))
             return self._outcome(job, "error", error=NO_LLM, started=started)
+        kind = await self._with_context(kind)
         limits = self._limits.limits(job.folder)
         await self._prepare(job.folder)
         hooked = time.monotonic()
@@ -415,11 +416,17 @@ class AgentRuntime:
             return AgentKind(name="command", argv=self._command, needs_llm=False)
         name, command = self._limits.agent_choice(folder, self._settings.kind, self._settings.command)
         in_image = isinstance(self._backend, DockerBackend)
-        kind = agent_kind(name, command, self._settings.opencode_bin, in_image=in_image)
-        context = self._settings.llm.context_tokens
-        if kind.name == "farmagent" and context is not None:  # the built-in runner trims its prompt to it (budget.py)
-            return replace(kind, env={**kind.env, "FARMAGENT_LLM_CONTEXT_TOKENS": str(context)})
-        return kind
+        return agent_kind(name, command, self._settings.opencode_bin, in_image=in_image)
+
+    async def _with_context(self, kind: AgentKind) -> AgentKind:
+        """The built-in runner's kind with the endpoints' context, which it trims its prompt to (budget.py)."""
+        if kind.name != "farmagent":
+            return kind
+        context = await self._proxy.context_size()
+        if context is None:
+            return kind
+        env = {"FARMAGENT_LLM_CONTEXT_TOKENS": str(context.tokens), "FARMAGENT_LLM_CONTEXT_SOURCE": context.source}
+        return replace(kind, env={**kind.env, **env})
 
     async def _prepare(self, folder: str) -> None:
         try:

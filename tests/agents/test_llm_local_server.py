@@ -168,7 +168,8 @@ def test_a_chat_message_gets_a_reply_from_the_built_in_runner_on_the_local_model
     (log_path,) = logs
     log = log_path.read_text()
     assert "-m farmagent.run" in log and "runtime: bwrap" in log
-    assert "context: 4096 tokens (FARMAGENT_LLM_CONTEXT_TOKENS)" in log  # the host passed the model's context
+    # The host passed the model's context: the server's word and the setting agree (tests/agents/test_llm_context.py)
+    assert "context: 4096 tokens (llama.cpp /props of endpoint 1, smollm2 at 127.0.0.1:" in log
     status = re.search(r"^status: (\w+), exit code (\d+)$", log, re.MULTILINE)
     assert status is not None, log[-3000:]
     result_line = log.split("--- stdout ---", 1)[1].split("--- stderr ---", 1)[0].strip().splitlines()[-1]

@@ -131,11 +131,13 @@ def test_the_system_prompt_is_the_farms_and_the_run_section_has_time_zone_and_me
     text = context.text()
     assert "Group 'field', a group of the farm." in text
     assert "2026-07-01 00:30 (Wednesday), time zone America/New_York" in text
-    assert "Grundfos SQ" in text and "[cut here; read the rest with memory_get]" in text
+    # The group's memory goes ahead of the conversation, not in the run's section (kept with each question).
+    head = context.memory_head()
+    assert "Grundfos SQ" in head and "[cut here; read the rest with memory_get]" in head and "Grundfos" not in text
     assert "[field:memory/n0.md#L1-L2]" in text and "[more hits left out; use memory_search]" in text
     assert text.endswith("## The request\n")
-    assert "[field:" not in context.text(snippets=False) and "Grundfos" not in context.text(memory=False)
-    assert len(system) + len(text) < 15_000
+    assert "[field:" not in context.text(snippets=False)
+    assert len(system) + len(head) + len(text) < 15_000
 
 
 def test_an_unknown_zone_falls_back_to_utc_and_says_so(tmp_path: Path) -> None:

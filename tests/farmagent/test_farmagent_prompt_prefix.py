@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
+import pytest
 from agent_support import Farm, agent_input, run_agent
 from farmagent.budget import estimate, prompt_limit
 from farmagent.toolbox import DEFAULT_TOOLS
-from farmhost_testing import FIELD_JID
+from farmhost_testing import FIELD_JID, scaled
 from llm_stub import Recorded, Reply, ScriptedLLM, ToolCall, ToolCalls
+
+from farmhost_dev.llm_relay import Relay
+from farmhost_dev.local_llm import LocalLlm
 
 FIELD = {"groupFolder": "field", "isMain": False, "chatJid": FIELD_JID}
 
@@ -152,3 +157,29 @@ def test_a_photo_counts_as_an_image_not_as_its_base64_text() -> None:
     alone = estimate([{"role": "user", "content": [text]}], [])
     with_photo = estimate([{"role": "user", "content": [text, photo]}], [])
     assert with_photo - alone == 1000  # a 300 KB photo does not look like 133,000 tokens of text
+
+
+@pytest.mark.slow  # the model reads the runner's ~1,500-token prompt once: 10-30 s on a loaded 2-core machine
+@pytest.mark.timeout(300)
+def test_a_chats_next_question_finds_the_earlier_exchange_in_llama_cpps_cache(farm: Farm, tmp_path: Path) -> None:
+    """`contextMode: group` on the real server: the second run reads its own section and question, not the first's."""
+    stored = farm.workspace("main") / ".farmagent" / "conversation.json"
+    stored.unlink(missing_ok=True)
+    asked = (
+        ("2026-07-01T04:30:00Z", "Explain step by step how to check the irrigation pump."),
+        ("2026-07-01T04:31:00Z", "And how often should its filter be cleaned?"),
+    )
+    try:
+        with LocalLlm.start(tmp_path) as llm, Relay(llm.address, max_tokens=64) as relay:
+            env = farm.agent_env(FARMAGENT_LLM_BASE_URL=relay.base_url, FARMAGENT_LLM_TIMEOUT="600")
+            for now, prompt in asked:
+                document = agent_input(now=now, prompt=prompt, contextMode="group", model=llm.model)
+                code, result, stderr = run_agent(document, env, timeout=scaled(120))
+                assert code == 0, (result, stderr)
+    finally:
+        stored.unlink(missing_ok=True)  # the session's other runs of main start without this conversation
+    first, second = relay.exchanges
+    # The whole first request is reused (its answer too, as far as the template renders it as generated) ...
+    assert second.cache_n > first.prompt_tokens, (first, second)
+    # ... and what is read anew is the second run's `## This run` section and question, whatever the answer's length.
+    assert second.prompt_n < 200, (first, second)

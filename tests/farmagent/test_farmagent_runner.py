@@ -122,17 +122,18 @@ def test_group_context_continues_and_isolated_does_not(farm: Farm, llm_stub: Scr
     first, *later = llm_stub.requests
     assert [m["role"] for m in first.messages] == ["system", "user"]
     (second,) = [r for r in later if len(r.messages) > 2]
-    # The history as it was asked (without the run sections of its time), then this run's section and question.
-    assert [(m["role"], m["content"]) for m in second.messages[1:-1]] == [
-        ("user", "The new tractor is blue."),
-        ("assistant", "Noted: the new tractor is blue."),
-    ]
+    # The history as it was sent, the run section of its time ahead of the question: the second request begins
+    # with the first's bytes (a server's prompt cache covers the whole earlier exchange), then this run's section.
+    assert second.messages[:2] == first.messages
+    assert second.messages[2] == {"role": "assistant", "content": "Noted: the new tractor is blue."}
+    assert first.messages[1]["content"].startswith("## This run\nGroup 'field'")
     assert second.messages[-1]["role"] == "user" and second.messages[-1]["content"].endswith("\n" + question)
+    assert second.messages[-1]["content"].startswith("## This run\n")
     kept = json.loads(stored.read_text())["messages"]
     assert [(m["role"], m["content"]) for m in kept] == [
-        ("user", "The new tractor is blue."),
+        ("user", first.messages[1]["content"]),
         ("assistant", "Noted: the new tractor is blue."),
-        ("user", question),
+        ("user", second.messages[-1]["content"]),
         ("assistant", "It is blue."),
     ]
 

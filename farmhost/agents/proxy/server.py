@@ -25,6 +25,7 @@ from aiohttp import web
 from farmhost.agents.limits import LimitsReader
 from farmhost.agents.photos import PreparedPhoto
 from farmhost.agents.proxy.budget import LlmBudgets, ProxyUsage
+from farmhost.agents.proxy.context import ContextSize, ContextSizes
 from farmhost.agents.proxy.exchange import ExchangeRules, RunHandler, UsageNotice
 from farmhost.agents.proxy.listener import HTTP_ERRORS, ConnectionCaps, ProxyListener
 from farmhost.agents.proxy.parse import BodyParser
@@ -98,6 +99,7 @@ class LlmProxy:
         self._budgets: LlmBudgets | None = None
         self._upstream = UpstreamClient(settings.endpoints, cooldown=settings.cooldown_seconds, timeout=request_timeout)
         self._parser = BodyParser()
+        self._contexts = ContextSizes(settings.endpoints, setting=settings.context_tokens)
 
     async def start(self) -> None:
         """Open the budgets' database connection, the body parser and the upstream HTTP session (if configured)."""
@@ -107,14 +109,20 @@ class LlmProxy:
             self._budgets = LlmBudgets(self._db, zone=self._settings.zone, budget=self._limits.llm_budget)
             self._budgets.prune()
         self._upstream.start()
+        self._contexts.start()
 
     async def stop(self) -> None:
         """Close the upstream session, the body parser and the database connection."""
         self._parser.stop()
+        await self._contexts.stop()
         await self._upstream.stop()
         if self._db is not None:
             self._db.close()
             self._db, self._budgets = None, None
+
+    async def context_size(self) -> ContextSize | None:
+        """The context a run's prompt must fit (proxy/context.py): the smallest the endpoints and the setting say."""
+        return await self._contexts.for_run()
 
     @asynccontextmanager
     async def serve(
