@@ -56,6 +56,7 @@ __all__ = ["Check", "State", "doctor"]
 
 # Reachability checks must not make the doctor hang on a dead host.
 PROBE_TIMEOUT: Final = 5.0
+CONTEXT_TIMEOUT: Final = 2.0  # an LLM server's context question, after its /models answered
 # A check still running after this long says on stderr what it waits for.
 SAY_WAITING_AFTER: Final = 1.0
 # A local check (files, the database) that takes longer than this is reported broken instead of waited for.
@@ -537,7 +538,7 @@ def _llm_probes(config: Config, settings: Settings) -> list[Probe]:
             _llm_part(endpoint),
             functools.partial(_one_llm, endpoint),
             f"the LLM endpoint {_safe_url(endpoint.base_url)}/models",
-            PROBE_TIMEOUT + 2,
+            PROBE_TIMEOUT + CONTEXT_TIMEOUT + 2,
             f"check {endpoint.env_prefix}_BASE_URL and the network",
         )
         for endpoint in endpoints
@@ -545,7 +546,18 @@ def _llm_probes(config: Config, settings: Settings) -> list[Probe]:
 
 
 def _one_llm(endpoint: LlmEndpoint) -> list[Check]:
-    return [_llm(endpoint, fallback=endpoint.number > 1)]
+    check = _llm(endpoint, fallback=endpoint.number > 1)
+    if check.state != "ok":
+        return [check]
+    return [Check(check.part, check.state, check.detail + _context(endpoint))]
+
+
+def _context(endpoint: LlmEndpoint) -> str:
+    """The context the server says it has, as the daemon will learn it (nothing when it does not say)."""
+    from farmhost.agents.proxy.context import said_by  # aiohttp only when the check runs
+
+    size = asyncio.run(said_by(endpoint, timeout=CONTEXT_TIMEOUT))
+    return f", context {size.tokens:,} tokens ({size.source})" if size is not None else ""
 
 
 def _llm_part(endpoint: LlmEndpoint) -> str:

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from farmagent.budget import estimate, prompt_limit
-from farmhost_testing import MAIN_JID, clean_env, running_daemon, scaled, wait_for
+from farmhost_testing import MAIN_JID, clean_env, farmhost, running_daemon, scaled, wait_for
 from telegram_stub import FakeTelegram
 
 from farmhost.agents.proxy.context import OLLAMA_DEFAULT_CONTEXT, ContextSize, ContextSizes
@@ -58,6 +58,23 @@ async def test_llama_cpp_says_its_slots_context_in_props(local_llm: LocalLlm) ->
     size = await asked(endpoint(1, local_llm.base_url, local_llm.model))
     where = f"endpoint 1, smollm2 at {host(local_llm.base_url)}"
     assert size == ContextSize(CONTEXT_TOKENS, f"llama.cpp /props of {where}")
+
+
+def test_doctor_says_the_context_the_server_says(tmp_path: Path, local_llm: LocalLlm, ollama: ScriptedLLM) -> None:
+    env = clean_env(
+        FARMHOST_AGENT_RUNTIME="process",
+        FARMHOST_LLM_BASE_URL=local_llm.base_url,
+        FARMHOST_LLM_MODEL=local_llm.model,
+        FARMHOST_LLM_2_BASE_URL=ollama.base_url,
+        FARMHOST_LLM_2_MODEL=OLLAMA_MODEL,
+    )
+    done = farmhost("doctor", "--json", data_dir=tmp_path / "data", env=env)
+    checks = {c["part"]: c for c in json.loads(done.stdout)}
+    first, second = checks["llm"], checks["llm 2"]
+    assert first["state"] == "ok" and first["detail"].endswith(
+        f", context {CONTEXT_TOKENS:,} tokens (llama.cpp /props of endpoint 1, smollm2 at {host(local_llm.base_url)})"
+    ), first
+    assert second["state"] == "ok" and ", context 6,144 tokens (Ollama's num_ctx of qwen2.5:1.5b" in second["detail"]
 
 
 async def test_ollama_says_the_models_num_ctx_which_its_openai_api_uses(ollama: ScriptedLLM) -> None:

@@ -198,6 +198,16 @@ class ContextSizes:
             return None
 
 
+async def said_by(endpoint: LlmEndpoint, *, timeout: float = ASK_TIMEOUT) -> ContextSize | None:
+    """What one endpoint says of its context, asked once (doctor's line; a run uses ContextSizes)."""
+    sizes = ContextSizes((endpoint,), setting=None, ask_timeout=timeout, run_wait=timeout)
+    sizes.start()
+    try:
+        return await sizes.for_run()
+    finally:
+        await sizes.stop()
+
+
 def _root(base_url: str) -> str:
     """The server's root: the OpenAI base URL without its `/v1`."""
     url = urlsplit(base_url)
