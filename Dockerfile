@@ -43,18 +43,25 @@ RUN "$PYTHON" -m venv /opt/uv \
     && /opt/uv/bin/pip install "uv==${UV_VERSION}" \
     && ln -s /opt/uv/bin/uv /usr/local/bin/uv
 
+# Voice notes transcribed on the farm (docs/voice.md): the `voice` extra, faster-whisper with CTranslate2, ONNX
+# Runtime and PyAV (wheels for amd64 and arm64; ~300 MB more in the image, docs/deployment.md). VOICE=0 leaves it
+# out: voice notes are then kept in inbox/ untranscribed.
+ARG VOICE=1
+
 WORKDIR /app
 # Dependencies first (a layer that survives edits of farmhost's own code), then the two workspace members.
 COPY pyproject.toml uv.lock README.md LICENSE hatch_build.py ./
 COPY container/pyproject.toml container/
-RUN uv sync --frozen --no-dev --no-install-workspace --python "$PYTHON"
+RUN if [ "$VOICE" = "1" ]; then set -- --extra voice; fi \
+    && uv sync --frozen --no-dev "$@" --no-install-workspace --python "$PYTHON"
 COPY farmhost farmhost
 COPY container/farmagent container/farmagent
 # The starting dashboards and the global memory are seeded from the source tree (farmhost/layout.py: shipped_dir;
 # a wheel carries them as package data), so farmhost stays an editable install of /app, as in a checkout.
 COPY dashboards dashboards
 COPY memory memory
-RUN uv sync --frozen --no-dev --python "$PYTHON" \
+RUN if [ "$VOICE" = "1" ]; then set -- --extra voice; fi \
+    && uv sync --frozen --no-dev "$@" --python "$PYTHON" \
     && /app/.venv/bin/python -m compileall -q farmhost container/farmagent
 
 FROM ${BASE_IMAGE}

@@ -9,9 +9,12 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
-from farmhost_testing import Daemon, clean_env, wait_for
+from farmhost_testing import MAIN_JID, Daemon, clean_env, wait_for
 from ha_fixture import HaInstance
-from telegram_stub import FakeTelegram
+from telegram_stub import Call, FakeTelegram
+
+MAIN_CHAT = int(MAIN_JID.removeprefix("telegram:"))  # where approvals are asked
+PRESSER = 42  # the fake's default presser (@ana)
 
 
 @contextmanager
@@ -72,3 +75,43 @@ def wait_counted(data_dir: Path, entity_id: str, count: int) -> None:
         what=f"{count} effect(s) of {entity_id} counted",
         seen=lambda: len(db_rows(data_dir, "SELECT * FROM actuator_calls WHERE entity_id = ?", entity_id)),
     )
+
+
+def approval_asked(tg: FakeTelegram, approval_id: str) -> Call:
+    """The message the main chat got for this approval."""
+    found: Call = wait_for(
+        lambda: next((c for c in tg.sent(MAIN_CHAT) if approval_id in (c.text or "")), None),
+        timeout=15,
+        what=f"the approval message of {approval_id} in the main chat",
+        seen=lambda: tg.sent_texts(MAIN_CHAT),
+    )
+    return found
+
+
+def press_approval(tg: FakeTelegram, asked: Call, choice: str, *, user_id: int = PRESSER, username: str = "ana") -> str:
+    """Press Approve (`y`) or Deny (`n`) on the approval message; returns what the press was answered."""
+    row, _stop = asked.params["reply_markup"]["inline_keyboard"]
+    (button,) = [b for b in row if b["callback_data"].endswith(f":{choice}")]
+    update = tg.callback_query(
+        MAIN_CHAT, asked.result["message_id"], button["callback_data"], user_id=user_id, username=username
+    )
+    return press_answer(tg, update)
+
+
+def press_answer(tg: FakeTelegram, update: dict[str, Any]) -> str:
+    """What the daemon answered a button press (the callback query of `update`)."""
+    query_id = update["callback_query"]["id"]
+    answer: Call = wait_for(
+        lambda: next(
+            (
+                c
+                for c in tg.calls
+                if c.method == "answerCallbackQuery" and str(c.params.get("callback_query_id")) == query_id
+            ),
+            None,
+        ),
+        timeout=15,
+        what=f"the answer to the press {query_id}",
+    )
+    text: str = answer.params.get("text", "")
+    return text

@@ -10,6 +10,7 @@ server. Its configuration, caches and state are written per run under `$TMPDIR`,
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -25,6 +26,7 @@ EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
 EXIT_BAD_INPUT: Final = 2
 PROVIDER: Final = "farmhost"
+JPEG_DATA_URL: Final = "data:image/jpeg;base64,"  # what the contract lets an attached image be
 _STDERR_TAIL: Final = 2000
 
 
@@ -49,9 +51,16 @@ async def _bridge_one(socket_path: str, reader: asyncio.StreamReader, writer: as
     await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
 
 
-def opencode_config(*, port: int, model: str, environ: Mapping[str, str]) -> dict[str, Any]:
-    """OpenCode's configuration for one run: farmhost's proxy as the only provider, farmagent-mcp as the tools."""
+def opencode_config(*, port: int, model: str, environ: Mapping[str, str], sees: bool = False) -> dict[str, Any]:
+    """OpenCode's configuration for one run: farmhost's proxy as the only provider, farmagent-mcp as the tools.
+
+    `sees`: the host attached a photo (it does so only for an endpoint with FARMHOST_LLM_VISION), so the model is
+    declared to take images; otherwise OpenCode would send a note in the image's place.
+    """
     farm_env = {k: v for k, v in environ.items() if k.startswith("FARMAGENT_") or k in ("TZ", "LANG", "HOME")}
+    entry: dict[str, Any] = {"name": model}
+    if sees:
+        entry |= {"attachment": True, "modalities": {"input": ["text", "image"], "output": ["text"]}}
     return {
         "$schema": "https://opencode.ai/config.json",
         "provider": {
@@ -59,7 +68,7 @@ def opencode_config(*, port: int, model: str, environ: Mapping[str, str]) -> dic
                 "npm": "@ai-sdk/openai-compatible",
                 "name": "farmhost",
                 "options": {"baseURL": f"http://127.0.0.1:{port}/v1", "apiKey": "the-host-adds-the-key"},
-                "models": {model: {"name": model}},
+                "models": {model: entry},
             }
         },
         "model": f"{PROVIDER}/{model}",
@@ -77,6 +86,20 @@ def opencode_config(*, port: int, model: str, environ: Mapping[str, str]) -> dic
         "autoupdate": False,
         "share": "disabled",
     }
+
+
+def attach_images(agent_input: AgentInput, into: Path) -> list[str]:
+    """`--file` arguments for the run's photos: each JPEG the host attached (already downscaled), written as a file.
+
+    OpenCode reads an attached PNG/JPEG/GIF/WebP and sends it to a model as an image part (`data:image/jpeg;base64,`
+    of the same bytes): the data URL the proxy lets through is the host's own. Nothing when no photo is attached.
+    """
+    arguments = []
+    for number, image in enumerate(agent_input.images):
+        path = into / f"photo-{number}.jpg"
+        path.write_bytes(base64.b64decode(image.url.removeprefix(JPEG_DATA_URL), validate=True))
+        arguments += ["--file", str(path)]
+    return arguments
 
 
 def message_for(agent_input: AgentInput) -> str:
@@ -124,7 +147,11 @@ async def run(agent_input: AgentInput, environ: Mapping[str, str]) -> AgentResul
     with tempfile.TemporaryDirectory(prefix="opencode-") as scratch:
         root = Path(scratch)
         config = root / "opencode.json"
-        config.write_text(json.dumps(opencode_config(port=port, model=agent_input.model, environ=environ)))
+        config.write_text(
+            json.dumps(
+                opencode_config(port=port, model=agent_input.model, environ=environ, sees=bool(agent_input.images))
+            )
+        )
         env = {
             "PATH": environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(root / "home"),
@@ -138,7 +165,9 @@ async def run(agent_input: AgentInput, environ: Mapping[str, str]) -> AgentResul
             **{k: v for k, v in environ.items() if k.startswith("FARMAGENT_")},
         }
         proc = await asyncio.create_subprocess_exec(
+            # The message before the files: `--file` takes every word after it.
             binary, "run", "--format", "json", "--title", agent_input.runId, message_for(agent_input),
+            *attach_images(agent_input, root),
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             env=env, cwd=environ.get("FARMAGENT_GROUP_DIR", os.getcwd()),
         )  # fmt: skip

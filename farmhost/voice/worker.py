@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
 import os
 import sys
@@ -26,6 +27,33 @@ if TYPE_CHECKING:
 
 # Below the daemon: a note being transcribed must not slow the event loop that answers the farm.
 NICENESS = 5
+# glibc's mallopt: the size from which an allocation is its own mmap, given back to the system when freed.
+M_MMAP_THRESHOLD = -3
+# 1 MiB instead of glibc's sliding threshold, which rises to 32 MiB after the model's load frees its big buffers:
+# then each note's spectrogram, attention and VAD buffers come from the heap, which keeps what they freed and
+# fragments, and the peak grew with the note (455 MB for 107 s). Fixed, it is 350-360 MB for any note up to 2 minutes
+# (the model's load peaks at ~335 MB), for ~15% more CPU time (fresh pages from the kernel). docs/performance.md.
+MMAP_THRESHOLD = 1 << 20
+
+
+def libc() -> ctypes.CDLL | None:
+    """The C library's allocator functions, or None where they cannot be reached."""
+    try:
+        return ctypes.CDLL(None)
+    except OSError:
+        return None
+
+
+def limit_heap() -> None:
+    """Big buffers as their own mappings (MMAP_THRESHOLD); a C library without mallopt is left as it is."""
+    if (lib := libc()) is not None and hasattr(lib, "mallopt"):
+        lib.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+
+
+def trim_heap() -> None:
+    """Give the heap's free pages back after a note (glibc only): the worker then waits at its loaded size."""
+    if (lib := libc()) is not None and hasattr(lib, "malloc_trim"):
+        lib.malloc_trim(0)
 
 
 class Worker:
@@ -121,6 +149,7 @@ class Worker:
                     self.transcribe(data)
             except VoiceError as err:
                 self.send(event="error", kind=type(err).__name__, message=str(err))
+            trim_heap()
 
 
 def main() -> None:
@@ -136,6 +165,7 @@ def main() -> None:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a library's print never corrupts the answers
     with contextlib.suppress(OSError):
         os.nice(NICENESS)
+    limit_heap()
     worker = Worker(args, out)
     worker.send(event="started", pid=os.getpid(), rate=SAMPLE_RATE)
     worker.serve(sys.stdin.buffer)

@@ -10,9 +10,11 @@ from docker_engine import AGENT_IMAGE, ENGINE_HOST, image, requires_engine
 from farmhost_testing import MAIN_JID, clean_env, init_data_dir_in_process, running_daemon, scaled
 from ha_fixture import HaInstance
 from llm_stub import Recorded, Reply, ScriptedLLM, ToolCall
+from photo_support import camera_jpeg, decoded, image_parts
 from runtime_support import make_runtime, probe_job, settings_for
 from telegram_stub import FakeTelegram
 
+from farmhost.agents.jobs import AgentJob
 from farmhost.agents.kinds import opencode_binary
 
 MAIN_CHAT = int(MAIN_JID.removeprefix("telegram:"))
@@ -41,6 +43,32 @@ async def test_opencode_answers_through_the_proxy(root: Path, llm_stub: Scripted
     assert outcome.answer == "The soil in field 2 is fine."
     [request] = llm_stub.requests
     assert request.body["stream"] is True and request.model == "farm-model"
+
+
+async def test_opencode_sends_the_runs_photo_to_a_model_that_can_see_as_an_image_part(
+    root: Path, llm_stub: ScriptedLLM
+) -> None:
+    (root / "agent-limits.json").write_text(json.dumps({"groups": {"field": {"agentKind": "opencode"}}}))
+    (root / "groups" / "field" / "inbox").mkdir(parents=True, exist_ok=True)
+    (root / "groups" / "field" / "inbox" / "leaf.jpg").write_bytes(camera_jpeg(3000, 2000))
+    settings = settings_for(
+        root, FARMHOST_AGENT_RUNTIME="bwrap", FARMHOST_LLM_BASE_URL=llm_stub.base_url, FARMHOST_LLM_MODEL="farm-model",
+        FARMHOST_LLM_VISION="1",
+    )  # fmt: skip
+    llm_stub.script(Reply("The leaves have rust."))
+    runtime = make_runtime(settings, command=None)
+    await runtime.start()
+    try:
+        job = AgentJob(folder="field", prompt="[photo: inbox/leaf.jpg] what is wrong?", scheduled=False,
+                       photo="inbox/leaf.jpg")  # fmt: skip
+        outcome = await runtime.submit(job)
+    finally:
+        await runtime.stop()
+    assert outcome.status == "ok", (outcome, outcome.log_path.read_text()[-4000:] if outcome.log_path else "")
+    assert outcome.answer == "The leaves have rust."
+    [part] = image_parts(llm_stub.requests[0].messages)
+    picture = decoded(part["image_url"]["url"])  # the host's downscaled JPEG, as the proxy let it through
+    assert picture.format == "JPEG" and picture.size == (1024, 683)
 
 
 @requires_engine

@@ -363,6 +363,9 @@ def test_the_build_stage_installs_farmhost_from_exactly_what_it_copies(tmp_path:
                 if name != "UV_NO_CACHE":  # the image keeps no cache; here uv's cache is used
                     env[name] = value.replace(workdir, str(app))
             env["UV_COMPILE_BYTECODE"] = "0"  # bytecode: covered by the install test
+        elif instruction.keyword == "ARG" and "=" in instruction.args:  # a build argument's default, e.g. VOICE=1
+            name, _, value = instruction.args.partition("=")
+            env[name] = value
         elif instruction.keyword == "COPY" and "--from" not in instruction.args:
             _, words = _args_of(instruction)
             target = app / words[-1] if not words[-1].startswith("/") else Path(words[-1].replace(workdir, str(app)))
@@ -403,3 +406,4 @@ def test_the_build_stage_installs_farmhost_from_exactly_what_it_copies(tmp_path:
     )  # fmt: skip
     names = {p["name"] for p in json.loads(installed.stdout)}
     assert "pytest" not in names and "mypy" not in names and {"farmhost", "farmagent", "playwright"} <= names
+    assert {"faster-whisper", "av", "wyoming"} <= names  # the voice extra (VOICE=1 by default)

@@ -18,7 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from farm_daemon import audit, db_rows, farm_daemon, sent_with, wait_counted, wait_state
+from farm_daemon import (
+    PRESSER,
+    approval_asked,
+    audit,
+    db_rows,
+    farm_daemon,
+    press_answer,
+    press_approval,
+    sent_with,
+    wait_counted,
+    wait_state,
+)
 from farmagent.ipc.client import IpcClient
 from farmhost_testing import FIELD_JID, MAIN_JID, drop, refused, wait_for, wait_result
 from ha_fixture import HaInstance
@@ -33,7 +44,7 @@ PUMP = "switch.irrigation_pump"
 VALVE_1 = "switch.field_1_valve"
 VALVE_2 = "switch.field_2_valve"
 DURATION = "number.irrigation_duration"
-ANA = 42  # the fake's default presser (@ana)
+ANA = PRESSER
 BEA = 4242
 # Both groups may switch things; everything else stays main only.
 BOTH = {"ha_call_service": ["main", "field"], "ha_set_entity": ["main", "field"]}
@@ -63,45 +74,6 @@ def _pending(result: dict[str, Any]) -> str:
     approval_id: str = result["result"]["approvalId"]
     assert approval_id.startswith("a-"), result
     return approval_id
-
-
-def _asked(tg: FakeTelegram, approval_id: str) -> Call:
-    """The message the main chat got for this approval."""
-    found: Call = wait_for(
-        lambda: next((c for c in tg.sent(MAIN_CHAT) if approval_id in (c.text or "")), None),
-        timeout=15,
-        what=f"the approval message of {approval_id} in the main chat",
-        seen=lambda: tg.sent_texts(MAIN_CHAT),
-    )
-    return found
-
-
-def _press(tg: FakeTelegram, asked: Call, choice: str, *, user_id: int = ANA, username: str = "ana") -> str:
-    """Press Approve (`y`) or Deny (`n`) on the approval message; returns what the press was answered."""
-    row, _stop = asked.params["reply_markup"]["inline_keyboard"]
-    (button,) = [b for b in row if b["callback_data"].endswith(f":{choice}")]
-    update = tg.callback_query(
-        MAIN_CHAT, asked.result["message_id"], button["callback_data"], user_id=user_id, username=username
-    )
-    return _answer_of(tg, update)
-
-
-def _answer_of(tg: FakeTelegram, update: dict[str, Any]) -> str:
-    query_id = update["callback_query"]["id"]
-    answer: Call = wait_for(
-        lambda: next(
-            (
-                c
-                for c in tg.calls
-                if c.method == "answerCallbackQuery" and str(c.params.get("callback_query_id")) == query_id
-            ),
-            None,
-        ),
-        timeout=15,
-        what=f"the answer to the press {query_id}",
-    )
-    text: str = answer.params.get("text", "")
-    return text
 
 
 def _edits(tg: FakeTelegram, asked: Call) -> list[str]:
@@ -169,7 +141,7 @@ def test_a_control_action_under_approval_answers_pending_approval_and_asks_the_m
     with farm_daemon(data_dir, ha_env, fake_telegram):
         result = _act(data_dir, "r-duration-45", params, action="ha_call_service")
         approval_id = _pending(result)
-        asked = _asked(fake_telegram, approval_id)
+        asked = approval_asked(fake_telegram, approval_id)
         row = _approval(data_dir, approval_id)
 
     assert result["result"]["alreadyPending"] is False
@@ -228,10 +200,10 @@ def test_approve_runs_it_once_audits_the_approver_tells_the_group_and_the_agents
         _wait_told(fake_telegram, FIELD_CHAT, "I asked the farm's office")
         (row,) = db_rows(data_dir, "SELECT * FROM approvals")
         approval_id = row["id"]
-        asked = _asked(fake_telegram, approval_id)
+        asked = approval_asked(fake_telegram, approval_id)
         assert _state(ha_reset, PUMP) == "off"
 
-        answer = _press(fake_telegram, asked, "y")
+        answer = press_approval(fake_telegram, asked, "y")
         edited = _wait_edit(fake_telegram, asked, "Approved by @ana and done.")
         wait_state(ha_reset, PUMP, "on")
         outcome = _wait_told(fake_telegram, FIELD_CHAT, f"Approval {approval_id}")
@@ -269,8 +241,8 @@ def test_deny_runs_nothing_is_audited_and_the_group_is_told(
     rid, params, folder = _pump_on("r-deny")
     with farm_daemon(data_dir, ha_env, fake_telegram):
         approval_id = _pending(_act(data_dir, rid, params, folder=folder))
-        asked = _asked(fake_telegram, approval_id)
-        answer = _press(fake_telegram, asked, "n")
+        asked = approval_asked(fake_telegram, approval_id)
+        answer = press_approval(fake_telegram, asked, "n")
         edited = _wait_edit(fake_telegram, asked, "Denied by @ana")
         told = _wait_told(fake_telegram, FIELD_CHAT, f"Approval {approval_id}")
         row = _wait_status(data_dir, approval_id, "denied")
@@ -293,10 +265,10 @@ def test_an_unanswered_approval_expires_and_a_late_press_does_nothing(
     rid, params, folder = _pump_on("r-expire")
     with farm_daemon(data_dir, ha_env, fake_telegram):
         approval_id = _pending(_act(data_dir, rid, params, folder=folder))
-        asked = _asked(fake_telegram, approval_id)
+        asked = approval_asked(fake_telegram, approval_id)
         row = _wait_status(data_dir, approval_id, "expired")
         told = _wait_told(fake_telegram, FIELD_CHAT, f"Approval {approval_id}")
-        answer = _press(fake_telegram, asked, "y")
+        answer = press_approval(fake_telegram, asked, "y")
 
     assert "expired: nobody approved it in time, nothing was done" in told
     assert row["outcome"] == "nobody approved it in time"
@@ -315,13 +287,13 @@ def test_a_press_by_someone_not_among_the_approvers_is_refused_and_an_approver_c
     rid, params, folder = _pump_on("r-approvers")
     with farm_daemon(data_dir, ha_env, fake_telegram):
         approval_id = _pending(_act(data_dir, rid, params, folder=folder))
-        asked = _asked(fake_telegram, approval_id)
-        refusal = _press(fake_telegram, asked, "y", user_id=ANA, username="ana")
+        asked = approval_asked(fake_telegram, approval_id)
+        refusal = press_approval(fake_telegram, asked, "y", user_id=ANA, username="ana")
         assert _approval(data_dir, approval_id)["status"] == "pending"
         assert _state(ha_reset, PUMP) == "off"
         refused_audit = [line for line in audit(data_dir, rid) if line.get("decision") == "refused press"]
 
-        answer = _press(fake_telegram, asked, "y", user_id=BEA, username="bea")
+        answer = press_approval(fake_telegram, asked, "y", user_id=BEA, username="bea")
         wait_state(ha_reset, PUMP, "on")
         row = _wait_status(data_dir, approval_id, "done")
 
@@ -367,19 +339,19 @@ def test_a_second_press_or_a_replayed_button_after_approval_runs_nothing_again(
     params = {"domain": "switch", "service": "toggle", "target": {"entity_id": PUMP}}
     with farm_daemon(data_dir, ha_env, fake_telegram):
         approval_id = _pending(_act(data_dir, "r-toggle", params, action="ha_call_service"))
-        asked = _asked(fake_telegram, approval_id)
+        asked = approval_asked(fake_telegram, approval_id)
         data = f"fa:{approval_id}:y"
         first = fake_telegram.callback_query(MAIN_CHAT, asked.result["message_id"], data)
-        assert _answer_of(fake_telegram, first) == "Approved: running it now."
+        assert press_answer(fake_telegram, first) == "Approved: running it now."
         _wait_status(data_dir, approval_id, "done")
         wait_state(ha_reset, PUMP, "on")
         _wait_told(fake_telegram, FIELD_CHAT, "approved by @ana and done")
-        second = _press(fake_telegram, asked, "y")
-        deny_after = _press(fake_telegram, asked, "n")
+        second = press_approval(fake_telegram, asked, "y")
+        deny_after = press_approval(fake_telegram, asked, "n")
         fake_telegram.redeliver(first["update_id"])  # Telegram delivering the same press again
         fake_telegram.wait_confirmed(first["update_id"])
         later = fake_telegram.callback_query(MAIN_CHAT, asked.result["message_id"], data)
-        third = _answer_of(fake_telegram, later)  # answered after the replay was handled (updates are in order)
+        third = press_answer(fake_telegram, later)  # answered after the replay was handled (updates are in order)
 
     assert second == third == "This approval was already approved by @ana; nothing more is done."
     assert deny_after == second
@@ -395,11 +367,11 @@ def test_the_same_call_while_pending_gets_the_same_approval_and_one_message(
     with farm_daemon(data_dir, ha_env, fake_telegram):
         first = _act(data_dir, "r-same-1", {"entityId": PUMP, "value": "on"})
         approval_id = _pending(first)
-        _asked(fake_telegram, approval_id)
+        approval_asked(fake_telegram, approval_id)
         again = _act(data_dir, "r-same-2", {"entityId": PUMP, "value": "on"})
         other = _act(data_dir, "r-other", {"entityId": VALVE_1, "value": "on"})
         other_id = _pending(other)
-        _asked(fake_telegram, other_id)
+        approval_asked(fake_telegram, other_id)
         notices = _approval_notices(data_dir)
         rows = db_rows(data_dir, "SELECT id FROM approvals ORDER BY created_at")
 
@@ -419,10 +391,10 @@ def test_an_approval_survives_a_restart_of_thefarm_daemon(
     rid, params, folder = _pump_on("r-restart")
     with farm_daemon(data_dir, ha_env, fake_telegram):
         approval_id = _pending(_act(data_dir, rid, params, folder=folder))
-        asked = _asked(fake_telegram, approval_id)
+        asked = approval_asked(fake_telegram, approval_id)
     assert _approval(data_dir, approval_id)["status"] == "pending"
     with farm_daemon(data_dir, ha_env, fake_telegram):
-        answer = _press(fake_telegram, asked, "y")
+        answer = press_approval(fake_telegram, asked, "y")
         wait_state(ha_reset, PUMP, "on")
         row = _wait_status(data_dir, approval_id, "done")
         told = _wait_told(fake_telegram, FIELD_CHAT, f"Approval {approval_id}")
@@ -544,7 +516,7 @@ def test_a_scheduled_tasks_agent_run_is_held_for_approval_the_same_way(
         rows = wait_for(
             lambda: db_rows(data_dir, "SELECT * FROM approvals"), timeout=30, what="an approval from the task's run"
         )
-        asked = _asked(fake_telegram, rows[0]["id"])
+        asked = approval_asked(fake_telegram, rows[0]["id"])
         llm_stub.wait_requests(2)
 
     (row,) = rows

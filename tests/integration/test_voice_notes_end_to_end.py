@@ -8,13 +8,16 @@ Telegram sends them, a bubblewrap agent run against the scripted LLM, the real H
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
+from farm_daemon import approval_asked, db_rows, press_approval, sent_with, wait_state
 from farmhost_testing import FIELD_JID, MAIN_JID, clean_env, running_daemon, wait_for
 from ha_fixture import HaInstance
 from llm_stub import Reply, ScriptedLLM, ToolCall, pump_state_reply
-from telegram_stub import FakeTelegram
+from telegram_stub import Call, FakeTelegram
 
 from farmhost.store.db import Database
 from farmhost.store.transcripts import latest
@@ -84,6 +87,59 @@ def test_a_spoken_request_turns_the_pump_on_and_the_reply_quotes_what_was_heard(
     first = _stored(data_dir, MAIN_JID)[0]
     assert first[0] == "in" and first[1].startswith(f"[voice: inbox/{note}] 🎤 ")
     assert "irrigation" in first[1].lower()
+
+
+def _as_asked(asked: Call, approval: dict[str, Any]) -> str:
+    """The approval message and its buttons, without what differs between two requests (ids, expiry minute)."""
+    sent = json.dumps({"text": asked.text, "buttons": asked.params["reply_markup"]})
+    sent = sent.replace(approval["id"], "<approval>").replace(approval["request_id"], "<request>")
+    return re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", "<expiry>", sent)
+
+
+def test_a_spoken_request_asks_for_the_same_approval_as_a_typed_one(
+    data_dir: Path,
+    fake_telegram: FakeTelegram,
+    llm_stub: ScriptedLLM,
+    ha_reset: HaInstance,
+    ha_env: dict[str, str],
+    whisper_base: Path,
+) -> None:
+    tg = fake_telegram
+    policy = {
+        "actionGroups": {"ha_set_entity": ["main", "field"]},
+        "rules": [{"entities": [PUMP], "requireApproval": True}],
+    }
+    (data_dir / "farm-profile.json").write_text(json.dumps({"policy": policy}))
+    pump_on = ToolCall("ha_set_entity", {"entityId": PUMP, "value": "on"})
+    asked_office = Reply("I asked the farm's office to approve it.")
+    llm_stub.script(pump_on, asked_office, pump_on, asked_office)
+    with running_daemon(data_dir, env=_env(ha_env, tg, whisper_base, **_llm(llm_stub))) as daemon:
+        tg.user_message(FIELD_CHAT, "@Field turn on the pump")
+        tg.wait_sent(1, chat_id=FIELD_CHAT, timeout=60)
+        (typed,) = db_rows(data_dir, "SELECT * FROM approvals")
+        typed_asked = approval_asked(tg, typed["id"])
+        press_approval(tg, typed_asked, "n")  # denied: the same call may be asked for again
+        wait_for(lambda: sent_with(tg, FIELD_CHAT, f"Approval {typed['id']}"), what="the group told of the denial")
+
+        tg.media_message(FIELD_CHAT, "voice", content=spoken_note("Turn on the pump."), caption="@Field")
+        spoken_reply: Call = wait_for(
+            lambda: next((c for c in tg.sent(FIELD_CHAT) if (c.text or "").startswith("🎤")), None),
+            timeout=90,
+            what="the answer to the spoken request",
+        )
+        (spoken,) = db_rows(data_dir, "SELECT * FROM approvals WHERE id != ?", typed["id"])
+        spoken_asked = approval_asked(tg, spoken["id"])
+        assert ha_reset.get_state(PUMP)["state"] == "off"  # asked, not done
+        press_approval(tg, spoken_asked, "y")
+        wait_state(ha_reset, PUMP, "on")
+        assert "Traceback" not in daemon.log()
+
+    assert _as_asked(spoken_asked, spoken) == _as_asked(typed_asked, typed)  # the same question, the same buttons
+    for column in ("group_folder", "action", "params", "summary", "approvers"):
+        assert spoken[column] == typed[column], column
+    heard, answer = str(spoken_reply.params["text"]).split("\n\n", 1)
+    assert heard.startswith("🎤 ") and "pump" in heard.lower() and answer.startswith(asked_office.text)
+    assert "pending_approval" in (llm_stub.requests[3].last_tool_result() or "")
 
 
 def test_without_an_llm_assist_hears_the_words(
