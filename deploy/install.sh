@@ -20,6 +20,7 @@ SYSTEMD=1
 DRY_RUN=0
 PYTHON=
 OPENCODE=0
+VOICE=1
 UNIT_DIR=/etc/systemd/system
 STEP=0
 STEPS=8
@@ -40,6 +41,8 @@ Install farmhost from this checkout into a prefix, with the exact dependency ver
   --with-opencode    also install OpenCode (agent kind opencode, about 190 MB) at the version farmhost pins into
                      DIR/opencode, from its npm package (needs npm), or copied from this checkout's .tools/opencode
                      when that holds the version (make opencode); kept up to date by later runs
+  --without-voice    leave out the voice extra (faster-whisper, PyAV, ONNX Runtime: about 390 MB) that
+                     transcribes the farmers' voice notes on this machine (docs/voice.md)
   --no-systemd       install the files only: no unit in $UNIT_DIR, no systemctl
   --dry-run          print what would be done and change nothing
   -h, --help         this text
@@ -83,6 +86,7 @@ while [ $# -gt 0 ]; do
         --python) PYTHON=${2:?--python needs a path}; shift 2 ;;
         --python=*) PYTHON=${1#*=}; shift ;;
         --with-opencode) OPENCODE=1; shift ;;
+        --without-voice) VOICE=0; shift ;;
         --no-systemd) SYSTEMD=0; shift ;;
         --dry-run) DRY_RUN=1; shift ;;
         -h | --help) usage; exit 0 ;;
@@ -232,7 +236,10 @@ else
 fi
 # Bytecode compiled now: bwrap mounts the prefix read-only, so an agent could never write it (UV_COMPILE_BYTECODE
 # does site-packages, compileall the editable sources).
-run "$UV" sync --quiet --frozen --no-dev --directory "$PREFIX/src"
+# The voice extra unless --without-voice: a later run without it removes it again (the prefix follows the lock).
+EXTRAS=()
+[ "$VOICE" = 0 ] || EXTRAS=(--extra voice)
+run "$UV" sync --quiet --frozen --no-dev "${EXTRAS[@]}" --directory "$PREFIX/src"
 run "$PREFIX/bin/python" -m compileall -q "$PREFIX/src/farmhost" "$PREFIX/src/container/farmagent"
 [ "$DRY_RUN" = 1 ] || say "      $("$PREFIX/bin/farmhost" --version)"
 

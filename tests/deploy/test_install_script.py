@@ -111,6 +111,11 @@ def test_the_installed_farmhost_runs_and_its_doctor_passes_as_the_daemon_user(in
     done = subprocess.run([installed.farmhost, "--version"], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == f"farmhost {version}"
     assert (installed.prefix / "bin" / "python").exists() and (installed.prefix / "pyvenv.cfg").is_file()
+    # The voice extra is installed by default: the embedded engine and the Wyoming client import in the prefix.
+    engines = "import faster_whisper, ctranslate2, av, wyoming; print('voice ok')"
+    python = installed.prefix / "bin" / "python"
+    voice = subprocess.run([python, "-c", engines], check=False, capture_output=True, text=True)
+    assert voice.stdout.strip() == "voice ok", voice.stderr
     # The data dir belongs to the daemon's user and was initialised by it.
     owner = pwd.getpwnam(USER).pw_uid
     assert installed.data_dir.stat().st_uid == owner and (installed.data_dir / "farmhost.db").stat().st_uid == owner
@@ -334,7 +339,10 @@ def test_a_dry_run_prints_the_plan_and_changes_nothing(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "dry run: nothing is changed" in done.stdout
     assert re.search(r"would run: useradd --system .* farmhost-never-created", done.stdout)
-    assert re.search(r"would run: \S+ sync --quiet --frozen --no-dev", done.stdout)
+    assert re.search(r"would run: \S+ sync --quiet --frozen --no-dev --extra voice", done.stdout)
+    without = _install(*args, "--dry-run", "--no-systemd", "--without-voice", cwd=tmp_path)
+    assert without.returncode == 0, without.stderr
+    assert re.search(r"would run: \S+ sync --quiet --frozen --no-dev --directory", without.stdout), without.stdout
     assert "would run: install -m 0644" in done.stdout and "farmhost.service" in done.stdout
     assert re.search(rf"would run: (cp -a \S+/opencode-ai|\S+/opencode-install) .*{tmp_path}/p/opencode", done.stdout)
     assert sorted(tmp_path.iterdir()) == []
