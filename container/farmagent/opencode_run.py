@@ -28,6 +28,8 @@ EXIT_BAD_INPUT: Final = 2
 PROVIDER: Final = "farmhost"
 JPEG_DATA_URL: Final = "data:image/jpeg;base64,"  # what the contract lets an attached image be
 _STDERR_TAIL: Final = 2000
+MAX_OUTPUT_TOKENS: Final = 4096  # a reply's share of the context: a quarter, at most this
+MIN_CONTEXT_TOKENS: Final = 512  # the runner's own lower bound for the setting (farmagent.config)
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -59,6 +61,10 @@ def opencode_config(*, port: int, model: str, environ: Mapping[str, str], sees: 
     """
     farm_env = {k: v for k, v in environ.items() if k.startswith("FARMAGENT_") or k in ("TZ", "LANG", "HOME")}
     entry: dict[str, Any] = {"name": model}
+    context = context_tokens(environ)
+    if context is not None:
+        # OpenCode sizes its replies and compacts its conversation to the model's limit: the host's figure.
+        entry["limit"] = {"context": context, "output": min(MAX_OUTPUT_TOKENS, context // 4)}
     if sees:
         entry |= {"attachment": True, "modalities": {"input": ["text", "image"], "output": ["text"]}}
     return {
@@ -86,6 +92,15 @@ def opencode_config(*, port: int, model: str, environ: Mapping[str, str], sees: 
         "autoupdate": False,
         "share": "disabled",
     }
+
+
+def context_tokens(environ: Mapping[str, str]) -> int | None:
+    """The endpoints' context the host passed (FARMAGENT_LLM_CONTEXT_TOKENS), or None when it knows none."""
+    try:
+        tokens = int(environ.get("FARMAGENT_LLM_CONTEXT_TOKENS", ""))
+    except ValueError:
+        return None
+    return tokens if tokens >= MIN_CONTEXT_TOKENS else None
 
 
 def attach_images(agent_input: AgentInput, into: Path) -> list[str]:
@@ -144,6 +159,10 @@ async def run(agent_input: AgentInput, environ: Mapping[str, str]) -> AgentResul
     socket_path = environ.get("FARMAGENT_LLM_SOCKET", "/workspace/run/llm.sock")
     server = await asyncio.start_server(lambda r, w: _bridge_one(socket_path, r, w), host="127.0.0.1", port=0)
     port = server.sockets[0].getsockname()[1]
+    context = context_tokens(environ)
+    if context is not None:
+        source = environ.get("FARMAGENT_LLM_CONTEXT_SOURCE", "FARMAGENT_LLM_CONTEXT_TOKENS")
+        sys.stderr.write(f"context: {context} tokens ({source}), given to OpenCode as the model's limit\n")
     with tempfile.TemporaryDirectory(prefix="opencode-") as scratch:
         root = Path(scratch)
         config = root / "opencode.json"

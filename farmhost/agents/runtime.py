@@ -419,8 +419,11 @@ class AgentRuntime:
         return agent_kind(name, command, self._settings.opencode_bin, in_image=in_image)
 
     async def _with_context(self, kind: AgentKind) -> AgentKind:
-        """The built-in runner's kind with the endpoints' context, which it trims its prompt to (budget.py)."""
-        if kind.name != "farmagent":
+        """The kind with the endpoints' context, for the runners that can use it.
+
+        The built-in runner trims its prompt to it (budget.py); OpenCode gets it as the model's limit (opencode_run).
+        """
+        if kind.name not in ("farmagent", "opencode"):
             return kind
         context = await self._proxy.context_size()
         if context is None:

@@ -29,8 +29,9 @@ def root(tmp_path: Path) -> Path:
 async def test_opencode_answers_through_the_proxy(root: Path, llm_stub: ScriptedLLM) -> None:
     (root / "agent-limits.json").write_text(json.dumps({"groups": {"field": {"agentKind": "opencode"}}}))
     settings = settings_for(
-        root, FARMHOST_AGENT_RUNTIME="bwrap", FARMHOST_LLM_BASE_URL=llm_stub.base_url, FARMHOST_LLM_MODEL="farm-model"
-    )
+        root, FARMHOST_AGENT_RUNTIME="bwrap", FARMHOST_LLM_BASE_URL=llm_stub.base_url, FARMHOST_LLM_MODEL="farm-model",
+        FARMHOST_LLM_CONTEXT_TOKENS="6000",
+    )  # fmt: skip
     assert opencode_binary(settings.opencode_bin) is not None, "scripts/opencode-install (make opencode) installs it"
     llm_stub.script(Reply("The soil in field 2 is fine."))
     runtime = make_runtime(settings, command=None)
@@ -43,6 +44,10 @@ async def test_opencode_answers_through_the_proxy(root: Path, llm_stub: Scripted
     assert outcome.answer == "The soil in field 2 is fine."
     [request] = llm_stub.requests
     assert request.body["stream"] is True and request.model == "farm-model"
+    # The context the host knows reaches OpenCode as the model's limit: it sizes the reply to a quarter of it.
+    assert outcome.log_path is not None
+    assert "context: 6000 tokens (FARMHOST_LLM_CONTEXT_TOKENS), given to OpenCode" in outcome.log_path.read_text()
+    assert request.body["max_tokens"] == 6000 // 4
 
 
 async def test_opencode_sends_the_runs_photo_to_a_model_that_can_see_as_an_image_part(
