@@ -104,6 +104,11 @@ class Router:
         spec = self.spec_for(request)
         return spec is not None and spec.effect is Effect.REMOTE
 
+    def reads_only(self, request: AnyRequest) -> bool:
+        """True for a request whose handler changes nothing (answering it twice, or side by side, is harmless)."""
+        spec = self.spec_for(request)
+        return spec is not None and spec.effect is Effect.READ
+
     async def run_as(
         self,
         group: Group,
