@@ -91,7 +91,12 @@ def discard(dir_fd: int, tmp: str) -> None:
 
 def dump_json(document: Any) -> bytes:
     """Serialise a document the way every host-written file is serialised."""
-    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return dump_json_text(document).encode("utf-8")
+
+
+def dump_json_text(document: Any) -> str:
+    """`dump_json` before its encoding: the text, for a caller that also stores it (a request's result)."""
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":"))
 
 
 def write_json_atomic(dir_fd: int, name: str, document: Any, *, fsync_dir: bool = False, durable: bool = True) -> None:
