@@ -79,14 +79,15 @@ def test_a_failing_fsync_fails_only_its_own_writer(tmp_path: Path) -> None:
 
 def test_a_cancelled_writer_leaves_its_descriptor_to_the_batch(tmp_path: Path) -> None:
     async def main() -> int:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))  # calls run in turn
         batch = FsyncBatch()
-        fd = _files(tmp_path, 1)[0]
+        fd, later = _files(tmp_path, 2)
         writer = asyncio.ensure_future(batch.sync_and_close(fd))
         await asyncio.sleep(0)
         writer.cancel()
         with pytest.raises(asyncio.CancelledError):
             await writer
-        await asyncio.sleep(0.2)  # the thread call finishes on its own
+        await batch.sync_and_close(later)  # its thread call runs after the cancelled writer's
         return fd
 
     fd = asyncio.run(main())
