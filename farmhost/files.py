@@ -58,6 +58,24 @@ def prepare_atomic(dir_fd: int, name: str, data: bytes, *, mode: int = 0o644, du
     return tmp
 
 
+def create_unsynced(dir_fd: int, name: str, data: bytes, *, mode: int = 0o644) -> tuple[str, int]:
+    """`prepare_atomic` without its fsync: the temp name and its still open descriptor, for the caller to fsync.
+
+    The caller owns the descriptor (fsync, then close it) and the temp file (`discard` it if the fsync fails).
+    """
+    tmp = f".{name}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, _CREATE_FLAGS, mode, dir_fd=dir_fd)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except BaseException:
+        os.close(fd)
+        discard(dir_fd, tmp)
+        raise
+    return tmp, fd
+
+
 def commit_atomic(dir_fd: int, tmp: str, name: str, *, fsync_dir: bool = False) -> None:
     """The second half of `write_atomic`: publish a prepared temp file under `name` (kept if that fails)."""
     os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
@@ -73,7 +91,12 @@ def discard(dir_fd: int, tmp: str) -> None:
 
 def dump_json(document: Any) -> bytes:
     """Serialise a document the way every host-written file is serialised."""
-    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return dump_json_text(document).encode("utf-8")
+
+
+def dump_json_text(document: Any) -> str:
+    """`dump_json` before its encoding: the text, for a caller that also stores it (a request's result)."""
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":"))
 
 
 def write_json_atomic(dir_fd: int, name: str, document: Any, *, fsync_dir: bool = False, durable: bool = True) -> None:

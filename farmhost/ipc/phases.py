@@ -18,7 +18,7 @@ LEDGER: Final = "ledger"  # the ledger's reads and writes: the entry of the id, 
 HANDLER: Final = "handler"  # the policy checks and the handler's own work
 ENVELOPE: Final = "envelope"  # the result document built from the outcome
 SETTLE: Final = "settle"  # a state change reaching the snapshots before the result (STATE requests only)
-RESULT: Final = "result"  # the result file written (in a thread) and published, the spooled file released
+RESULT: Final = "result"  # the result file written (fsync'd in a thread) and published, the spooled file released
 LOG: Final = "log"  # the daemon's log line and the request log's record, up to the request log's own write
 
 

@@ -52,6 +52,19 @@ class ClaimedFile:
     picked_ns: int = 0  # time.perf_counter_ns() when the worker began the listing that claimed it; 0: in the spool
 
 
+@dataclass(frozen=True, kw_only=True)
+class Opened:
+    """A claimed request read and validated, ready to be answered (`RequestProcessor.finish`)."""
+
+    item: ClaimedFile
+    request: AnyRequest
+    request_id: str
+    received: datetime
+    started: float
+    stale: bool
+    phases: RequestPhases
+
+
 class RequestProcessor:
     """Turns claimed files into results; never raises for anything an agent can write."""
 
@@ -83,6 +96,13 @@ class RequestProcessor:
         A main group's farm action for another site waits for that site (up to minutes): given `detach`, it is
         handed over to finish in the background and this returns at once, so the queue goes on meanwhile.
         """
+        opened = await self.open(item)
+        if opened is None:
+            return True
+        return await self.finish(opened, detach=detach)
+
+    async def open(self, item: ClaimedFile) -> Opened | None:
+        """Read and validate a claimed request; None when it is answered already (refused) or gone."""
         started = time.perf_counter()
         phases = RequestPhases(item.picked_ns or None)
         if item.picked_ns:
@@ -98,12 +118,12 @@ class RequestProcessor:
             else:
                 raw, mtime = read_claimed(item.spool_fd, item.name, max_bytes=self._max_bytes)
         except FileNotFoundError:
-            return True
+            return None
         except Refused as refused:
             # Unread, but the agent's client names the file `<requestId>.json`: answer it under that id.
             stem_id = stem if REQUEST_ID_RE.fullmatch(stem) else None
             await self._refuse(item, refused.reason, refused.code, stem_id, None, received, started)
-            return True
+            return None
         phases.lap(READ)
         try:
             if large:
@@ -114,18 +134,43 @@ class RequestProcessor:
             await self._refuse(
                 item, rejected.reason, ErrorCode.INVALID_REQUEST, rejected.request_id, rejected.kind, received, started
             )
-            return True
+            return None
         phases.lap(DECODE)
-        request_id = request.requestId or _generated_id(item)
-        stale = item.at_start and mtime < self._stale_before
-        if detach is not None and item.group.is_main and self._router.runs_elsewhere(request):
-            detach(
-                self._finish(item, request, request_id, received=received, started=started, stale=stale, phases=phases)
-            )
-            return True
-        return await self._finish(
-            item, request, request_id, received=received, started=started, stale=stale, phases=phases
+        return Opened(
+            item=item,
+            request=request,
+            request_id=request.requestId or _generated_id(item),
+            received=received,
+            started=started,
+            stale=item.at_start and mtime < self._stale_before,
+            phases=phases,
         )
+
+    def reads_only(self, opened: Opened) -> bool:
+        """True when answering the request changes nothing (a read): several may be answered side by side."""
+        try:
+            return self._router.reads_only(opened.request)
+        except Exception:  # noqa: BLE001 - a host bug: answering the request alone meets it again and counts it
+            return False
+
+    async def finish(self, opened: Opened, *, detach: Detach | None = None) -> bool:
+        """Answer an opened request (`process`'s second half); False when it must stay in the spool."""
+        item = opened.item
+        elsewhere = detach is not None and item.group.is_main and self._router.runs_elsewhere(opened.request)
+        work = self._finish(
+            item,
+            opened.request,
+            opened.request_id,
+            received=opened.received,
+            started=opened.started,
+            stale=opened.stale,
+            phases=opened.phases,
+        )
+        if elsewhere:
+            assert detach is not None
+            detach(work)
+            return True
+        return await work
 
     async def _finish(
         self,

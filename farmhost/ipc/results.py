@@ -18,7 +18,8 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from farmhost.files import commit_atomic, discard, dump_json, prepare_atomic
+from farmhost.files import commit_atomic, create_unsynced, discard, dump_json
+from farmhost.ipc.fsyncs import FsyncBatch
 from farmhost.ipc.phases import LEDGER, RESULT, RequestPhases
 from farmhost.ipc.quarantine import Quarantine
 from farmhost.protocol.codes import RESULTS_DIR
@@ -38,6 +39,7 @@ class ResultWriter:
         self._db = db
         self._quarantine = quarantine
         self._clock = clock
+        self._fsyncs = FsyncBatch()
 
     def answer_for(self, item: ClaimedFile, file_key: str, request_id: str) -> FileAnswer:
         """The result of `item`, to be prepared while its ledger row is written (`Router.execute`'s `sink`)."""
@@ -83,7 +85,7 @@ class ResultWriter:
             phases.lap(LEDGER)
             if tmp is not None:
                 return await asyncio.to_thread(self._finish_sync, item, results_fd, tmp, name, fsync_dir)
-            tmp = await self.prepare_file(results_fd, item, name, document)
+            tmp = await self.prepare_file(results_fd, item, name, dump_json(document))
             if tmp is None:
                 return False
             phases.lap(RESULT)
@@ -94,15 +96,25 @@ class ResultWriter:
         finally:
             os.close(results_fd)
 
-    async def prepare_file(
-        self, results_fd: int, item: ClaimedFile, name: str, document: dict[str, object]
-    ) -> str | None:
-        """Create, write and fsync the result under a temp name (one thread hop); None when it cannot be."""
+    async def prepare_file(self, results_fd: int, item: ClaimedFile, name: str, data: bytes) -> str | None:
+        """Create, write and fsync the result under a temp name; None when it cannot be."""
+        # The create and the write (into the page cache) run on the loop; the fsync, which can take milliseconds,
+        # in a thread shared with the other results prepared in the same turn (`FsyncBatch`).
         try:
-            return await asyncio.to_thread(prepare_atomic, results_fd, name, dump_json(document))
+            tmp, fd = create_unsynced(results_fd, name, data)
         except OSError as err:
             logger.error("group %s: cannot write result %s: %s", item.group.folder, name, err)
             return None
+        try:
+            await self._fsyncs.sync_and_close(fd)
+        except OSError as err:
+            discard(results_fd, tmp)
+            logger.error("group %s: cannot write result %s: %s", item.group.folder, name, err)
+            return None
+        except BaseException:
+            discard(results_fd, tmp)
+            raise
+        return tmp
 
     def record_answering(
         self, conn: sqlite3.Connection, item: ClaimedFile, key: str, request_id: str, tmp: str
@@ -187,15 +199,15 @@ class FileAnswer:
         self.recorded = False  # named in a committed ledger transaction: `publish` it
         self.failed = False  # the result could not be prepared: the request stays in the spool for a retry
 
-    async def prepare(self, document: dict[str, Any]) -> bool:
-        """Write the result under its temp name; False when that failed (the ledger row is written anyway)."""
+    async def prepare(self, document: dict[str, Any], data: bytes) -> bool:
+        """Write the result (`data`) under its temp name; False when that failed (the ledger row is written anyway)."""
         try:
             self._fd = self._item.gdir.results_fd()
         except OSError as err:
             logger.error("group %s: cannot open action_results/: %s", self._item.group.folder, err)
             self.failed = True
             return False
-        self.tmp = await self._writer.prepare_file(self._fd, self._item, self._name, document)
+        self.tmp = await self._writer.prepare_file(self._fd, self._item, self._name, data)
         self.failed = self.tmp is None
         return not self.failed
 

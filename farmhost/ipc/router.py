@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol, overload
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, overload
 
 from farmhost.errors import FarmhostError
+from farmhost.files import dump_json_text
 from farmhost.handling import (
     SITE_HANDLER,
     Approved,
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from farmhost.store.groups import Group
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,8 +58,8 @@ class ResultSink(Protocol):
     It is prepared before the ledger row is written and named in that row's transaction: a read costs one.
     """
 
-    async def prepare(self, document: dict[str, Any]) -> bool:
-        """Write the result under a temp name (fsync'd); False when that failed."""
+    async def prepare(self, document: dict[str, Any], data: bytes) -> bool:
+        """Write the result (`document`, serialised as `data`) under a temp name (fsync'd); False when that failed."""
         ...
 
     def record(self, conn: sqlite3.Connection) -> None:
@@ -94,7 +96,7 @@ class Router:
 
     def spec_for(self, request: AnyRequest) -> HandlerSpec | None:
         """The handler row of a request, if farmhost has one (a farm action for another site: the site row)."""
-        site = getattr(request, "site", None)
+        site = request.__dict__.get("site")  # only a farm action has one (getattr of a missing field is slow)
         if site is not None and site != self._site:
             return self._handlers.get(SITE_HANDLER)
         return self._handlers.get(handler_key(request.type, request.action_name)) or self._handlers.get(request.type)
@@ -103,6 +105,11 @@ class Router:
         """True for a request another site runs (its answer may take minutes)."""
         spec = self.spec_for(request)
         return spec is not None and spec.effect is Effect.REMOTE
+
+    def reads_only(self, request: AnyRequest) -> bool:
+        """True for a request whose handler changes nothing (answering it twice, or side by side, is harmless)."""
+        spec = self.spec_for(request)
+        return spec is not None and spec.effect is Effect.READ
 
     async def run_as(
         self,
@@ -361,11 +368,10 @@ class Router:
     ) -> Outcome | _Prepared:
         """Run the handler (or its `prepare` step) under its timeout; every failure becomes an Outcome."""
         try:
-            async with asyncio.timeout(spec.timeout):
-                if step is not None:
-                    return _Prepared(value=await step(ctx, request))
-                assert spec.run is not None
-                return await spec.run(ctx, request)
+            if step is not None:
+                return _Prepared(value=await _bounded(step(ctx, request), spec.timeout))
+            assert spec.run is not None
+            return await _bounded(spec.run(ctx, request), spec.timeout)
         except FarmhostError as err:
             return Outcome.failure(err.code, err.message, err.result)
         except TimeoutError:
@@ -389,12 +395,14 @@ class Router:
         document = self._document(ctx, request, outcome, started)
         phases.lap(ENVELOPE)
         prepared = False
+        text = None
         if sink is not None:
-            prepared = await sink.prepare(document)
+            text = dump_json_text(document)  # once, for the result file and the ledger
+            prepared = await sink.prepare(document, text.encode())
             phases.lap(RESULT)
 
         def write(conn: sqlite3.Connection) -> None:
-            self._record(conn, ctx, queue, request, document)
+            self._record(conn, ctx, queue, request, document, text)
             if prepared:
                 assert sink is not None
                 sink.record(conn)
@@ -421,7 +429,14 @@ class Router:
         )
 
     @staticmethod
-    def _record(conn: Any, ctx: RequestContext, queue: Queue, request: AnyRequest, document: dict[str, Any]) -> None:
+    def _record(
+        conn: Any,
+        ctx: RequestContext,
+        queue: Queue,
+        request: AnyRequest,
+        document: dict[str, Any],
+        text: str | None = None,
+    ) -> None:
         ledger.record_done(
             conn,
             folder=ctx.group.folder,
@@ -431,12 +446,60 @@ class Router:
             action=request.action_name,
             result=document,
             at=ctx.now,
+            result_json=text,
         )
 
 
 @dataclass(frozen=True)
 class _Prepared:
     value: object
+
+
+async def _bounded(work: Awaitable[_T], timeout: float) -> _T:
+    """Await `work` under `timeout` (from now); a handler that finishes without waiting arms no timer.
+
+    Most handlers (a ping, a warm memory search) never wait: their first step is their whole run, and the timer
+    of `asyncio.timeout` (a heap entry armed and cancelled) was a noticeable part of such a request's cost.
+    """
+    deadline = asyncio.get_running_loop().time() + timeout
+    if not isinstance(work, Coroutine):  # another awaitable: waited for under the timer as it is
+        async with asyncio.timeout_at(deadline):
+            return await work
+    try:
+        pending = work.send(None)
+    except StopIteration as done:
+        return cast("_T", done.value)
+    async with asyncio.timeout_at(deadline):
+        return await _Resumed(work, pending)
+
+
+class _Resumed(Generic[_T]):
+    """The rest of a coroutine that already took its first step, awaited in the task that took it."""
+
+    __slots__ = ("_pending", "_work")
+
+    def __init__(self, work: Coroutine[Any, Any, _T], pending: Any) -> None:
+        self._work = work
+        self._pending = pending
+
+    def __await__(self) -> Generator[Any, None, _T]:
+        work, pending = self._work, self._pending
+        while True:
+            try:
+                yield pending  # what the coroutine waits for, handed to the task as `await` would
+            except GeneratorExit:
+                work.close()
+                raise
+            except BaseException as err:  # noqa: BLE001 - thrown in by the task (a cancel): the coroutine's to handle
+                try:
+                    pending = work.throw(err)
+                except StopIteration as done:
+                    return cast("_T", done.value)
+            else:
+                try:
+                    pending = work.send(None)
+                except StopIteration as done:
+                    return cast("_T", done.value)
 
 
 def _replay(answer: Answer) -> Answer:

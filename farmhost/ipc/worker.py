@@ -11,7 +11,7 @@ from typing import Any
 from farmhost.background import cancel_and_wait
 from farmhost.ipc.admission import FairAdmission
 from farmhost.ipc.groupdir import GroupDir, KeepsBeingReplaced
-from farmhost.ipc.processor import ClaimedFile, Detach, RequestProcessor
+from farmhost.ipc.processor import ClaimedFile, Detach, Opened, RequestProcessor
 from farmhost.ipc.reader import claim, pending_names
 from farmhost.protocol.codes import Queue
 from farmhost.store.groups import Group
@@ -24,6 +24,9 @@ MAX_ATTEMPTS = 3
 # Requests of a queue finishing in the background at once (farm actions waiting for another site); more are
 # answered in line, which holds the queue up until one finishes.
 MAX_DETACHED = 16
+# Reads of one listing answered side by side at most (one admission turn, one thread hop for their fsyncs, one
+# ledger transaction); a longer run of reads is answered in several rounds.
+MAX_READS_TOGETHER = 16
 
 
 class QueueWorker:
@@ -103,19 +106,99 @@ class QueueWorker:
                     names = [n for n in pending_names(queue_fd) if not self._parked(n) and n not in self._detached]
                     if not names:
                         return done
-                    for name in names:
-                        try:
-                            claimed = claim(queue_fd, name, self._spool_fd)
-                        except OSError as err:
-                            logger.error("group %s: cannot claim %s/%s: %s", self.folder, self.queue, name, err)
-                            return done
-                        if claimed:
-                            if not await self._process(name, at_start=at_start, picked_ns=picked):
-                                return done
-                            done += 1
-                        await asyncio.sleep(0)  # let other groups' workers run between requests
-                        picked = time.perf_counter_ns()
+                    done_here, ok = await self._serve(queue_fd, names, at_start=at_start, picked=picked)
+                    done += done_here
+                    if not ok:
+                        return done
+                await asyncio.sleep(0)
                 at_start = False  # what a later listing finds arrived while the host was running
+
+    async def _serve(self, queue_fd: int, names: list[str], *, at_start: bool, picked: int) -> tuple[int, bool]:
+        """Claim and answer the names of one listing; how many were answered, and False to stop the drain there.
+
+        Reads found together are answered side by side (`_answer_reads`): their fsyncs share a thread hop and
+        their ledger rows a transaction. Anything else is answered alone, after the reads listed before it, so
+        what changes state keeps its place in file-name order.
+        """
+        done = 0
+        reads: list[Opened] = []
+        for name in names:
+            try:
+                claimed = claim(queue_fd, name, self._spool_fd)
+            except OSError as err:
+                logger.error("group %s: cannot claim %s/%s: %s", self.folder, self.queue, name, err)
+                return done + (await self._answer_reads(reads))[0], False
+            if not claimed:
+                continue
+            opened = await self._open(name, at_start=at_start, picked_ns=picked)
+            if opened is False:
+                return done + (await self._answer_reads(reads))[0], False
+            if opened is True:
+                done += 1
+            elif self._processor.reads_only(opened) and len(reads) < MAX_READS_TOGETHER - 1:
+                reads.append(opened)
+                picked = time.perf_counter_ns()
+                continue
+            elif self._processor.reads_only(opened):
+                reads.append(opened)
+                answered, ok = await self._answer_reads(reads)
+                done += answered
+                if not ok:
+                    return done, False
+            else:
+                answered, ok = await self._answer_reads(reads)
+                done += answered
+                if not ok or not await self._finish(opened):
+                    return done, False
+                done += 1
+            await asyncio.sleep(0)  # let other groups' workers run between requests
+            picked = time.perf_counter_ns()
+        answered, ok = await self._answer_reads(reads)
+        return done + answered, ok
+
+    async def _open(self, name: str, *, at_start: bool, picked_ns: int) -> Opened | bool:
+        """Read and validate a claimed request; a bool when that was all (as `_process`: False to retry later)."""
+        try:
+            opened = await self._processor.open(self._item(name, at_start=at_start, picked_ns=picked_ns))
+        except Exception:  # noqa: BLE001 - logged with its traceback by _host_failed
+            return await self._host_failed(name)
+        if opened is None:
+            self._failures.pop(name, None)
+            return True
+        return opened
+
+    async def _finish(self, opened: Opened, *, take_turn: bool = True) -> bool:
+        """Answer an opened request (in the group's admission turn unless the caller holds one); as `_process`."""
+        name = opened.item.name
+        try:
+            if opened.item.group.is_main:
+                answered = await self._processor.finish(opened, detach=self._detacher(name))
+            elif take_turn:
+                async with self._admission.turn(self.folder):
+                    answered = await self._processor.finish(opened)
+            else:
+                answered = await self._processor.finish(opened)
+        except Exception:  # noqa: BLE001 - logged with its traceback by _host_failed
+            return await self._host_failed(name)
+        self._failures.pop(name, None)
+        return answered
+
+    async def _answer_reads(self, reads: list[Opened]) -> tuple[int, bool]:
+        """Answer the reads listed together side by side, in one admission turn; empties `reads`.
+
+        Returns how many were answered, and False when one must stay in the spool (the queue stops there).
+        """
+        batch = list(reads)
+        reads.clear()
+        if len(batch) <= 1:
+            ok = not batch or await self._finish(batch[0])
+            return len(batch) if ok else 0, ok
+        if batch[0].item.group.is_main:
+            answered = await asyncio.gather(*(self._finish(opened) for opened in batch))
+        else:
+            async with self._admission.turn(self.folder):
+                answered = await asyncio.gather(*(self._finish(opened, take_turn=False) for opened in batch))
+        return sum(answered), all(answered)
 
     def _parked(self, name: str) -> bool:
         return self._failures.get(name, 0) >= MAX_ATTEMPTS

@@ -86,14 +86,18 @@ def record_done(
     action: str | None,
     result: dict[str, Any],
     at: datetime,
+    result_json: str | None = None,
 ) -> None:
-    """Store the final result of a request (inserting or finishing a started entry)."""
+    """Store the final result of a request (inserting or finishing a started entry).
+
+    `result_json`: `result` already serialised (the text of its result file), so it is not serialised twice.
+    """
     conn.execute(
         "INSERT INTO request_ledger (folder, request_id, queue, kind, action, state, result, created_at, finished_at)"
         " VALUES (?, ?, ?, ?, ?, 'done', ?, ?, ?)"
         " ON CONFLICT(folder, request_id) DO UPDATE SET state = 'done', result = excluded.result,"
         " finished_at = excluded.finished_at",
-        (folder, request_id, queue, kind, action, json.dumps(result), iso(at), iso(at)),
+        (folder, request_id, queue, kind, action, result_json or json.dumps(result), iso(at), iso(at)),
     )
 
 

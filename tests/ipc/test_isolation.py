@@ -431,3 +431,41 @@ async def test_queue_directory_reopened_by_a_worker_first_is_still_watched(quick
         drop(data_dir, "field", "actions", {"type": "ping", "requestId": "after"})
         answered = await _until(lambda: read_result(data_dir, "field", "after"), "the ping (woken by inotify)")
         assert answered["status"] == "success"
+
+
+async def test_reads_listed_together_run_side_by_side_and_a_change_keeps_its_place(quick_data_dir: Path) -> None:
+    """Reads found in one listing are answered side by side; a change between them keeps its place.
+
+    The change waits for the reads before it and runs before the reads after it: file-name order holds for
+    everything that changes something.
+    """
+    data_dir = quick_data_dir
+    events: list[str] = []
+    second_pair_started = asyncio.Event()
+
+    async def read(ctx: RequestContext, request: AnyRequest) -> Outcome:
+        events.append(f"start {ctx.request_id}")
+        if ctx.request_id == "r-4":
+            # Answered one after the other, r-5 would start only after r-4 is answered: this would time out.
+            await second_pair_started.wait()
+        if ctx.request_id == "r-5":
+            second_pair_started.set()
+        events.append(f"end {ctx.request_id}")
+        return Outcome(result={"read": ctx.request_id})
+
+    def change(ctx: RequestContext, request: AnyRequest, conn: Any) -> Outcome:
+        published = sorted(p.name for p in (data_dir / "ipc" / "main" / "action_results").glob("r-*.json"))
+        events.append(f"change {ctx.request_id} after {','.join(published)}")
+        return Outcome(result={"changed": True})
+
+    handlers = _table()
+    handlers["farm_action:ha_get_status"] = HandlerSpec(effect=Effect.READ, run=read, main_only=True, timeout=5)
+    handlers["farm_action:ha_restart"] = HandlerSpec(effect=Effect.STATE, apply=change, main_only=True)
+    for rid in ("r-1", "r-2", "r-4", "r-5"):
+        drop(data_dir, "main", "actions", {**FARM, "requestId": rid})
+    drop(data_dir, "main", "actions", {**FARM, "action": "ha_restart", "requestId": "r-3"})
+    async with _service(data_dir, handlers):
+        results = [await _until(lambda r=rid: read_result(data_dir, "main", r), rid) for rid in ("r-4", "r-5", "r-3")]
+    assert all(r["status"] == "success" for r in results), results
+    assert events[:5] == ["start r-1", "end r-1", "start r-2", "end r-2", "change r-3 after r-1.json,r-2.json"]
+    assert events[5:] == ["start r-4", "start r-5", "end r-5", "end r-4"]
