@@ -119,7 +119,7 @@ class Worker:
         root = self.args.download_root
         try:
             return str(download_model(name, cache_dir=root, local_files_only=True))
-        except OSError:  # not there yet, or an interrupted download (huggingface_hub resumes it)
+        except OSError:  # not there yet, or half there (LocalEntryNotFoundError): downloaded, or completed, now
             pass
         self.send(event="downloading", endpoint=constants.ENDPOINT, into=root)
         try:
