@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from farmhost.config import VoiceSettings
+from farmhost_dev.hf_hub import WHISPER_BASE_REPO, LocalHub
 from farmhost_dev.voice import IRRIGATION_NOTE, WyomingServer, spoken_note, whisper_model
 
 
@@ -32,6 +33,16 @@ def wyoming_server(whisper_base: Path, tmp_path_factory: pytest.TempPathFactory)
     server = WyomingServer(whisper_base, tmp_path_factory.mktemp("wyoming"))
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def local_hub(whisper_base: Path) -> Iterator[LocalHub]:
+    """A stand-in for the Hugging Face Hub on 127.0.0.1 serving faster-whisper-base as Systran/faster-whisper-base.
+
+    Shared by the session: a test clears its request count (`local_hub.clear()`) before it counts.
+    """
+    with LocalHub({WHISPER_BASE_REPO: whisper_base}) as hub:
+        yield hub
 
 
 def voice_settings(

@@ -7,7 +7,7 @@ from typing import Final
 
 from farmhost.cli.hostchecks import Check
 from farmhost.config import VoiceSettings
-from farmhost.voice import VoiceError, speech_to_text
+from farmhost.voice import ModelNotFetched, VoiceError, speech_to_text
 from farmhost.voice.embedded import EmbeddedEngine
 from farmhost.voice.wyoming import WyomingEngine
 
@@ -15,6 +15,11 @@ from farmhost.voice.wyoming import WyomingEngine
 VOICE_LIMIT: Final = 300.0
 _FIX_OFF: Final = (
     "optional: set FARMHOST_STT_MODEL (e.g. base, or a model directory) or FARMHOST_STT_URL (a Wyoming server)"
+)
+_FIX_FETCH: Final = (
+    "connect the farm computer to the internet, or set HF_ENDPOINT (and HTTPS_PROXY, SSL_CERT_FILE if needed) "
+    "to a mirror it can reach, then run farmhost doctor again; or copy a model directory onto it and set "
+    "FARMHOST_STT_MODEL to it (docs/voice.md)"
 )
 
 
@@ -25,6 +30,8 @@ def voice(settings: VoiceSettings) -> Check:
         return Check("voice", "off", "voice notes: off (FARMHOST_STT_MODEL and FARMHOST_STT_URL not set)", _FIX_OFF)
     try:
         proof = asyncio.run(_prove(engine))
+    except ModelNotFetched as err:
+        return Check("voice", "broken", f"voice notes: {engine.description}: {err}", _FIX_FETCH)
     except VoiceError as err:
         variable = "FARMHOST_STT_URL" if settings.url else "FARMHOST_STT_MODEL"
         return Check(

@@ -6,6 +6,7 @@ a note is transcribed, and the model itself lives in a worker process (docs/voic
 
 from farmhost.voice.stt import (
     EngineUnavailable,
+    ModelNotFetched,
     NoteTooLong,
     NoteUndecodable,
     SpeechToText,
@@ -17,6 +18,7 @@ from farmhost.voice.stt import (
 
 __all__ = [
     "EngineUnavailable",
+    "ModelNotFetched",
     "NoteTooLong",
     "NoteUndecodable",
     "SpeechToText",

@@ -38,6 +38,10 @@ class EngineUnavailable(VoiceError):
     """The engine cannot run: no model, a server that does not answer, or the `voice` extra not installed."""
 
 
+class ModelNotFetched(EngineUnavailable):
+    """A model named in FARMHOST_STT_MODEL is not on the farm computer yet and could not be downloaded now."""
+
+
 class TranscriptionTimeout(EngineUnavailable):
     """The engine took longer than the note's time budget; the stuck worker was ended."""
 

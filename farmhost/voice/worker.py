@@ -4,7 +4,7 @@ Run as `python -m farmhost.voice.worker [--model MODEL]` by `VoiceWorker` (worke
 MB go back to the system when it ends, and a stuck transcription can be killed. Requests come on stdin as one JSON
 line (`{"op": "load"}`, or `{"op": "transcribe" | "decode", "size": N}` followed by N bytes of the note); answers go out as JSON
 lines on the original stdout (libraries that print are sent to stderr): `decoded` (the note's length, before any
-model work), `loading` / `loaded`, then `done` or `error` (the VoiceError subclass and its sentence); a decode
+model work), `loading`, `downloading` (a named model fetched once), `loaded`, then `done` or `error` (the VoiceError subclass and its sentence); a decode
 is answered by `pcm` (length and size) followed by that many bytes of 16 kHz mono PCM.
 """
 
@@ -20,7 +20,7 @@ import time
 from typing import IO, TYPE_CHECKING, Any
 
 from farmhost.voice.audio import SAMPLE_RATE, decode
-from farmhost.voice.stt import EngineUnavailable, VoiceError, missing_extra, one_line
+from farmhost.voice.stt import EngineUnavailable, ModelNotFetched, VoiceError, missing_extra, one_line
 
 if TYPE_CHECKING:
     from faster_whisper import WhisperModel
@@ -87,14 +87,10 @@ class Worker:
                 f"The speech-to-text model directory {self.args.model} does not exist: "
                 "fix FARMHOST_STT_MODEL on the farm computer."
             )
+        path = self.args.model if is_dir else self.fetch(self.args.model)
         try:
             self.model = WhisperModel(
-                self.args.model,
-                device="cpu",
-                compute_type="int8",
-                cpu_threads=self.args.threads,
-                num_workers=1,
-                download_root=None if is_dir else self.args.download_root,
+                path, device="cpu", compute_type="int8", cpu_threads=self.args.threads, num_workers=1
             )
         except Exception as err:
             print(f"farmhost.voice.worker: cannot load {self.args.model}: {err!r}", file=sys.stderr)
@@ -104,6 +100,43 @@ class Worker:
             ) from err
         self.send(event="loaded", seconds=round(time.monotonic() - started, 3))
         return self.model
+
+    def fetch(self, name: str) -> str:
+        """The directory of the model `name` in the download root: the copy there, else downloaded now, once.
+
+        A copy already there is used without asking the Hub (a farm whose line is down still hears its notes, and a
+        start never waits on the network); only a model not there yet is fetched, from HF_ENDPOINT (the Hub unless
+        set), through the proxies and CA bundle in the environment, into the Hub's cache layout under the root.
+        """
+        from faster_whisper.utils import available_models, download_model
+        from huggingface_hub import constants
+
+        if "/" not in name and name not in available_models():
+            raise EngineUnavailable(
+                f"FARMHOST_STT_MODEL={name} is neither a model directory nor a model name faster-whisper knows "
+                "(tiny, base, small, base.en, ...): fix FARMHOST_STT_MODEL on the farm computer."
+            )
+        root = self.args.download_root
+        try:
+            return str(download_model(name, cache_dir=root, local_files_only=True))
+        except OSError:  # not there yet, or half there (LocalEntryNotFoundError): downloaded, or completed, now
+            pass
+        self.send(event="downloading", endpoint=constants.ENDPOINT, into=root)
+        try:
+            return str(download_model(name, cache_dir=root))
+        except Exception as err:
+            print(f"farmhost.voice.worker: cannot download {name}: {err!r}", file=sys.stderr)
+            if _named(err, "RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundError"):
+                raise EngineUnavailable(
+                    f"The speech-to-text model {name} is not offered by {constants.ENDPOINT}: "
+                    "fix FARMHOST_STT_MODEL (a model name such as base, or a model directory)."
+                ) from err
+            raise ModelNotFetched(
+                f"The speech-to-text model {name} is not on the farm computer yet and could not be downloaded from "
+                f"{constants.ENDPOINT} ({_why(err, root)}): connect the farm computer to the internet (or set "
+                "HF_ENDPOINT to a mirror it can reach) and run `farmhost doctor`, or set FARMHOST_STT_MODEL to a "
+                "model directory."
+            ) from err
 
     def transcribe(self, data: bytes) -> None:
         """Decode, check the length, load if needed, transcribe; each step answered as it ends."""
@@ -150,6 +183,47 @@ class Worker:
             except VoiceError as err:
                 self.send(event="error", kind=type(err).__name__, message=str(err))
             trim_heap()
+
+
+def _chain(err: BaseException) -> list[BaseException]:
+    """`err` and the errors it was raised from."""
+    seen: list[BaseException] = []
+    current: BaseException | None = err
+    while current is not None and current not in seen:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+def _named(err: BaseException, *names: str) -> bool:
+    """Whether `err` or an error it came from is of a class called one of `names`.
+
+    By name: huggingface_hub's errors and those of its HTTP library (which library that is has changed between its
+    versions) are not imported for a check.
+    """
+    return any(cls.__name__ in names for cause in _chain(err) for cls in type(cause).__mro__)
+
+
+def _why(err: BaseException, root: str) -> str:
+    """Why a download failed, in a few words."""
+    if _named(err, "OfflineModeIsEnabled"):
+        return "HF_HUB_OFFLINE is set"
+    if _named(err, "ProxyError"):
+        return "the proxy refused"
+    if _named(err, "TimeoutException", "Timeout", "TimeoutError"):
+        return "it did not answer in time"
+    if _named(err, "ConnectError", "ConnectionError", "TransportError", "NetworkError"):
+        return "it could not be reached"
+    for cause in _chain(err):
+        response = getattr(cause, "response", None)
+        if (status := getattr(response, "status_code", None)) is not None:
+            return f"it answered HTTP {status}"
+    for cause in _chain(err):
+        if isinstance(cause, PermissionError | IsADirectoryError | NotADirectoryError) or (
+            isinstance(cause, OSError) and cause.errno is not None and getattr(cause, "filename", None)
+        ):
+            return f"{root} could not be written: {cause.strerror}"
+    return type(err).__name__
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Final
 from farmhost.voice.audio import Pcm
 from farmhost.voice.stt import (
     EngineUnavailable,
+    ModelNotFetched,
     NoteTooLong,
     NoteUndecodable,
     TranscriptionTimeout,
@@ -48,17 +49,21 @@ EXIT_GRACE: Final = 5.0
 # Answers are short JSON lines; a transcript of a long note is a few KB.
 LINE_LIMIT: Final = 1 << 20
 # What the worker inherits of the daemon's environment: it parses untrusted audio with FFmpeg's decoders, so it gets
-# no token or key (HA_TOKEN, TELEGRAM_BOT_TOKEN, FARMHOST_LLM_API_KEY), only what Python, CTranslate2 and a model
-# download through a proxy need.
+# no token or key (HA_TOKEN, TELEGRAM_BOT_TOKEN, FARMHOST_LLM_API_KEY, nor HF_TOKEN), only what Python, CTranslate2
+# and the download of a named model need: the Hub or its mirror (HF_ENDPOINT), huggingface_hub's own settings,
+# proxies and CA certificates (docs/voice.md, "A model name").
 WORKER_ENV: Final = frozenset({
     "PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE",
-    "VIRTUAL_ENV", "XDG_CACHE_HOME", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_ENDPOINT", "HTTP_PROXY",
-    "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "SSL_CERT_FILE", "SSL_CERT_DIR",
-    "REQUESTS_CA_BUNDLE", "OMP_NUM_THREADS", "CT2_VERBOSE", "CT2_USE_EXPERIMENTAL_PACKED_GEMM",
+    "VIRTUAL_ENV", "XDG_CACHE_HOME", "OMP_NUM_THREADS", "CT2_VERBOSE", "CT2_USE_EXPERIMENTAL_PACKED_GEMM",
+    "HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT",
+    "HF_HUB_DISABLE_XET", "HF_HUB_DISABLE_TELEMETRY",
+    "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy", "no_proxy",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
 })  # fmt: skip
 
 _ERRORS: Final[dict[str, type[VoiceError]]] = {
-    cls.__name__: cls for cls in (VoiceError, NoteTooLong, NoteUndecodable, EngineUnavailable, TranscriptionTimeout)
+    cls.__name__: cls
+    for cls in (VoiceError, NoteTooLong, NoteUndecodable, EngineUnavailable, ModelNotFetched, TranscriptionTimeout)
 }
 
 
@@ -166,6 +171,10 @@ class VoiceWorker:
                 seconds = float(event["seconds"])
                 deadline = time.monotonic() + self._budget(seconds)
             elif kind == "loading":
+                deadline = time.monotonic() + LOAD_TIMEOUT
+            elif kind == "downloading":  # a named model not in <data>/models yet: fetched once, then kept
+                logger.info("speech-to-text model %s is being downloaded from %s into %s", self._model,
+                            event.get("endpoint"), event.get("into"))  # fmt: skip
                 deadline = time.monotonic() + LOAD_TIMEOUT
             elif kind == "loaded":
                 self.loads += 1

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from farmhost_testing import clean_env, farmhost
 
+from farmhost_dev.hf_hub import LocalHub
 from farmhost_dev.voice import WyomingServer, free_port
 
 
@@ -27,6 +28,29 @@ def test_a_missing_model_directory_is_broken_with_the_variable_to_fix(tmp_path: 
     check = _voice(tmp_path, FARMHOST_STT_MODEL=str(tmp_path / "no-model"))
     assert check["state"] == "broken", check
     assert "does not exist" in check["detail"] and "FARMHOST_STT_MODEL" in check["fix"]
+
+
+def test_a_named_model_is_fetched_once_into_the_data_dir_by_the_first_doctor(
+    tmp_path: Path, local_hub: LocalHub
+) -> None:
+    env = {"FARMHOST_STT_MODEL": "base", "HF_ENDPOINT": local_hub.url, "HF_HOME": str(tmp_path / "hf-home")}
+    local_hub.clear()
+    check = _voice(tmp_path, **env)
+    assert check["state"] == "ok", check
+    assert check["detail"].startswith("voice notes: faster-whisper (base), model loaded in ")
+    assert sorted(local_hub.downloads()) == ["config.json", "model.bin", "tokenizer.json", "vocabulary.txt"]
+    assert list((tmp_path / "data" / "models").glob("models--Systran--faster-whisper-base/snapshots/*/model.bin"))
+    local_hub.clear()
+    assert _voice(tmp_path, **env)["state"] == "ok"
+    assert local_hub.requests == []  # the second run loads the kept copy
+
+
+def test_a_named_model_the_hub_cannot_send_is_broken_with_how_to_get_it(tmp_path: Path) -> None:
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    check = _voice(tmp_path, FARMHOST_STT_MODEL="base", HF_ENDPOINT=endpoint, HF_HOME=str(tmp_path / "hf-home"))
+    assert check["state"] == "broken", check
+    assert f"could not be downloaded from {endpoint} (it could not be reached)" in check["detail"]
+    assert "internet" in check["fix"] and "HF_ENDPOINT" in check["fix"] and "FARMHOST_STT_MODEL" in check["fix"]
 
 
 def test_a_wyoming_server_is_asked_what_it_serves(tmp_path: Path, wyoming_server: WyomingServer) -> None:

@@ -21,7 +21,8 @@ from telegram_stub import Call, FakeTelegram
 
 from farmhost.store.db import Database
 from farmhost.store.transcripts import latest
-from farmhost_dev.voice import IRRIGATION_WORDS, silent_note, spoken_note
+from farmhost_dev.hf_hub import WHISPER_BASE_REPO, LocalHub
+from farmhost_dev.voice import IRRIGATION_WORDS, free_port, silent_note, spoken_note
 
 pytestmark = pytest.mark.slow  # end to end, many seconds each
 
@@ -30,7 +31,7 @@ FIELD_CHAT = int(FIELD_JID.removeprefix("telegram:"))
 PUMP = "switch.irrigation_pump"
 
 
-def _env(ha_env: dict[str, str], tg: FakeTelegram, model: Path, **extra: str) -> dict[str, str]:
+def _env(ha_env: dict[str, str], tg: FakeTelegram, model: Path | str, **extra: str) -> dict[str, str]:
     return clean_env(
         **ha_env,
         TELEGRAM_BOT_TOKEN=tg.token,
@@ -199,3 +200,41 @@ def test_bad_and_long_notes_get_a_sentence_and_two_groups_are_both_heard(
     stored = wait_for(lambda: _stored(data_dir, MAIN_JID), what="the main chat's transcript")
     refused = [text for direction, text in stored if direction == "in" and "(not transcribed)" in text]
     assert len(refused) == 2
+
+
+def test_a_named_model_the_hub_cannot_send_yet_is_a_sentence_and_the_next_note_fetches_it(
+    data_dir: Path,
+    fake_telegram: FakeTelegram,
+    llm_stub: ScriptedLLM,
+    ha_env: dict[str, str],
+    whisper_base: Path,
+    tmp_path: Path,
+) -> None:
+    # FARMHOST_STT_MODEL=base on a farm whose line (or mirror) is down: the note is kept and the chat told why.
+    tg = fake_telegram
+    port = free_port()
+    llm_stub.script(then=Reply("Noted."))
+    env = _env(ha_env, tg, "base", HF_ENDPOINT=f"http://127.0.0.1:{port}", HF_HOME=str(tmp_path / "hf-home"),
+               **_llm(llm_stub))  # fmt: skip
+    note = spoken_note("How dry is field one?")
+    with running_daemon(data_dir, env=env) as daemon:
+        tg.media_message(MAIN_CHAT, "voice", content=note, chat_type="private", title=None)
+        (unheard,) = tg.wait_sent(1, chat_id=MAIN_CHAT, timeout=90)
+        # The line comes back: the next note fetches the model (once) and is heard, with no restart.
+        with LocalHub({WHISPER_BASE_REPO: whisper_base}, port=port) as hub:
+            tg.media_message(MAIN_CHAT, "voice", content=note, chat_type="private", title=None)
+            heard = tg.wait_sent(2, chat_id=MAIN_CHAT, timeout=120)[1]
+        assert "Traceback" not in daemon.log()
+        assert "is being downloaded from" in daemon.log()
+
+    text = str(unheard.params["text"])
+    assert text.startswith("🎤 The speech-to-text model base is not on the farm computer yet"), text
+    assert f"could not be downloaded from http://127.0.0.1:{port}" in text
+    words, answer = str(heard.params["text"]).split("\n\n", 1)
+    assert "dry" in words.lower() and answer.startswith("Noted.")
+    assert sorted(hub.downloads()) == ["config.json", "model.bin", "tokenizer.json", "vocabulary.txt"]
+    assert len(llm_stub.requests) == 1  # the unheard note started no run
+    assert len(_inbox(data_dir, "main")) == 2  # nothing lost: both notes' audio is in the inbox
+    stored = [t for d, t in wait_for(lambda: _stored(data_dir, MAIN_JID), what="the transcript") if d == "in"]
+    assert "(not transcribed)" in stored[0] and "🎤" in stored[1]
+    assert list((data_dir / "models").glob("models--Systran--faster-whisper-base/snapshots/*/model.bin"))
