@@ -69,7 +69,7 @@ typecheck:
 	.venv/bin/mypy
 
 # Four pytest workers (pytest-xdist), each test file on one worker: each worker starts its own Home Assistant
-# (up to about 1 GB per worker with the local model, Chromium and Whisper). Four on two cores: most of a test's time
+# (about 200 MB; the model server, Chromium and Whisper when its files use them). Four on two cores: most of a test's time
 # is waiting on real parts (HA, Chromium, Docker, a model server, a held on-period), so four workers took half the
 # wall time of two for the same summed test time (docs/testing.md, "Workers").
 # --no-loadscope-reorder: files are handed out in the order tests/conftest.py puts them (the slow ones first), not
