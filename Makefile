@@ -68,10 +68,13 @@ lint:
 typecheck:
 	.venv/bin/mypy
 
-# Two pytest workers (pytest-xdist), each test file on one worker: each worker starts its own Home Assistant.
+# Four pytest workers (pytest-xdist), each test file on one worker: each worker starts its own Home Assistant
+# (about 200 MB; the model server, Chromium and Whisper when its files use them). Four on two cores: most of a test's time
+# is waiting on real parts (HA, Chromium, Docker, a model server, a held on-period), so four workers took half the
+# wall time of two for the same summed test time (docs/testing.md, "Workers").
 # --no-loadscope-reorder: files are handed out in the order tests/conftest.py puts them (the slow ones first), not
 # by their number of tests, which left the long end-to-end files with few tests to the end.
-PYTEST_WORKERS ?= 2
+PYTEST_WORKERS ?= 4
 PYTEST = .venv/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30
 
 # FARMHOST_TEST_DOCKER_HOST: the private engine of `make docker` when it runs, for the Docker live tests only (a

@@ -123,6 +123,8 @@ def test_each_section_carries_the_variables_of_its_service(tmp_path: Path) -> No
         FARMHOST_MQTT_URL="mqtt://farm:secret@broker.lan",
         FARMHOST_SITES_TRUSTED="barn, pump-house",
         FARMHOST_SITE="barn",
+        FARMHOST_SITE_RESEND_SECONDS="2",
+        FARMHOST_SITE_ANSWER_GRACE_SECONDS="0.5",
     )
     assert (built.ipc.mode, built.ipc.poll_seconds) == ("poll", 0.1)
     assert (built.scheduler.grace_seconds, built.scheduler.tasks_per_group_max) == (60, 7)
@@ -136,3 +138,5 @@ def test_each_section_carries_the_variables_of_its_service(tmp_path: Path) -> No
     assert built.report.at == time(7, 5)
     assert built.site.broker is not None and built.site.broker.host == "broker.lan"
     assert built.site.trusted == frozenset({"pump-house"})  # never itself
+    assert (built.site.resend_seconds, built.site.answer_grace_seconds) == (2, 0.5)
+    assert config(tmp_path).site.answer_grace_seconds == 5  # the default

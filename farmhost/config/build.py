@@ -125,6 +125,7 @@ def build_config(settings: Settings) -> Config:
             broker=broker_of(settings),
             trusted=parse_trusted_sites(settings.sites_trusted) - {site},
             resend_seconds=settings.site_resend_seconds,
+            answer_grace_seconds=settings.site_answer_grace_seconds,
             zone=zone,
         ),
         voice=VoiceSettings(

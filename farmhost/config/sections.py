@@ -73,6 +73,7 @@ class SiteSettings:
     broker: Broker | None  # None: MQTT is off
     trusted: frozenset[str]  # the sites whose calls this one serves, never itself
     resend_seconds: float  # an unanswered call is sent again this often
+    answer_grace_seconds: float  # the origin waits this long past a call's deadline for an answer on its way
     zone: ZoneInfo
 
 

@@ -63,6 +63,10 @@ class Settings(BaseSettings):
     # How often a call another site has not answered yet is sent again (besides every reconnect and the target
     # coming back online); tests shorten it to see several resends in seconds.
     site_resend_seconds: float = Field(default=10.0, gt=0, le=600, validation_alias="FARMHOST_SITE_RESEND_SECONDS")
+    # How long past a call's deadline the origin still waits for an answer that was on its way; tests shorten it.
+    site_answer_grace_seconds: float = Field(
+        default=5.0, ge=0, le=60, validation_alias="FARMHOST_SITE_ANSWER_GRACE_SECONDS"
+    )
     # TLS to the broker (mqtts://): the CA that signed the broker's certificate, and this site's client
     # certificate and key when the broker logs sites in by certificate (docs/mqtt.md)
     mqtt_ca_file: Path | None = Field(default=None, validation_alias="FARMHOST_MQTT_CA_FILE")

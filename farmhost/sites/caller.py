@@ -38,8 +38,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# The origin waits this long past the deadline: an answer the target sent just before it is still on its way.
-ANSWER_GRACE_SECONDS: Final = 5.0
 # After (re)connecting, retained availability topics arrive at once; a site not heard of by then is unknown.
 DIRECTORY_SETTLE_SECONDS: Final = 1.5
 # Request fields that stay at the origin: the target gets its own deadline and no site.
@@ -62,6 +60,8 @@ class SiteCaller:
         self._audit = audit
         self._clock = clock
         self._resend_seconds = settings.resend_seconds
+        # past the deadline: an answer the target sent just before it is still on its way
+        self._grace = settings.answer_grace_seconds
         self.directory = SiteDirectory(site, on_online=self._target_online, clock=clock)
         # FARMHOST_MQTT_URL is set: the link is attached once the daemon has started
         self._enabled = settings.broker is not None
@@ -72,7 +72,7 @@ class SiteCaller:
 
     def handlers(self) -> Handlers:
         """The handler row the router uses for a farm action that names another site."""
-        timeout = wire.MAX_DEADLINE_SECONDS + ANSWER_GRACE_SECONDS + 5.0
+        timeout = wire.MAX_DEADLINE_SECONDS + self._grace + 5.0
         return {SITE_HANDLER: HandlerSpec(effect=Effect.REMOTE, run=self._handle, timeout=timeout)}
 
     def attach(self, link: MqttLink) -> None:
@@ -189,7 +189,7 @@ class SiteCaller:
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiters[call.id] = future
         self._send([call])
-        wait = (call.deadline - self._clock()).total_seconds() + ANSWER_GRACE_SECONDS
+        wait = (call.deadline - self._clock()).total_seconds() + self._grace
         try:
             async with asyncio.timeout(max(wait, 0.0)):
                 await future
@@ -258,7 +258,7 @@ class SiteCaller:
                 site_calls.forget_old(conn, now=self._clock())
         # After a restart no one waits for an expired row any more: it is closed here, not sent.
         now = self._clock()
-        live = [c for c in calls if c.deadline + timedelta(seconds=ANSWER_GRACE_SECONDS) > now or c.id in self._waiters]
+        live = [c for c in calls if c.deadline + timedelta(seconds=self._grace) > now or c.id in self._waiters]
         self._send(live)
         stale = [c for c in calls if c not in live]
         if stale:

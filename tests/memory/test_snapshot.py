@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import sqlite3
 import stat
 from collections.abc import Callable
@@ -189,16 +190,39 @@ TAMPERING = [
 ]
 
 
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[list[Any]]]:
+    """A workspace, the snapshot the builder process made of it, and the answers of a corpus read from its files.
+
+    Made once for the tampering cases, which only read the workspace and each damage a copy of the snapshot.
+    """
+    root = tmp_path_factory.mktemp("built")
+    workspace = root / "ws"
+    write_tree(workspace, memory_files(PROCESS_FILES * 2))
+    snapshot = root / "index" / "main.sqlite"
+    snapshot.parent.mkdir()
+    first = corpus(workspace, snapshot)
+    first.search("pump")
+    first.close()
+    assert first.stats.snapshots_built == 1 and [p.name for p in snapshot.parent.iterdir()] == ["main.sqlite"]
+    return workspace, snapshot, answers(corpus(workspace, None))
+
+
 @pytest.mark.parametrize(("tamper", "reason"), TAMPERING)
 def test_a_damaged_or_foreign_snapshot_is_rejected_with_its_reason_and_rebuilt(
-    workspace: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, tamper: Callable[[Path], None], reason: str
+    built: tuple[Path, Path, list[list[Any]]],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    tamper: Callable[[Path], None],
+    reason: str,
 ) -> None:
+    workspace, pristine, reference = built
     snapshot = tmp_path / "main.sqlite"
-    corpus(workspace, snapshot).search("pump")
+    shutil.copy2(pristine, snapshot)
     tamper(snapshot)
     caplog.set_level(logging.INFO)
     again = corpus(workspace, snapshot)
-    assert answers(again) == answers(corpus(workspace, None))
+    assert answers(again) == reference
     assert again.stats.snapshots_rejected == 1 and again.stats.snapshots_built == 1
     rejected = events(caplog, "memory_snapshot_rejected")
     assert len(rejected) == 1 and reason in rejected[0]["reason"], rejected[0]["reason"]
