@@ -14,7 +14,7 @@ import contextlib
 import logging
 import os
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +40,16 @@ class ResultWriter:
         self._quarantine = quarantine
         self._clock = clock
         self._fsyncs = FsyncBatch()
+        self._answering = 0  # requests between their ledger lookup and their log line (`answering`)
+
+    @contextlib.contextmanager
+    def answering(self) -> Iterator[None]:
+        """Around one request's answer: a result prepared while it is the only one may be fsync'd on the loop."""
+        self._answering += 1
+        try:
+            yield
+        finally:
+            self._answering -= 1
 
     def answer_for(self, item: ClaimedFile, file_key: str, request_id: str) -> FileAnswer:
         """The result of `item`, to be prepared while its ledger row is written (`Router.execute`'s `sink`)."""
@@ -106,7 +116,7 @@ class ResultWriter:
             logger.error("group %s: cannot write result %s: %s", item.group.folder, name, err)
             return None
         try:
-            await self._fsyncs.sync_and_close(fd)
+            await self._fsyncs.sync_and_close(fd, alone=self._answering <= 1)
         except OSError as err:
             discard(results_fd, tmp)
             logger.error("group %s: cannot write result %s: %s", item.group.folder, name, err)
