@@ -106,6 +106,11 @@ class ResultWriter:
         finally:
             os.close(results_fd)
 
+    @property
+    def alone(self) -> bool:
+        """At most one request is being answered (the caller's own): nothing to batch its fsync or commit with."""
+        return self._answering <= 1
+
     async def prepare_file(self, results_fd: int, item: ClaimedFile, name: str, data: bytes) -> str | None:
         """Create, write and fsync the result under a temp name; None when it cannot be."""
         # The create and the write (into the page cache) run on the loop; the fsync, which can take milliseconds,
@@ -116,7 +121,7 @@ class ResultWriter:
             logger.error("group %s: cannot write result %s: %s", item.group.folder, name, err)
             return None
         try:
-            await self._fsyncs.sync_and_close(fd, alone=self._answering <= 1)
+            await self._fsyncs.sync_and_close(fd, alone=self.alone)
         except OSError as err:
             discard(results_fd, tmp)
             logger.error("group %s: cannot write result %s: %s", item.group.folder, name, err)
@@ -229,6 +234,11 @@ class FileAnswer:
     def committed(self) -> None:
         """The transaction that names the prepared result committed: `publish` it."""
         self.recorded = True
+
+    @property
+    def alone(self) -> bool:
+        """No other request is being answered: its transaction need not wait for others to share it."""
+        return self._writer.alone
 
     async def publish(self, *, fsync_dir: bool) -> bool:
         """Rename the prepared, recorded result into place; False to retry later."""
