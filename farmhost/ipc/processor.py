@@ -185,6 +185,22 @@ class RequestProcessor:
     ) -> bool:
         # The ledger is read once (the id's entry and this file's prepared result) and, for a read, written once:
         # the result file is prepared before that transaction and named in it (results.FileAnswer).
+        with self._results.answering():
+            return await self._answer_file(
+                item, request, request_id, received=received, started=started, stale=stale, phases=phases
+            )
+
+    async def _answer_file(
+        self,
+        item: ClaimedFile,
+        request: AnyRequest,
+        request_id: str,
+        *,
+        received: datetime,
+        started: float,
+        stale: bool,
+        phases: RequestPhases,
+    ) -> bool:
         key = file_key(item)
         known = ledger.lookup(self._db.conn, item.group.folder, request_id, key)
         phases.lap(LEDGER)

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import os
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +40,16 @@ class ResultWriter:
         self._quarantine = quarantine
         self._clock = clock
         self._fsyncs = FsyncBatch()
+        self._answering = 0  # requests between their ledger lookup and their log line (`answering`)
+
+    @contextlib.contextmanager
+    def answering(self) -> Iterator[None]:
+        """Around one request's answer: a result prepared while it is the only one may be fsync'd on the loop."""
+        self._answering += 1
+        try:
+            yield
+        finally:
+            self._answering -= 1
 
     def answer_for(self, item: ClaimedFile, file_key: str, request_id: str) -> FileAnswer:
         """The result of `item`, to be prepared while its ledger row is written (`Router.execute`'s `sink`)."""
@@ -96,6 +106,11 @@ class ResultWriter:
         finally:
             os.close(results_fd)
 
+    @property
+    def alone(self) -> bool:
+        """At most one request is being answered (the caller's own): nothing to batch its fsync or commit with."""
+        return self._answering <= 1
+
     async def prepare_file(self, results_fd: int, item: ClaimedFile, name: str, data: bytes) -> str | None:
         """Create, write and fsync the result under a temp name; None when it cannot be."""
         # The create and the write (into the page cache) run on the loop; the fsync, which can take milliseconds,
@@ -106,7 +121,7 @@ class ResultWriter:
             logger.error("group %s: cannot write result %s: %s", item.group.folder, name, err)
             return None
         try:
-            await self._fsyncs.sync_and_close(fd)
+            await self._fsyncs.sync_and_close(fd, alone=self.alone)
         except OSError as err:
             discard(results_fd, tmp)
             logger.error("group %s: cannot write result %s: %s", item.group.folder, name, err)
@@ -219,6 +234,11 @@ class FileAnswer:
     def committed(self) -> None:
         """The transaction that names the prepared result committed: `publish` it."""
         self.recorded = True
+
+    @property
+    def alone(self) -> bool:
+        """No other request is being answered: its transaction need not wait for others to share it."""
+        return self._writer.alone
 
     async def publish(self, *, fsync_dir: bool) -> bool:
         """Rename the prepared, recorded result into place; False to retry later."""

@@ -70,6 +70,11 @@ class ResultSink(Protocol):
         """That transaction committed: the result may be published."""
         ...
 
+    @property
+    def alone(self) -> bool:
+        """No other request is being answered: its transaction need not wait a loop turn for others to share it."""
+        ...
+
 
 class Router:
     """Executes requests; the one place that talks to the ledger."""
@@ -409,7 +414,8 @@ class Router:
 
         on_commit = sink.committed if prepared and sink is not None else None
         if effect is Effect.READ:  # under load, several groups' reads share one commit
-            await self._db.group_commit.write(write, on_commit=on_commit)
+            alone = sink is not None and sink.alone
+            await self._db.group_commit.write(write, on_commit=on_commit, alone=alone)
         else:
             with self._db.tx() as conn:
                 write(conn)

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from inotify_simple import INotify
 from inotify_simple import flags as f
 
+from farmhost.ipc.reader import is_request_name
+
 logger = logging.getLogger(__name__)
 
 QUEUE_MASK = f.MOVED_TO | f.CLOSE_WRITE | f.DELETE_SELF | f.MOVE_SELF | f.ONLYDIR
@@ -104,5 +106,7 @@ class InotifyWatcher:
                     self._on_group(folder)
             elif event.mask & (f.DELETE_SELF | f.MOVE_SELF):
                 self._on_group(folder)
-            else:
+            elif not event.name or is_request_name(event.name):
+                # A writer's temp file (`.x.tmp`, closed before its rename) is never picked up: waking the worker
+                # for it only listed the queue once more before the rename's own event, on every request.
                 self._on_queue(folder, queue)

@@ -38,16 +38,24 @@ class GroupCommit:
         self._db = db
         self._queued: list[_Queued] = []
 
-    async def write(self, write: Write, *, on_commit: Callable[[], None] | None = None) -> None:
+    async def write(self, write: Write, *, on_commit: Callable[[], None] | None = None, alone: bool = False) -> None:
         """Run `write` in the next shared transaction and return once it is committed.
 
         Args:
             write: the statements (no transaction control of its own); may run twice (a batch rolled back).
             on_commit: called right after the commit that holds `write`, before this returns (no await between).
+            alone: nothing else is in progress that could share the commit: with nothing queued either, it is
+                committed at once (the loop turn it would wait for has nobody to batch with).
 
         Raises:
             Exception: what `write` raised when it ran alone, or the commit's error (nothing of it was kept).
         """
+        if alone and not self._queued:
+            with self._db.tx(durable=False) as conn:
+                write(conn)
+            if on_commit is not None:
+                on_commit()
+            return
         loop = asyncio.get_running_loop()
         queued = _Queued(write, on_commit, loop.create_future())
         self._queued.append(queued)

@@ -51,3 +51,37 @@ async def test_host_writes_in_a_group_directory_wake_nothing_and_a_queue_swap_wa
         watcher.stop()
         os.close(fd)
     assert checks == ["field"]  # the swap's one event (MOVED_FROM actions); its MOVED_TO names no queue
+
+
+async def test_a_writers_temp_file_wakes_no_queue_worker_and_its_rename_does(tmp_path: Path) -> None:
+    # An agent writes `.r-1.json.tmp`, closes it (IN_CLOSE_WRITE) and renames it to `r-1.json` (IN_MOVED_TO). Only
+    # the rename may wake the worker: a wake for the temp file listed the queue for nothing on every request.
+    actions = tmp_path / "field" / Queue.ACTIONS.value
+    actions.mkdir(parents=True)
+    woken: list[tuple[str, str]] = []
+    arrived = asyncio.Event()
+
+    def on_queue(folder: str, queue: str) -> None:
+        woken.append((folder, queue))
+        arrived.set()
+
+    watcher = InotifyWatcher(
+        on_queue=on_queue, on_group=lambda folder: None, on_overflow=lambda: None, group_entries=frozenset()
+    )
+    watcher.start()
+    fd = os.open(actions, DIR_FLAGS)
+    try:
+        watcher.watch("field", Queue.ACTIONS.value, fd)
+        for i in range(5):
+            (actions / f".r-{i}.json.tmp").write_text('{"type": "ping"}')
+            (actions / f"r-{i}.tmp").write_text("not a request name either")
+        os.rename(actions / ".r-0.json.tmp", actions / "r-0.json")
+        await asyncio.wait_for(arrived.wait(), timeout=scaled(10))
+        await asyncio.sleep(0.1)  # anything still queued behind it
+        (actions / "r-9.json").write_text('{"type": "ping"}')  # written in place: its close names a request
+        arrived.clear()
+        await asyncio.wait_for(arrived.wait(), timeout=scaled(10))
+    finally:
+        watcher.stop()
+        os.close(fd)
+    assert woken == [("field", Queue.ACTIONS.value)] * 2

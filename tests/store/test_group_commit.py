@@ -106,3 +106,30 @@ def test_a_writer_cancelled_after_the_commit_had_its_on_commit_run(db: Database)
 
     asyncio.run(main())
     assert _keys(db.path) == ["x"] and committed == ["x"]
+
+
+def test_a_write_alone_commits_at_once_and_one_with_others_queued_joins_their_commit(
+    db: Database, commits: list[str]
+) -> None:
+    async def main() -> tuple[list[str], bool, list[str]]:
+        turned = False
+
+        def turn() -> None:
+            nonlocal turned
+            turned = True
+
+        asyncio.get_running_loop().call_soon(turn)
+        await db.group_commit.write(_insert("lone"), alone=True)
+        lone = _keys(db.path)  # committed before any other callback of the loop ran
+        waited = turned
+        commits.clear()
+        queued = asyncio.ensure_future(db.group_commit.write(_insert("queued")))
+        await asyncio.sleep(0)  # queued, not yet flushed
+        await db.group_commit.write(_insert("alone but late"), alone=True)  # runs at once, up to its wait
+        await queued
+        return lone, waited, _keys(db.path)
+
+    lone, waited, keys = asyncio.run(main())
+    assert lone == ["lone"] and not waited, "alone: committed without waiting a loop turn"
+    assert keys == ["alone but late", "lone", "queued"]
+    assert commits == ["COMMIT"], "a write queued already is not left behind: the late one shares its commit"
