@@ -18,7 +18,7 @@ from farmhost.ipc.phases import CLAIM, DECODE, LEDGER, LOG, READ, RESULT, SETTLE
 from farmhost.ipc.quarantine import Quarantine
 from farmhost.ipc.reader import Refused, read_claimed
 from farmhost.ipc.results import ResultWriter, file_key
-from farmhost.ipc.router import Router
+from farmhost.ipc.router import Router, request_kind, request_record
 from farmhost.ndjson_log import NdjsonLog
 from farmhost.protocol.codes import REQUEST_ID_RE, ErrorCode, Queue
 from farmhost.protocol.decode import RequestRejected, decode_request
@@ -186,93 +186,68 @@ class RequestProcessor:
         # The ledger is read once (the id's entry and this file's prepared result) and, for a read, written once:
         # the result file is prepared before that transaction and named in it (results.FileAnswer).
         with self._results.answering():
-            return await self._answer_file(
-                item, request, request_id, received=received, started=started, stale=stale, phases=phases
-            )
-
-    async def _answer_file(
-        self,
-        item: ClaimedFile,
-        request: AnyRequest,
-        request_id: str,
-        *,
-        received: datetime,
-        started: float,
-        stale: bool,
-        phases: RequestPhases,
-    ) -> bool:
-        key = file_key(item)
-        known = ledger.lookup(self._db.conn, item.group.folder, request_id, key)
-        phases.lap(LEDGER)
-        sink = None if known.answering is not None else self._results.answer_for(item, key, request_id)
-        try:
-            answer = await self._router.execute(
-                item.group,
-                item.queue,
-                request,
-                request_id,
-                received_at=received,
-                stale=stale,
-                phases=phases,
-                known=known,
-                sink=sink,
-            )
-            if answer.effect is Effect.STATE:
-                await self._settle()  # an agent that reads a snapshot after its result sees the change in it
-                phases.lap(SETTLE)
-            fsync_dir = answer.effect is not Effect.READ
-            if sink is not None and sink.failed:
-                return False  # the result could not be written; its ledger row replays it at the retry
-            if sink is not None and sink.recorded:
-                published = await sink.publish(fsync_dir=fsync_dir)
-            else:
-                published = await self._results.publish(
-                    item,
+            key = file_key(item)
+            known = ledger.lookup(self._db.conn, item.group.folder, request_id, key)
+            phases.lap(LEDGER)
+            sink = None if known.answering is not None else self._results.answer_for(item, key, request_id)
+            try:
+                answer = await self._router.execute(
+                    item.group,
+                    item.queue,
+                    request,
                     request_id,
-                    answer.document,
-                    fsync_dir=fsync_dir,
+                    received_at=received,
+                    stale=stale,
                     phases=phases,
-                    key=key,
-                    looked_up=(known.answering,),
+                    known=known,
+                    sink=sink,
                 )
-        finally:
-            if sink is not None:
-                sink.close()
-        if not published:
-            return False
-        os.unlink(item.name, dir_fd=item.spool_fd)
-        phases.lap(RESULT)
-        doc = answer.document
-        record = {
-            "ts": utc_stamp(received),
-            "group": item.group.folder,
-            "queue": item.queue.value,
-            "file": item.name,
-            "requestId": request_id,
-            "type": doc["type"],
-            "action": doc["action"],
-            "status": doc["status"],
-            "errorCode": doc["errorCode"],
-            "durationMs": round((time.perf_counter() - started) * 1000, 3),
-            "replayed": answer.replayed,
-        }
-        kind = f"{doc['type']}:{doc['action']}" if doc["action"] else str(doc["type"])
-        logger.info(
-            "request %s (%s) from group %s: %s%s in %.1f ms%s",
-            request_id,
-            kind,
-            item.group.folder,
-            doc["status"],
-            f" ({doc['errorCode']})" if doc["errorCode"] else "",
-            record["durationMs"],
-            " (replayed)" if answer.replayed else "",
-            extra={k: record[k] for k in _LOGGED},
-        )
-        # The request log's line is written last, to carry every phase up to its own write.
-        phases.lap(LOG)
-        record["phasesUs"] = phases.as_us()
-        self._log.write(record)
-        return True
+                if answer.effect is Effect.STATE:
+                    await self._settle()  # an agent that reads a snapshot after its result sees the change in it
+                    phases.lap(SETTLE)
+                fsync_dir = answer.effect is not Effect.READ
+                if sink is not None and sink.failed:
+                    return False  # the result could not be written; its ledger row replays it at the retry
+                if sink is not None and sink.recorded:
+                    published = await sink.publish(fsync_dir=fsync_dir)
+                else:
+                    published = await self._results.publish(
+                        item,
+                        request_id,
+                        answer.document,
+                        fsync_dir=fsync_dir,
+                        phases=phases,
+                        key=key,
+                        looked_up=(known.answering,),
+                    )
+            finally:
+                if sink is not None:
+                    sink.close()
+            if not published:
+                return False
+            os.unlink(item.name, dir_fd=item.spool_fd)
+            phases.lap(RESULT)
+            doc = answer.document
+            source = ("file", item.name)
+            record = request_record(
+                answer, item.group, item.queue, source, request_id, received=received, started=started
+            )
+            logger.info(
+                "request %s (%s) from group %s: %s%s in %.1f ms%s",
+                request_id,
+                request_kind(doc),
+                item.group.folder,
+                doc["status"],
+                f" ({doc['errorCode']})" if doc["errorCode"] else "",
+                record["durationMs"],
+                " (replayed)" if answer.replayed else "",
+                extra={k: record[k] for k in _LOGGED},
+            )
+            # The request log's line is written last, to carry every phase up to its own write.
+            phases.lap(LOG)
+            record["phasesUs"] = phases.as_us()
+            self._log.write(record)
+            return True
 
     async def _answer(
         self,

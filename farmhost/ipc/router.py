@@ -52,6 +52,38 @@ class Answer:
     replayed: bool = False  # the stored result of an earlier execution, nothing was run
 
 
+def request_record(
+    answer: Answer,
+    group: Group,
+    queue: Queue,
+    source: tuple[str, str],
+    request_id: str,
+    *,
+    received: datetime,
+    started: float,
+) -> dict[str, Any]:
+    """The request log's line for an answered request; `source` is ("file", its name) or ("via", who in the host)."""
+    doc = answer.document
+    return {
+        "ts": utc_stamp(received),
+        "group": group.folder,
+        "queue": queue.value,
+        source[0]: source[1],
+        "requestId": request_id,
+        "type": doc["type"],
+        "action": doc["action"],
+        "status": doc["status"],
+        "errorCode": doc["errorCode"],
+        "durationMs": round((time.perf_counter() - started) * 1000, 3),
+        "replayed": answer.replayed,
+    }
+
+
+def request_kind(doc: dict[str, Any]) -> str:
+    """`type:action` of a result document (its type alone when it has no action), as the log lines name it."""
+    return f"{doc['type']}:{doc['action']}" if doc["action"] else str(doc["type"])
+
+
 class ResultSink(Protocol):
     """Where the result of a request answered from a file goes (`farmhost.ipc.results.FileAnswer`).
 
@@ -148,25 +180,13 @@ class Router:
             group, queue, request, request_id, received_at=received, stale=False, approved=approved
         )
         doc = answer.document
-        record = {
-            "ts": utc_stamp(received),
-            "group": group.folder,
-            "queue": queue.value,
-            "via": via,
-            "requestId": request_id,
-            "type": doc["type"],
-            "action": doc["action"],
-            "status": doc["status"],
-            "errorCode": doc["errorCode"],
-            "durationMs": round((time.perf_counter() - started) * 1000, 3),
-            "replayed": answer.replayed,
-        }
+        record = request_record(answer, group, queue, ("via", via), request_id, received=received, started=started)
         if self._request_log is not None:
             self._request_log.write(record)
         logger.info(
             "request %s (%s) run as group %s by the host (%s): %s%s%s",
             request_id,
-            f"{doc['type']}:{doc['action']}" if doc["action"] else doc["type"],
+            request_kind(doc),
             group.folder,
             via,
             doc["status"],

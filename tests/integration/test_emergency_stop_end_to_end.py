@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from farm_daemon import audit, db_rows, farm_daemon, sent_with, wait_state
+from farm_daemon import audit, db_rows, farm_daemon, press_answer, sent_with, wait_state
 from farmhost_testing import FIELD_JID, MAIN_JID, drop, farmhost, refused, scaled, wait_for, wait_result
 from ha_fixture import HaInstance
 from telegram_stub import Call, FakeTelegram
@@ -54,24 +54,6 @@ def _wait_told(tg: FakeTelegram, chat_id: int, needle: str, *, count: int = 1) -
         seen=lambda: tg.sent_texts(chat_id),
     )
     return found
-
-
-def _answer_of(tg: FakeTelegram, update: dict[str, Any]) -> str:
-    query_id = update["callback_query"]["id"]
-    answer: Call = wait_for(
-        lambda: next(
-            (
-                c
-                for c in tg.calls
-                if c.method == "answerCallbackQuery" and str(c.params.get("callback_query_id")) == query_id
-            ),
-            None,
-        ),
-        timeout=scaled(20),
-        what=f"the answer to the press {query_id}",
-    )
-    text: str = answer.params.get("text", "")
-    return text
 
 
 def _update_row(data_dir: Path, update: dict[str, Any]) -> dict[str, Any]:
@@ -152,7 +134,7 @@ def test_stop_puts_every_guarded_entity_safe_pauses_agents_denies_approvals_and_
         [status] = _wait_told(fake_telegram, MAIN_CHAT, "Farm status")
         run = _schedule_now(data_dir, "t-after-stop")
         press = fake_telegram.callback_query(MAIN_CHAT, asked.result["message_id"], f"fa:{approval_id}:y")
-        pressed = _answer_of(fake_telegram, press)
+        pressed = press_answer(fake_telegram, press)
 
     assert states == {PUMP: "off", VALVE_1: "off", VALVE_2: "off", DURATION: "0.0"}
     text = reply.text or ""
@@ -191,8 +173,8 @@ def test_stop_from_another_chat_or_from_outside_the_main_senders_does_nothing(
         [refused_resume] = _wait_told(fake_telegram, FIELD_CHAT, "/resume")
         by_bea = fake_telegram.user_message(MAIN_CHAT, "/stop", user_id=BEA, username="bea")
         bea_row = _update_row(data_dir, by_bea)
-        in_field = _answer_of(fake_telegram, fake_telegram.callback_query(FIELD_CHAT, 1, "stop:all"))
-        pressed_by_bea = _answer_of(
+        in_field = press_answer(fake_telegram, fake_telegram.callback_query(FIELD_CHAT, 1, "stop:all"))
+        pressed_by_bea = press_answer(
             fake_telegram, fake_telegram.callback_query(MAIN_CHAT, 1, "stop:all", user_id=BEA, username="bea")
         )
         states = {e: _state(ha_reset, e) for e in (PUMP, VALVE_1, DURATION)}
@@ -217,7 +199,7 @@ def test_the_stop_everything_button_stops_and_a_forged_or_replayed_press_does_no
         fake_telegram.user_message(MAIN_CHAT, "/resume")  # not paused: it says so, and carries the button
         [resumed] = _wait_told(fake_telegram, MAIN_CHAT, "Agents were not paused")
         press = fake_telegram.callback_query(MAIN_CHAT, resumed.result["message_id"], "stop:all")
-        toast = _answer_of(fake_telegram, press)
+        toast = press_answer(fake_telegram, press)
         [report] = _wait_told(fake_telegram, MAIN_CHAT, "EMERGENCY STOP by @ana")
         wait_state(ha_reset, PUMP, "off")
         states = {e: _state(ha_reset, e) for e in (PUMP, VALVE_1, DURATION)}
@@ -226,7 +208,7 @@ def test_the_stop_everything_button_stops_and_a_forged_or_replayed_press_does_no
         wait_state(ha_reset, PUMP, "on")
         fake_telegram.redeliver(press["update_id"])
         forged = [
-            _answer_of(fake_telegram, fake_telegram.callback_query(MAIN_CHAT, resumed.result["message_id"], data))
+            press_answer(fake_telegram, fake_telegram.callback_query(MAIN_CHAT, resumed.result["message_id"], data))
             for data in ("stop:ALL", "stop:all:1", "stop", "stop:", " stop:all", "stop:all ")
         ]  # answered after the redelivered update: it was processed (dropped) by then
         pump_after = _state(ha_reset, PUMP)
