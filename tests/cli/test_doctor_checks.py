@@ -269,17 +269,24 @@ def test_inotify_limits_against_what_the_groups_need(tmp_path: Path) -> None:
 
 
 def test_inotify_use_is_counted_from_proc(tmp_path: Path) -> None:
-    before = inotify_in_use(os.getuid())
+    # A /proc holding only this process: the other test workers open and close inotify instances meanwhile.
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / str(os.getpid())).symlink_to(f"/proc/{os.getpid()}")
+    before = inotify_in_use(os.getuid(), proc=proc)
     with INotify() as one, INotify() as two:
         for name in ("a", "b", "c"):
             (tmp_path / name).mkdir()
         one.add_watch(str(tmp_path / "a"), f.CREATE)
         two.add_watch(str(tmp_path / "b"), f.CREATE)
         two.add_watch(str(tmp_path / "c"), f.CREATE)
-        during = inotify_in_use(os.getuid())
-        mine = inotify_in_use(os.getuid(), exclude={os.getpid()})
+        during = inotify_in_use(os.getuid(), proc=proc)
+        mine = inotify_in_use(os.getuid(), exclude={os.getpid()}, proc=proc)
+        everyone = inotify_in_use(os.getuid())
     assert during.instances - before.instances == 2 and during.watches - before.watches == 3
-    assert during.instances - mine.instances >= 2, "an excluded pid (the running daemon) is not counted"
+    assert mine.instances == 0 and mine.watches == 0, "an excluded pid (the running daemon) is not counted"
+    assert everyone.instances >= during.instances and everyone.watches >= during.watches
+    assert inotify_in_use(os.getuid() + 1, proc=proc).instances == 0, "another user's processes are not counted"
 
 
 # ---------------------------------------------------------------------------------------------------- clock
