@@ -145,6 +145,27 @@ def scaled(seconds: float) -> float:
     return seconds * timeout_scale()
 
 
+# A hold is this many times the latency it must outlast, measured in the test just before.
+HOLD_MARGIN = 4.0
+
+
+def hold_for(measured: float, *, least: float, margin: float = HOLD_MARGIN) -> float:
+    """How long a test holds something (an on-period, a `for`, a scheduler step) that it must act inside.
+
+    A deadline (`scaled`, `wait_for`) ends as soon as its condition holds, so stretching it by the load average costs
+    nothing when the test passes. A hold always costs its whole length: with four xdist workers on two cores the load
+    average is itself 3-4, so a load-scaled hold is three times longer than needed in every run. And the load average
+    is a poor guess of what a hold must outlast: it lags a minute behind and says nothing of this test's own path.
+    So a hold is sized by a latency measured in the test right before, on the same path (the round trip of a request
+    like the one the hold must outlast, a daemon start), times `margin`, and never shorter than `least`: the shortest
+    hold that still tells a correct product from a broken one. Where a test can read what happened from timestamps
+    (Home Assistant's `last_changed`, its history, a row's due time), it asserts on those instead of on a hold.
+    """
+    if measured < 0:
+        raise ValueError(f"a measured latency is never negative, got {measured}")
+    return max(least, measured * margin)
+
+
 def _describe(value: object, limit: int = 600) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"

@@ -6,8 +6,10 @@ import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from farmhost_testing import MAIN_JID, Daemon, clean_env, wait_for
 from ha_fixture import HaInstance
@@ -58,6 +60,38 @@ def wait_state(ha: HaInstance, entity_id: str, state: str, timeout: float = 30.0
         interval=0.05,
         what=f"{entity_id} to be {state} in Home Assistant",
         seen=lambda: ha.get_state(entity_id)["state"],
+    )
+    return found
+
+
+def ha_changes(ha: HaInstance, entity_id: str, since: datetime) -> list[tuple[str, datetime]]:
+    """The entity's states in HA's recorder from `since` on, oldest first: (state, last_changed by HA's clock).
+
+    The first is the state it was in at `since`. The recorder commits every second, so a change just made may be
+    missing: wait for the one the test needs (`wait_changes`).
+    """
+    query = f"filter_entity_id={entity_id}&minimal_response&no_attributes"
+    answer = ha.api("GET", f"/api/history/period/{quote(since.isoformat())}?{query}")
+    return [(row["state"], datetime.fromisoformat(row["last_changed"])) for row in (answer[0] if answer else [])]
+
+
+def on_period(ha: HaInstance, entity_id: str, since: datetime, on: str = "on") -> tuple[datetime, datetime]:
+    """When the entity went `on` after `since` and when it next went to another state, as HA's recorder has them.
+
+    Waits for the recorder to hold the end. A re-stamp in between (a template.reload, a restart) records `on`
+    again with a later last_changed: the period runs from the first `on`.
+    """
+
+    def period() -> tuple[datetime, datetime] | None:
+        changes = ha_changes(ha, entity_id, since)
+        start = next((i for i, (state, at) in enumerate(changes) if state == on and at >= since), None)
+        if start is None:
+            return None
+        end = next((at for state, at in changes[start:] if state not in (on, "unavailable", "unknown")), None)
+        return (changes[start][1], end) if end is not None else None
+
+    found: tuple[datetime, datetime] = wait_for(
+        period, timeout=15, what=f"an on-period of {entity_id} in HA's history", seen=lambda: ha_changes(ha, entity_id, since)
     )
     return found
 
