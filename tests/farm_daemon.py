@@ -6,7 +6,7 @@ import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -94,6 +94,23 @@ def on_period(ha: HaInstance, entity_id: str, since: datetime, on: str = "on") -
         period, timeout=15, what=f"an on-period of {entity_id} in HA's history", seen=lambda: ha_changes(ha, entity_id, since)
     )
     return found
+
+
+def assert_off_in_time(ha: HaInstance, data_dir: Path, entity_id: str, since: datetime, limit: int) -> dict[str, Any]:
+    """The entity's one on-period since `since` was ended by the automatic off no sooner than `limit` allows.
+
+    Read from what happened, not from how long the test watched: HA's history (when it went on and off) and the
+    daemon's one auto_off row (when it saw it on, the off time it planned). Whatever the load, an off before its
+    time fails here, as does a limit not kept to or an on-period timed twice. Returns the row.
+    """
+    on_at, off_at = on_period(ha, entity_id, since)
+    (row,) = db_rows(data_dir, "SELECT * FROM auto_off WHERE entity_id = ?", entity_id)
+    seen_on, planned = datetime.fromisoformat(row["on_since"]), datetime.fromisoformat(row["off_at"])
+    assert row["status"] == "done" and row["max_on_seconds"] == limit, row
+    assert planned - seen_on == timedelta(seconds=limit), row
+    assert seen_on >= on_at - timedelta(milliseconds=1), (on_at, row)  # timed from when it went on, not before
+    assert off_at >= planned and (off_at - on_at).total_seconds() >= limit, (on_at, off_at, row)
+    return row
 
 
 def sent_with(tg: FakeTelegram, chat_id: int, needle: str) -> list[str]:
