@@ -104,7 +104,9 @@ def assert_off_in_time(ha: HaInstance, data_dir: Path, entity_id: str, since: da
     time fails here, as does a limit not kept to or an on-period timed twice. Returns the row.
     """
     on_at, off_at = on_period(ha, entity_id, since)
-    (row,) = db_rows(data_dir, "SELECT * FROM auto_off WHERE entity_id = ?", entity_id)
+    rows = db_rows(data_dir, "SELECT * FROM auto_off WHERE entity_id = ?", entity_id)
+    assert len(rows) == 1, f"one on-period timed once, not {rows}"
+    row = rows[0]
     seen_on, planned = datetime.fromisoformat(row["on_since"]), datetime.fromisoformat(row["off_at"])
     assert row["status"] == "done" and row["max_on_seconds"] == limit, row
     assert planned - seen_on == timedelta(seconds=limit), row

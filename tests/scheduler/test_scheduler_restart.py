@@ -13,7 +13,7 @@ from scheduler_support import grid, read_task, rows
 # The kill before a due time comes BEFORE it, the start after it AFTER it. The interval (the step) is a hold: each
 # restart must fit in the rest of a step before the next due time, so the step is sized by a restart of the daemon
 # just measured (well under 0.1 s forked, ~1 s exec'd), never by the load average: 3 s at least, whole seconds.
-BEFORE, AFTER = timedelta(seconds=1), timedelta(seconds=0.5)
+BEFORE, AFTER = timedelta(seconds=1), timedelta(seconds=1)  # AFTER: late past claims.ON_TIME, a catch-up
 LEAST_STEP = 3
 
 
