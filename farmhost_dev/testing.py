@@ -290,6 +290,19 @@ def wait_result(data_dir: Path, folder: str, request_id: str, *, timeout: float 
     )
 
 
+def round_trip(data_dir: Path, folder: str = "main") -> float:
+    """Seconds a ping took through the running daemon, from the drop to its result.
+
+    What to size a hold by (`hold_for`) when the test must get a request handled inside it (a once time still ahead
+    when the request arrives).
+    """
+    started = time.monotonic()
+    wait_result(
+        data_dir, folder, drop(data_dir, folder, "actions", {"type": "ping", "requestId": secrets.token_hex(6)})
+    )
+    return time.monotonic() - started
+
+
 def _queued(data_dir: Path, folder: str) -> list[str]:
     found = []
     for where in (data_dir / "ipc" / folder, data_dir / "ipc" / ".spool" / folder):

@@ -91,7 +91,10 @@ def on_period(ha: HaInstance, entity_id: str, since: datetime, on: str = "on") -
         return (changes[start][1], end) if end is not None else None
 
     found: tuple[datetime, datetime] = wait_for(
-        period, timeout=15, what=f"an on-period of {entity_id} in HA's history", seen=lambda: ha_changes(ha, entity_id, since)
+        period,
+        timeout=15,
+        what=f"an on-period of {entity_id} in HA's history",
+        seen=lambda: ha_changes(ha, entity_id, since),
     )
     return found
 
