@@ -145,6 +145,27 @@ def scaled(seconds: float) -> float:
     return seconds * timeout_scale()
 
 
+# A hold is this many times the latency it must outlast, measured in the test just before.
+HOLD_MARGIN = 4.0
+
+
+def hold_for(measured: float, *, least: float, margin: float = HOLD_MARGIN) -> float:
+    """How long a test holds something (an on-period, a `for`, a scheduler step) that it must act inside.
+
+    A deadline (`scaled`, `wait_for`) ends as soon as its condition holds, so stretching it by the load average costs
+    nothing when the test passes. A hold always costs its whole length: with four xdist workers on two cores the load
+    average is itself 3-4, so a load-scaled hold is three times longer than needed in every run. And the load average
+    is a poor guess of what a hold must outlast: it lags a minute behind and says nothing of this test's own path.
+    So a hold is sized by a latency measured in the test right before, on the same path (the round trip of a request
+    like the one the hold must outlast, a daemon start), times `margin`, and never shorter than `least`: the shortest
+    hold that still tells a correct product from a broken one. Where a test can read what happened from timestamps
+    (Home Assistant's `last_changed`, its history, a row's due time), it asserts on those instead of on a hold.
+    """
+    if measured < 0:
+        raise ValueError(f"a measured latency is never negative, got {measured}")
+    return max(least, measured * margin)
+
+
 def _describe(value: object, limit: int = 600) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
@@ -267,6 +288,19 @@ def wait_result(data_dir: Path, folder: str, request_id: str, *, timeout: float 
         what=f"the result of {request_id} in {result_path(data_dir, folder, request_id).parent}",
         seen=lambda: f"queued there: {_queued(data_dir, folder)}",
     )
+
+
+def round_trip(data_dir: Path, folder: str = "main") -> float:
+    """Seconds a ping took through the running daemon, from the drop to its result.
+
+    What to size a hold by (`hold_for`) when the test must get a request handled inside it (a once time still ahead
+    when the request arrives).
+    """
+    started = time.monotonic()
+    wait_result(
+        data_dir, folder, drop(data_dir, folder, "actions", {"type": "ping", "requestId": secrets.token_hex(6)})
+    )
+    return time.monotonic() - started
 
 
 def _queued(data_dir: Path, folder: str) -> list[str]:

@@ -6,8 +6,10 @@ import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from farmhost_testing import MAIN_JID, Daemon, clean_env, wait_for
 from ha_fixture import HaInstance
@@ -60,6 +62,60 @@ def wait_state(ha: HaInstance, entity_id: str, state: str, timeout: float = 30.0
         seen=lambda: ha.get_state(entity_id)["state"],
     )
     return found
+
+
+def ha_changes(ha: HaInstance, entity_id: str, since: datetime) -> list[tuple[str, datetime]]:
+    """The entity's states in HA's recorder from `since` on, oldest first: (state, last_changed by HA's clock).
+
+    The first is the state it was in at `since`. The recorder commits every second, so a change just made may be
+    missing: wait for the one the test needs (`wait_changes`).
+    """
+    query = f"filter_entity_id={entity_id}&minimal_response&no_attributes"
+    answer = ha.api("GET", f"/api/history/period/{quote(since.isoformat())}?{query}")
+    return [(row["state"], datetime.fromisoformat(row["last_changed"])) for row in (answer[0] if answer else [])]
+
+
+def on_period(ha: HaInstance, entity_id: str, since: datetime, on: str = "on") -> tuple[datetime, datetime]:
+    """When the entity went `on` after `since` and when it next went to another state, as HA's recorder has them.
+
+    Waits for the recorder to hold the end. A re-stamp in between (a template.reload, a restart) records `on`
+    again with a later last_changed: the period runs from the first `on`.
+    """
+
+    def period() -> tuple[datetime, datetime] | None:
+        changes = ha_changes(ha, entity_id, since)
+        start = next((i for i, (state, at) in enumerate(changes) if state == on and at >= since), None)
+        if start is None:
+            return None
+        end = next((at for state, at in changes[start:] if state not in (on, "unavailable", "unknown")), None)
+        return (changes[start][1], end) if end is not None else None
+
+    found: tuple[datetime, datetime] = wait_for(
+        period,
+        timeout=15,
+        what=f"an on-period of {entity_id} in HA's history",
+        seen=lambda: ha_changes(ha, entity_id, since),
+    )
+    return found
+
+
+def assert_off_in_time(ha: HaInstance, data_dir: Path, entity_id: str, since: datetime, limit: int) -> dict[str, Any]:
+    """The entity's one on-period since `since` was ended by the automatic off no sooner than `limit` allows.
+
+    Read from what happened, not from how long the test watched: HA's history (when it went on and off) and the
+    daemon's one auto_off row (when it saw it on, the off time it planned). Whatever the load, an off before its
+    time fails here, as does a limit not kept to or an on-period timed twice. Returns the row.
+    """
+    on_at, off_at = on_period(ha, entity_id, since)
+    rows = db_rows(data_dir, "SELECT * FROM auto_off WHERE entity_id = ?", entity_id)
+    assert len(rows) == 1, f"one on-period timed once, not {rows}"
+    row = rows[0]
+    seen_on, planned = datetime.fromisoformat(row["on_since"]), datetime.fromisoformat(row["off_at"])
+    assert row["status"] == "done" and row["max_on_seconds"] == limit, row
+    assert planned - seen_on == timedelta(seconds=limit), row
+    assert seen_on >= on_at - timedelta(milliseconds=1), (on_at, row)  # timed from when it went on, not before
+    assert off_at >= planned and (off_at - on_at).total_seconds() >= limit, (on_at, off_at, row)
+    return row
 
 
 def sent_with(tg: FakeTelegram, chat_id: int, needle: str) -> list[str]:

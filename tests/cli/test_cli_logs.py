@@ -16,7 +16,18 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-from farmhost_testing import FIELD_JID, MAIN_JID, Daemon, clean_env, drop, farmhost, scaled, wait_for, wait_result
+from farmhost_testing import (
+    FIELD_JID,
+    MAIN_JID,
+    Daemon,
+    clean_env,
+    drop,
+    farmhost,
+    hold_for,
+    round_trip,
+    wait_for,
+    wait_result,
+)
 from llm_stub import Reply, ScriptedLLM
 from telegram_stub import FakeTelegram
 
@@ -94,8 +105,9 @@ def test_json_logs_carry_the_ids_of_every_main_event(
         assert summary["files"] >= 500 and summary["message"].startswith("indexed memory of group main: ")
 
         # A scheduled task runs an agent: the task's and the run's ids on their start and end lines.
-        # At least scaled(3) s ahead (whole seconds): a once time already past when the request is handled is refused.
-        ahead = timedelta(seconds=1 + math.ceil(scaled(3)))
+        # Ahead by a round trip timed now, with a margin (whole seconds): a once time already past when the request is
+        # handled is refused.
+        ahead = timedelta(seconds=1 + math.ceil(hold_for(round_trip(data_dir, "main"), least=1)))
         due = datetime.now(ZoneInfo(ZONE)).replace(microsecond=0) + ahead
         task = {
             "type": "schedule_task",

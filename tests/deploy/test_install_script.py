@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from farmhost_testing import clean_env, scaled, wait_for
+from farmhost_testing import clean_env, hold_for, scaled, wait_for
 from llm_stub import Reply, ScriptedLLM, ToolCall
 
 from farmhost.agents.kinds import OPENCODE_VERSION
@@ -209,8 +210,8 @@ def test_the_unit_has_the_install_paths_and_keeps_bwrap_working(installed: Insta
 
 
 def _schedule_in(install: Install, seconds: float, prompt: str, env: dict[str, str]) -> None:
-    """A once task due `seconds` (scaled: the CLI may take seconds to start on a busy machine) from now."""
-    due = (datetime.now(UTC) + timedelta(seconds=1 + scaled(seconds))).strftime("%Y-%m-%dT%H:%M:%S")
+    """A once task due `seconds` from now (and up to a second more: the due time is in whole seconds)."""
+    due = (datetime.now(UTC) + timedelta(seconds=1 + seconds)).strftime("%Y-%m-%dT%H:%M:%S")
     request = {"type": "schedule_task", "prompt": prompt, "schedule_type": "once", "schedule_value": due}
     sent = _run_as_user(
         install, "ipc", "send", "--group", "main", "--queue", "tasks", "--json", json.dumps(request), env=env
@@ -263,9 +264,11 @@ def test_an_agent_runs_in_bwrap_from_the_installed_prefix_as_the_daemon_user(
             what=f"the daemon to report alive in {status}",
             seen=lambda: log.read_text(errors="replace")[-3000:],
         )
+        started = time.monotonic()
         health = _run_as_user(installed, "health", env=env)
+        cli_took = time.monotonic() - started  # the CLI's start, which `ipc send` pays again before the due time
         assert health.returncode == 0 and health.stdout.startswith("healthy: daemon pid"), health.stdout
-        _schedule_in(installed, 2, "Check the soil and tell the office.", env)
+        _schedule_in(installed, hold_for(cli_took, least=1), "Check the soil and tell the office.", env)
         entries = wait_for(lambda: _outbox(installed, env), timeout=40, interval=0.5, what="the agent's message")
         assert [e["body"] for e in entries] == ["Soil is fine."]
         # The run log is written when the run ends, a moment after its message: wait for the run's end, then read.

@@ -17,7 +17,17 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from farmagent.ipc.client import IpcClient
-from farmhost_testing import FIELD_JID, clean_env, farmhost, init_data_dir, running_daemon, scaled, wait_for
+from farmhost_testing import (
+    FIELD_JID,
+    clean_env,
+    farmhost,
+    hold_for,
+    init_data_dir,
+    round_trip,
+    running_daemon,
+    scaled,
+    wait_for,
+)
 from llm_stub import Recorded, Reply, ScriptedLLM, ToolCall
 
 from farmhost.store import outbox
@@ -72,8 +82,9 @@ def test_a_task_scheduled_by_an_agent_runs_a_bwrap_agent_that_searches_memory_an
         FARMHOST_AGENT_TIMEOUT_SECONDS="60",
     )
     with running_daemon(data_dir, env=env) as daemon:
-        # At least scaled(4) s ahead (whole seconds): the request must be handled before its once time passes.
-        ahead = timedelta(seconds=1 + math.ceil(scaled(4)))
+        # Ahead by a round trip through the daemon, timed now, with a margin (and whole seconds): the request must be
+        # handled before its once time passes.
+        ahead = timedelta(seconds=1 + math.ceil(hold_for(round_trip(data_dir, "field"), least=1)))
         due = datetime.now(ZoneInfo(FARM_ZONE)).replace(microsecond=0) + ahead
         agent = IpcClient(data_dir / "ipc" / "field")
         scheduled = agent.schedule_task(

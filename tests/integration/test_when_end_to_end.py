@@ -7,8 +7,10 @@ with the prompt it was given, so each run's summary shows the event the run was 
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -17,7 +19,7 @@ from typing import Any
 
 import pytest
 from farm_daemon import db_rows
-from farmhost_testing import Daemon, clean_env, drop, farmhost, ok, refused, scaled, wait_for, wait_result
+from farmhost_testing import Daemon, clean_env, drop, farmhost, hold_for, ok, refused, wait_for, wait_result
 from ha_fixture import HaInstance
 from llm_stub import Reply, ScriptedLLM
 
@@ -83,6 +85,18 @@ def wait_baseline(data_dir: Path, task_id: str) -> dict[str, Any]:
         lambda: edge_state(data_dir, task_id), timeout=20, what=f"the first evaluation of {task_id}"
     )
     return row
+
+
+def measured_hold(data_dir: Path, least: float) -> int:
+    """A `for` (whole seconds) that the test's steps inside it fit in, whatever the load.
+
+    What a test does inside a hold (set a sensor and see the daemon record it, kill it) is a round trip through the
+    daemon and its watcher: timed here on a probe task (created, then first evaluated) that never fires.
+    """
+    started = time.monotonic()
+    probe = ok(schedule(data_dir, "main", f"w-probe-{time.monotonic_ns()}", {"entity": AIR, "above": 1000}))
+    wait_baseline(data_dir, probe["taskId"])
+    return math.ceil(hold_for(time.monotonic() - started, least=least))
 
 
 def wait_runs(data_dir: Path, task_id: str, count: int, *, timeout: float = 30) -> list[dict[str, Any]]:
@@ -178,8 +192,8 @@ def test_a_crossing_while_farmhost_was_down_runs_once_at_start(
 
 
 def test_for_must_hold_before_the_run(data_dir: Path, ha_reset: HaInstance, ha_env: dict[str, str]) -> None:
-    hold = max(3, round(scaled(3)))
     with when_daemon(data_dir, ha_env):
+        hold = measured_hold(data_dir, least=2)  # the recovery to 30 (two HA calls) comes before it ends
         task_id = ok(schedule(data_dir, "main", "w-hold", {"entity": SOIL, "below": 25, "for": hold}))["taskId"]
         wait_baseline(data_dir, task_id)
         ha_reset.set_state(SOIL, 20)
@@ -277,9 +291,9 @@ def test_the_built_in_agent_is_woken_with_the_event_in_its_prompt(
 def test_a_hold_in_progress_survives_a_kill_9_and_runs_once_when_it_ends(
     data_dir: Path, ha_reset: HaInstance, ha_env: dict[str, str]
 ) -> None:
-    hold = max(4, round(scaled(4)))
     daemon = start_daemon(data_dir, ha_env)
     try:
+        hold = measured_hold(data_dir, least=2)  # the daemon records the hold's start and is killed before its end
         task_id = ok(schedule(data_dir, "main", "w-hold-kill", {"entity": SOIL, "below": 25, "for": hold}))["taskId"]
         wait_baseline(data_dir, task_id)
         ha_reset.set_state(SOIL, 20)

@@ -14,7 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from farmhost_testing import Daemon, drop, init_data_dir_in_process, ok, scaled, wait_for, wait_result
+from farmhost_testing import (
+    Daemon,
+    drop,
+    hold_for,
+    init_data_dir_in_process,
+    ok,
+    round_trip,
+    wait_for,
+    wait_result,
+)
 from scheduler_support import grid, insert, new_task, read_task, rows
 
 SECOND = timedelta(seconds=1)
@@ -100,8 +109,9 @@ def test_pause_resume_and_cancel_take_effect_at_once(farm: Path) -> None:
 def test_a_cron_task_fires_at_its_due_time_and_moves_to_its_next_cron_time(farm: Path) -> None:
     # A cron time is at least a minute away: the task is committed by another process (as the CLI would) with its
     # next_run seconds ahead, so the wall clock brings it due soon; the next one comes from the cron expression.
+    ahead = timedelta(seconds=hold_for(round_trip(farm, "field"), least=1))  # the daemon sees the commit before it
     now = datetime.now(UTC)
-    due = now + timedelta(seconds=scaled(2))
+    due = now + ahead
     (task,) = insert(farm, new_task("cron-tank", "cron", "*/5 * * * *", now=now, next_run=due))
     assert task.next_run is not None
     wait_for(lambda: finished(farm, "cron-tank"), timeout=10, what="the cron task's run to end")

@@ -13,7 +13,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-from farmhost_testing import clean_env, drop, init_data_dir, running_daemon, scaled, wait_for, wait_result
+from farmhost_testing import clean_env, drop, hold_for, init_data_dir, round_trip, running_daemon, wait_for, wait_result
 
 FARM_TZ = ZoneInfo("Europe/Lisbon")
 _ids = itertools.count()
@@ -209,7 +209,7 @@ def test_resume_recomputes_a_next_run_in_the_past_on_the_schedules_grid(farm: Pa
 
 def test_a_paused_once_task_whose_time_passed_runs_when_resumed(farm: Path) -> None:
     # Far enough ahead that scheduling and pausing (two round trips) finish before it is due, even on a busy machine.
-    ahead = timedelta(seconds=scaled(2))  # two round trips take well under 0.5 s
+    ahead = timedelta(seconds=hold_for(2 * round_trip(farm, "field"), least=1))  # sized by a round trip timed now
     soon = (datetime.now(FARM_TZ) + ahead).replace(tzinfo=None).isoformat(timespec="milliseconds")
     at = when(ok(schedule(farm, "field", "once", soon, taskId="once-1"))["nextRun"])
     ok(change(farm, "field", "pause_task", "once-1"))
