@@ -223,6 +223,9 @@ def main() -> int:
     parser.add_argument("--chat-template", type=Path)
     args = parser.parse_args()
     os.environ.setdefault("LLAMA_LOG_COLORS", "0")
+    # The wheel's llama.cpp is built with OpenMP, whose threads spin between the batches of a prompt: on a busy
+    # machine that spinning took the CPU the other thread (and everything else) needed. Read at xllamacpp's import.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return serve(args.model, args.context, args.chat_template)
 
 

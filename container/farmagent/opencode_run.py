@@ -30,6 +30,15 @@ JPEG_DATA_URL: Final = "data:image/jpeg;base64,"  # what the contract lets an at
 _STDERR_TAIL: Final = 2000
 MAX_OUTPUT_TOKENS: Final = 4096  # a reply's share of the context: a quarter, at most this
 MIN_CONTEXT_TOKENS: Final = 512  # the runner's own lower bound for the setting (farmagent.config)
+# What OpenCode would otherwise try at each start, from a sandbox without network: fetch models.dev's catalogue
+# (the provider and model are all in the configuration), look for an update, download language servers, load
+# plugins from npm (the configuration names none).
+OPENCODE_OFFLINE: Final = {
+    "OPENCODE_DISABLE_MODELS_FETCH": "1",
+    "OPENCODE_DISABLE_AUTOUPDATE": "1",
+    "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+    "OPENCODE_PURE": "1",
+}
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -181,6 +190,7 @@ async def run(agent_input: AgentInput, environ: Mapping[str, str]) -> AgentResul
             "XDG_STATE_HOME": str(root / "state"),
             "TZ": environ.get("TZ", "UTC"),
             "LANG": environ.get("LANG", "C.UTF-8"),
+            **OPENCODE_OFFLINE,
             **{k: v for k, v in environ.items() if k.startswith("FARMAGENT_")},
         }
         proc = await asyncio.create_subprocess_exec(

@@ -62,6 +62,9 @@ class HaInstance(FarmClient):
         shutil.rmtree(self.config_dir, ignore_errors=True)
         self.config_dir.mkdir(parents=True)
         write_config(self.config_dir, self.port)
+        # HA serves www/ as /local/ only when the directory existed at its start: made now, a custom card's file
+        # put there later is served without restarting HA.
+        (self.config_dir / "www").mkdir()
         seeded = seed_auth(self.config_dir)
         self.token, self.farmhost_token = seeded.owner_token, seeded.farmhost_token
 

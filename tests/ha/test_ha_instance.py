@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import secrets
+import sys
+import urllib.request
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -20,6 +23,7 @@ from ha_fixture import (
 )
 
 from farmhost.localha.client import http_json
+from farmhost.localha.install import installed_version
 
 
 def _state(ha: HaInstance, entity_id: str) -> str:
@@ -153,6 +157,41 @@ def test_the_farm_calendar_has_upcoming_events(ha_reset: HaInstance) -> None:
     events = ha_reset.api("GET", f"/api/calendars/{CALENDAR_ENTITY}?start={start}&end={end}")
     assert [e["summary"] for e in events] == ["Irrigate field 1", "Fertigation (bloom)"]
     assert "+" in events[0]["start"]["dateTime"] or events[0]["start"]["dateTime"].endswith("Z")
+
+
+def test_the_installed_release_is_read_from_the_venvs_metadata(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `installed_version` says of a cache, without starting HA's interpreter: only a complete venv counts."""
+    monkeypatch.setenv("FARMHOST_HA_CACHE", str(tmp_path))
+    venv = tmp_path / f"venv-{HA_VERSION}"
+    site = venv / "lib" / "python3.13" / "site-packages"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    (site / f"homeassistant-{HA_VERSION}.dist-info").mkdir(parents=True)
+    (site / f"homeassistant-{HA_VERSION}.dist-info" / "METADATA").write_text(
+        f"Name: homeassistant\nVersion: {HA_VERSION}\n"
+    )
+    (site / "homeassistant").mkdir()
+    (site / "homeassistant" / "__main__.py").write_text("")
+    assert installed_version() is None  # no .farmhost-complete: a half-finished install
+    (venv / ".farmhost-complete").write_text("")
+    assert installed_version() == HA_VERSION
+    (site / "homeassistant" / "__main__.py").unlink()
+    assert installed_version() is None  # the metadata without the package
+    (site / "homeassistant" / "__main__.py").write_text("")
+    (venv / "bin" / "python").unlink()
+    (venv / "bin" / "python").symlink_to(tmp_path / "gone")
+    assert installed_version() is None  # the interpreter is gone
+
+
+def test_www_is_served_as_local_from_the_start(ha_reset: HaInstance) -> None:
+    """The config dir has www/ before HA starts, so a file put there later is served at /local/ with no restart."""
+    name = f"probe-{secrets.token_hex(4)}.txt"
+    (ha_reset.config_dir / "www" / name).write_text("served")
+    try:
+        with urllib.request.urlopen(f"{ha_reset.url}/local/{name}", timeout=scaled(10)) as answer:
+            assert answer.read() == b"served"
+    finally:
+        (ha_reset.config_dir / "www" / name).unlink()
 
 
 @pytest.mark.slow
