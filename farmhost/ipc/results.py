@@ -260,5 +260,9 @@ class FileAnswer:
 
 def file_key(item: ClaimedFile) -> str:
     """What identifies one claimed file across a restart: its name, inode and mtime (all survive the claim)."""
-    info = os.stat(item.name, dir_fd=item.spool_fd, follow_symlinks=False)
+    return key_of(item, os.stat(item.name, dir_fd=item.spool_fd, follow_symlinks=False))
+
+
+def key_of(item: ClaimedFile, info: os.stat_result) -> str:
+    """`file_key` from the file's `stat` (or the `fstat` of the descriptor it was read through) taken already."""
     return f"{item.queue.value}/{os.fsencode(item.name).hex()}/{info.st_ino}/{info.st_mtime_ns}"
