@@ -13,7 +13,11 @@ When it asks:
   A process that closes its connection afterwards (the CLI always does, and so does a crash) closes the log after
   the commit was published (`IN_CLOSE_WRITE`): checked at once, with no race. While the daemon holds its own
   connection the log is never deleted (SQLite removes it only when the last connection closes), so the watch
-  holds for the daemon's life. The daemon's own commits wake it too; a check is one `PRAGMA`, ~10 µs.
+  holds for the daemon's life.
+- after each of the daemon's own commits (`Database.after_commit`): the commit tells the version inside its
+  transaction (no system call: every earlier commit of another connection is in it), and the log's events its own
+  frames caused are read there and then, so the daemon's own commits neither wake the loop nor take SQLite's read
+  locks for a check. Another process's frames read with them are looked at again `SETTLE_SECONDS` later, as above.
 - besides, every `SAFETY_SECONDS`: a repair for a commit whose publishing took longer than the settle time.
 - every `POLL_SECONDS` instead, when inotify is not wanted (`FARMHOST_IPC_MODE=poll`: a file system without it) or
   cannot be used (no instance or watch left, the log missing); each cause is logged once.
@@ -83,10 +87,12 @@ class CommitWatcher:
         if self._inotify is not None:
             loop.add_reader(self._inotify.fileno(), self._read)
         self._ticker = loop.create_task(self._tick(), name="store:commits")
+        self._db.after_commit(self._own_commit)
         self.check()
 
     async def stop(self) -> None:
         """Stop watching; no listener is called afterwards."""
+        self._db.after_commit(None)
         if self._ticker is not None:
             self._ticker.cancel()
             await asyncio.gather(self._ticker, return_exceptions=True)
@@ -99,16 +105,31 @@ class CommitWatcher:
     def check(self) -> bool:
         """Ask SQLite now; tell every listener when another connection committed since the last check."""
         self.checks += 1
-        version = self._db.data_version()
+        return self._seen(self._db.data_version())
+
+    def _own_commit(self, version: int) -> None:
+        """The daemon committed; `version` is `data_version` inside that transaction (`Database.after_commit`)."""
+        if self._inotify is not None:
+            self._read(check=False)  # the events of its own frames, and maybe another process's: settled later
+        if version != self._version:
+            # Another connection committed before this transaction began: tell the listeners once the caller is
+            # done (they re-read their tables; not in the middle of a request's answer).
+            self._version = version
+            asyncio.get_running_loop().call_soon(self._announce)
+
+    def _seen(self, version: int) -> bool:
         if version == self._version:
             return False
         self._version = version
+        self._announce()
+        return True
+
+    def _announce(self) -> None:
         for listener in list(self._listeners):
             try:
                 listener()
             except Exception:
                 logger.exception("commit listener %r failed", listener)
-        return True
 
     def _open_watch(self) -> INotify | None:
         wal = self._db.path.with_name(self._db.path.name + "-wal")
@@ -141,8 +162,10 @@ class CommitWatcher:
             self._ticker.cancel()
             self._ticker = asyncio.get_running_loop().create_task(self._tick(), name="store:commits")
 
-    def _read(self) -> None:
-        assert self._inotify is not None
+    def _read(self, *, check: bool = True) -> None:
+        """Read the log's events; `check`: ask SQLite now too (not after the daemon's own commit: it knows)."""
+        if self._inotify is None:
+            return
         try:
             events = self._inotify.read(timeout=0)
         except BlockingIOError:
@@ -161,7 +184,8 @@ class CommitWatcher:
             if self._settle is not None:
                 self._settle.cancel()
             self._settle = asyncio.get_running_loop().call_later(SETTLE_SECONDS, self._settled)
-        self._check_logged()
+        if check:
+            self._check_logged()
 
     def _settled(self) -> None:
         self._settle = None
