@@ -28,10 +28,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Callable
 from typing import Final
 
-from inotify_simple import INotify
+from inotify_simple import INotify, parse_events
 from inotify_simple import flags as f
 
 from farmhost.store.db import Database
@@ -45,6 +46,8 @@ SETTLE_SECONDS: Final = 0.25
 # With inotify: a check now and then anyway, for a commit published later than SETTLE_SECONDS after its frames.
 SAFETY_SECONDS: Final = 5.0
 _MASK: Final = f.MODIFY | f.CLOSE_WRITE | f.DELETE_SELF | f.MOVE_SELF
+# One read takes the queued events (one system call: no FIONREAD first); a watch of one file queues few.
+_READ_BYTES: Final = 4096
 
 CommitListener = Callable[[], None]
 
@@ -167,7 +170,7 @@ class CommitWatcher:
         if self._inotify is None:
             return
         try:
-            events = self._inotify.read(timeout=0)
+            events = parse_events(os.read(self._inotify.fileno(), _READ_BYTES))
         except BlockingIOError:
             return
         except OSError as err:
