@@ -15,9 +15,10 @@ When it asks:
   connection the log is never deleted (SQLite removes it only when the last connection closes), so the watch
   holds for the daemon's life.
 - after each of the daemon's own commits (`Database.after_commit`): the commit tells the version inside its
-  transaction (no system call: every earlier commit of another connection is in it), and the log's events its own
-  frames caused are read there and then, so the daemon's own commits neither wake the loop nor take SQLite's read
-  locks for a check. Another process's frames read with them are looked at again `SETTLE_SECONDS` later, as above.
+  transaction (no system call: every earlier commit of another connection is in it). The log's events of its own
+  frames are read when the loop gets to them (after the request that committed was answered) without a check, so
+  the daemon's own commits do not take SQLite's read locks to ask. Another process's frames read with them are
+  looked at `SETTLE_SECONDS` later, as above.
 - besides, every `SAFETY_SECONDS`: a repair for a commit whose publishing took longer than the settle time.
 - every `POLL_SECONDS` instead, when inotify is not wanted (`FARMHOST_IPC_MODE=poll`: a file system without it) or
   cannot be used (no instance or watch left, the log missing); each cause is logged once.
@@ -70,6 +71,7 @@ class CommitWatcher:
         self._listeners: list[CommitListener] = []
         self._inotify: INotify | None = None
         self._settle: asyncio.TimerHandle | None = None
+        self._own = False  # the daemon committed since the log's events were last read
         self._ticker: asyncio.Task[None] | None = None
         self.checks = 0  # how often SQLite was asked (observable by tests and the benchmark)
 
@@ -112,8 +114,7 @@ class CommitWatcher:
 
     def _own_commit(self, version: int) -> None:
         """The daemon committed; `version` is `data_version` inside that transaction (`Database.after_commit`)."""
-        if self._inotify is not None:
-            self._read(check=False)  # the events of its own frames, and maybe another process's: settled later
+        self._own = True  # the log's next events are (at least) this commit's own: no check for them
         if version != self._version:
             # Another connection committed before this transaction began: tell the listeners once the caller is
             # done (they re-read their tables; not in the middle of a request's answer).
@@ -165,10 +166,11 @@ class CommitWatcher:
             self._ticker.cancel()
             self._ticker = asyncio.get_running_loop().create_task(self._tick(), name="store:commits")
 
-    def _read(self, *, check: bool = True) -> None:
-        """Read the log's events; `check`: ask SQLite now too (not after the daemon's own commit: it knows)."""
+    def _read(self) -> None:
+        """Read the log's events; ask SQLite now unless the daemon's own commit wrote them (it knows its version)."""
         if self._inotify is None:
             return
+        check, self._own = not self._own, False
         try:
             events = parse_events(os.read(self._inotify.fileno(), _READ_BYTES))
         except BlockingIOError:
