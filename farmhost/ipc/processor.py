@@ -17,7 +17,7 @@ from farmhost.ipc.groupdir import GroupDir
 from farmhost.ipc.phases import CLAIM, DECODE, LEDGER, LOG, READ, RESULT, SETTLE, RequestPhases
 from farmhost.ipc.quarantine import Quarantine
 from farmhost.ipc.reader import Refused, read_claimed
-from farmhost.ipc.results import ResultWriter, file_key
+from farmhost.ipc.results import ResultWriter, key_of
 from farmhost.ipc.router import Router, request_kind, request_record
 from farmhost.ndjson_log import NdjsonLog
 from farmhost.protocol.codes import REQUEST_ID_RE, ErrorCode, Queue
@@ -63,6 +63,7 @@ class Opened:
     started: float
     stale: bool
     phases: RequestPhases
+    key: str  # `file_key` of the claimed file, from the descriptor it was read through
 
 
 class RequestProcessor:
@@ -112,11 +113,14 @@ class RequestProcessor:
         try:
             # Reading and parsing up to a MiB takes milliseconds (far more on an SD card): a large file is handled
             # in a thread, so no group's queue waits for it; small ones (nearly all) skip the thread hop.
-            large = os.stat(item.name, dir_fd=item.spool_fd, follow_symlinks=False).st_size > _INLINE_BYTES
+            seen = os.stat(item.name, dir_fd=item.spool_fd, follow_symlinks=False)
+            large = seen.st_size > _INLINE_BYTES
             if large:
-                raw, mtime = await asyncio.to_thread(read_claimed, item.spool_fd, item.name, max_bytes=self._max_bytes)
+                raw, info = await asyncio.to_thread(
+                    read_claimed, item.spool_fd, item.name, max_bytes=self._max_bytes, seen=seen
+                )
             else:
-                raw, mtime = read_claimed(item.spool_fd, item.name, max_bytes=self._max_bytes)
+                raw, info = read_claimed(item.spool_fd, item.name, max_bytes=self._max_bytes, seen=seen)
         except FileNotFoundError:
             return None
         except Refused as refused:
@@ -136,14 +140,16 @@ class RequestProcessor:
             )
             return None
         phases.lap(DECODE)
+        key = key_of(item, info)
         return Opened(
             item=item,
             request=request,
-            request_id=request.requestId or _generated_id(item),
+            request_id=request.requestId or _generated_id(key),
             received=received,
             started=started,
-            stale=item.at_start and mtime < self._stale_before,
+            stale=item.at_start and info.st_mtime < self._stale_before,
             phases=phases,
+            key=key,
         )
 
     def reads_only(self, opened: Opened) -> bool:
@@ -165,6 +171,7 @@ class RequestProcessor:
             started=opened.started,
             stale=opened.stale,
             phases=opened.phases,
+            key=opened.key,
         )
         if elsewhere:
             assert detach is not None
@@ -182,11 +189,11 @@ class RequestProcessor:
         started: float,
         stale: bool,
         phases: RequestPhases,
+        key: str,
     ) -> bool:
         # The ledger is read once (the id's entry and this file's prepared result) and, for a read, written once:
         # the result file is prepared before that transaction and named in it (results.FileAnswer).
         with self._results.answering():
-            key = file_key(item)
             known = ledger.lookup(self._db.conn, item.group.folder, request_id, key)
             phases.lap(LEDGER)
             sink = None if known.answering is not None else self._results.answer_for(item, key, request_id)
@@ -329,10 +336,10 @@ class RequestProcessor:
         )
 
 
-def _generated_id(item: ClaimedFile) -> str:
+def _generated_id(key: str) -> str:
     """An id for a request that has none, derived from the claimed file so a restart after a crash finds it again.
 
     A random id would make the ledger miss the earlier execution and run a STATE request twice. The inode and
     mtime survive the claim's rename and differ between two files written one after the other.
     """
-    return f"gen-{hashlib.sha256(file_key(item).encode()).hexdigest()[:24]}"
+    return f"gen-{hashlib.sha256(key.encode()).hexdigest()[:24]}"

@@ -43,16 +43,24 @@ def claim(queue_fd: int, name: str, spool_fd: int) -> bool:
     return True
 
 
-def read_claimed(spool_fd: int, name: str, *, max_bytes: int) -> tuple[bytes, float]:
+def read_claimed(
+    spool_fd: int, name: str, *, max_bytes: int, seen: os.stat_result | None = None
+) -> tuple[bytes, os.stat_result]:
     """Read a claimed request, refusing anything but a small regular file with one link.
 
+    Args:
+        spool_fd: the spool holding the claimed file.
+        name: its name there.
+        max_bytes: the largest request read.
+        seen: the entry's `lstat`, if the caller took it already (the spool is the host's: it cannot change).
+
     Returns:
-        The bytes and the file's modification time.
+        The bytes and the open file's `fstat` (its inode and modification time identify it: `file_key`).
 
     Raises:
         Refused: with the reason to record in quarantine.
     """
-    info = os.stat(name, dir_fd=spool_fd, follow_symlinks=False)
+    info = seen or os.stat(name, dir_fd=spool_fd, follow_symlinks=False)
     kind = _kind_problem(info.st_mode)
     if kind:
         raise Refused(f"request file is {kind}; only regular files are read")
@@ -80,7 +88,7 @@ def read_claimed(spool_fd: int, name: str, *, max_bytes: int) -> tuple[bytes, fl
         data = b"".join(chunks)
         if len(data) > max_bytes:
             raise Refused(f"request file grew past the {max_bytes}-byte limit while being read")
-        return data, info.st_mtime
+        return data, info
     finally:
         os.close(fd)
 

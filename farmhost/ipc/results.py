@@ -91,7 +91,7 @@ class ResultWriter:
         # descriptor is closed here, after the last thread returned, so nothing can use its number afterwards.
         try:
             phases.lap(RESULT)
-            tmp = looked_up[0] if looked_up is not None else ledger.answering(self._db.conn, folder, key)
+            tmp = looked_up[0] if looked_up is not None else ledger.answering(self._db.conn, folder, key, request_id)
             phases.lap(LEDGER)
             if tmp is not None:
                 return await asyncio.to_thread(self._finish_sync, item, results_fd, tmp, name, fsync_dir)
@@ -102,7 +102,7 @@ class ResultWriter:
             with self._db.tx(durable=False) as conn:
                 self.record_answering(conn, item, key, request_id, tmp)
             phases.lap(LEDGER)
-            return await self.commit(item, results_fd, key, tmp, name, fsync_dir)
+            return await self.commit(item, results_fd, key, request_id, tmp, fsync_dir)
         finally:
             os.close(results_fd)
 
@@ -139,12 +139,15 @@ class ResultWriter:
             conn, folder=item.group.folder, file_key=key, request_id=request_id, result_tmp=tmp, at=self._clock()
         )
 
-    async def commit(self, item: ClaimedFile, results_fd: int, key: str, tmp: str, name: str, fsync_dir: bool) -> bool:
+    async def commit(
+        self, item: ClaimedFile, results_fd: int, key: str, request_id: str, tmp: str, fsync_dir: bool
+    ) -> bool:
         """Publish a prepared and recorded result; on failure forget it, so the next attempt prepares it again.
 
         A rename alone is microseconds: it runs on the loop. Only the directory's fsync (a state change's
         result) or a directory planted where the result goes takes a thread.
         """
+        name = f"{request_id}.json"
         if fsync_dir:
             published = await asyncio.to_thread(self._commit_sync, item, results_fd, tmp, name, fsync_dir)
         else:
@@ -160,7 +163,7 @@ class ResultWriter:
             return True
         discard(results_fd, tmp)
         with self._db.tx(durable=False) as conn:
-            ledger.forget_answering(conn, item.group.folder, key)
+            ledger.forget_answering(conn, item.group.folder, key, request_id)
         return False
 
     def _finish_sync(self, item: ClaimedFile, results_fd: int, tmp: str, name: str, fsync_dir: bool) -> bool:
@@ -243,7 +246,7 @@ class FileAnswer:
     async def publish(self, *, fsync_dir: bool) -> bool:
         """Rename the prepared, recorded result into place; False to retry later."""
         assert self._fd is not None and self.tmp is not None
-        return await self._writer.commit(self._item, self._fd, self._key, self.tmp, self._name, fsync_dir)
+        return await self._writer.commit(self._item, self._fd, self._key, self._request_id, self.tmp, fsync_dir)
 
     def close(self) -> None:
         """Close the results directory (after the last thread that used it returned).
@@ -260,5 +263,9 @@ class FileAnswer:
 
 def file_key(item: ClaimedFile) -> str:
     """What identifies one claimed file across a restart: its name, inode and mtime (all survive the claim)."""
-    info = os.stat(item.name, dir_fd=item.spool_fd, follow_symlinks=False)
+    return key_of(item, os.stat(item.name, dir_fd=item.spool_fd, follow_symlinks=False))
+
+
+def key_of(item: ClaimedFile, info: os.stat_result) -> str:
+    """`file_key` from the file's `stat` (or the `fstat` of the descriptor it was read through) taken already."""
     return f"{item.queue.value}/{os.fsencode(item.name).hex()}/{info.st_ino}/{info.st_mtime_ns}"

@@ -234,6 +234,7 @@ class IpcService:
                 spool_fd=spool_fds[queue],
                 processor=self._processor,
                 admission=self._admission,
+                events=self._watcher is not None,
             )
             attached.workers[queue] = worker
         self._groups[group.folder] = attached

@@ -41,6 +41,7 @@ class QueueWorker:
         spool_fd: int,
         processor: RequestProcessor,
         admission: FairAdmission,
+        events: bool = False,
     ) -> None:
         """Nothing runs before `start()`.
 
@@ -52,6 +53,8 @@ class QueueWorker:
             spool_fd: The host-private spool of this group's queue.
             processor: Processes one claimed file.
             admission: Shares the loop fairly between the groups.
+            events: Every arrival in the queue wakes this worker (inotify): a drain woken by one stops after a
+                listing's requests when nothing woke it meanwhile, instead of listing the queue once more.
         """
         self._group = group
         self.folder = group().folder
@@ -65,6 +68,12 @@ class QueueWorker:
         self._task: asyncio.Task[None] | None = None
         self._failures: dict[str, int] = {}
         self._first_pass = True  # spool leftovers and the first scan are what was there when serving started
+        self._events = events
+        # Something may be left in the spool to retry (a request that failed or could not be answered yet): only
+        # then does a drain list the spool. Cleared just before a listing; whatever fails after it sets it again.
+        self._spool_left = True
+        self.spool_listings = 0  # how often the spool and the queue were listed (observable by tests)
+        self.queue_listings = 0
         self._detached: dict[
             str, tuple[asyncio.Task[None], Coroutine[Any, Any, bool]]
         ] = {}  # spooled names finishing in the background
@@ -86,32 +95,53 @@ class QueueWorker:
         """Something may have arrived."""
         self._wake.set()
 
-    async def drain(self) -> int:
-        """Process the spool leftovers, then everything in the queue until it is empty; returns the count."""
+    async def drain(self, *, woken: bool = False) -> int:
+        """Process the spool leftovers, then everything in the queue until it is empty; returns the count.
+
+        `woken`: called because an event woke the worker (`events`); the queue is listed again only when another
+        one came meanwhile (every arrival sets it again), else the next event starts the next drain.
+        """
         async with self._lock:
-            done = 0
-            at_start, self._first_pass = self._first_pass, False
+            try:
+                return await self._drain(woken=woken)
+            except BaseException:
+                self._spool_left = True  # a request may have stayed in the spool
+                raise
+
+    async def _drain(self, *, woken: bool) -> int:
+        done = 0
+        at_start, self._first_pass = self._first_pass, False
+        if self._spool_left or at_start:
+            self._spool_left = False
+            self.spool_listings += 1
             for name in pending_names(self._spool_fd):
                 if self._parked(name) or name in self._detached:
                     continue
                 if not await self._process(name, at_start=at_start):
+                    self._spool_left = True
                     return done  # results cannot be written now; the next rescan retries
                 done += 1
-            while True:
-                picked = time.perf_counter_ns()  # a request's claim phase starts with the listing that finds it
-                # One lease per batch: names are listed and claimed from the same directory, which stays open even
-                # if the agent swaps it meanwhile. A parked name stays in the queue too: claiming it would replace
-                # the parked file in the spool.
-                with self._gdir.lease(self.queue) as queue_fd:
-                    names = [n for n in pending_names(queue_fd) if not self._parked(n) and n not in self._detached]
-                    if not names:
-                        return done
-                    done_here, ok = await self._serve(queue_fd, names, at_start=at_start, picked=picked)
-                    done += done_here
-                    if not ok:
-                        return done
-                await asyncio.sleep(0)
-                at_start = False  # what a later listing finds arrived while the host was running
+        while True:
+            picked = time.perf_counter_ns()  # a request's claim phase starts with the listing that finds it
+            # One lease per batch: names are listed and claimed from the same directory, which stays open even
+            # if the agent swaps it meanwhile. A parked name stays in the queue too: claiming it would replace
+            # the parked file in the spool.
+            with self._gdir.lease(self.queue) as queue_fd:
+                self.queue_listings += 1
+                names = [n for n in pending_names(queue_fd) if not self._parked(n) and n not in self._detached]
+                if not names:
+                    return done
+                done_here, ok = await self._serve(queue_fd, names, at_start=at_start, picked=picked)
+                done += done_here
+                if not ok:
+                    self._spool_left = True
+                    return done
+            await asyncio.sleep(0)
+            if woken and self._events:
+                if not self._wake.is_set():
+                    return done  # nothing arrived since the listing: the next arrival's event wakes the worker
+                self._wake.clear()  # the listing below sees what that event announced
+            at_start = False  # what a later listing finds arrived while the host was running
 
     async def _serve(self, queue_fd: int, names: list[str], *, at_start: bool, picked: int) -> tuple[int, bool]:
         """Claim and answer the names of one listing; how many were answered, and False to stop the drain there.
@@ -218,10 +248,12 @@ class QueueWorker:
         try:
             if not await work:
                 retry_now = False  # results cannot be written now; the next rescan retries
+                self._spool_left = True
             else:
                 self._failures.pop(name, None)
         except Exception:  # noqa: BLE001 - logged with its traceback by _host_failed
             retry_now = False
+            self._spool_left = True
             await self._host_failed(name)
         finally:
             self._detached.pop(name, None)
@@ -276,7 +308,7 @@ class QueueWorker:
             await self._wake.wait()
             self._wake.clear()
             try:
-                await self.drain()
+                await self.drain(woken=True)
             except asyncio.CancelledError:
                 raise
             except KeepsBeingReplaced as err:  # the agent's doing: one line, no traceback (its group's check retries)

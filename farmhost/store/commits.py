@@ -13,7 +13,12 @@ When it asks:
   A process that closes its connection afterwards (the CLI always does, and so does a crash) closes the log after
   the commit was published (`IN_CLOSE_WRITE`): checked at once, with no race. While the daemon holds its own
   connection the log is never deleted (SQLite removes it only when the last connection closes), so the watch
-  holds for the daemon's life. The daemon's own commits wake it too; a check is one `PRAGMA`, ~10 µs.
+  holds for the daemon's life.
+- after each of the daemon's own commits (`Database.after_commit`): the commit tells the version inside its
+  transaction (no system call: every earlier commit of another connection is in it). The log's events of its own
+  frames are read when the loop gets to them (after the request that committed was answered) without a check, so
+  the daemon's own commits do not take SQLite's read locks to ask. Another process's frames read with them are
+  looked at `SETTLE_SECONDS` later, as above.
 - besides, every `SAFETY_SECONDS`: a repair for a commit whose publishing took longer than the settle time.
 - every `POLL_SECONDS` instead, when inotify is not wanted (`FARMHOST_IPC_MODE=poll`: a file system without it) or
   cannot be used (no instance or watch left, the log missing); each cause is logged once.
@@ -24,10 +29,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Callable
 from typing import Final
 
-from inotify_simple import INotify
+from inotify_simple import INotify, parse_events
 from inotify_simple import flags as f
 
 from farmhost.store.db import Database
@@ -41,6 +47,8 @@ SETTLE_SECONDS: Final = 0.25
 # With inotify: a check now and then anyway, for a commit published later than SETTLE_SECONDS after its frames.
 SAFETY_SECONDS: Final = 5.0
 _MASK: Final = f.MODIFY | f.CLOSE_WRITE | f.DELETE_SELF | f.MOVE_SELF
+# One read takes the queued events (one system call: no FIONREAD first); a watch of one file queues few.
+_READ_BYTES: Final = 4096
 
 CommitListener = Callable[[], None]
 
@@ -63,6 +71,7 @@ class CommitWatcher:
         self._listeners: list[CommitListener] = []
         self._inotify: INotify | None = None
         self._settle: asyncio.TimerHandle | None = None
+        self._own = False  # the daemon committed since the log's events were last read
         self._ticker: asyncio.Task[None] | None = None
         self.checks = 0  # how often SQLite was asked (observable by tests and the benchmark)
 
@@ -83,10 +92,12 @@ class CommitWatcher:
         if self._inotify is not None:
             loop.add_reader(self._inotify.fileno(), self._read)
         self._ticker = loop.create_task(self._tick(), name="store:commits")
+        self._db.after_commit(self._own_commit)
         self.check()
 
     async def stop(self) -> None:
         """Stop watching; no listener is called afterwards."""
+        self._db.after_commit(None)
         if self._ticker is not None:
             self._ticker.cancel()
             await asyncio.gather(self._ticker, return_exceptions=True)
@@ -99,16 +110,30 @@ class CommitWatcher:
     def check(self) -> bool:
         """Ask SQLite now; tell every listener when another connection committed since the last check."""
         self.checks += 1
-        version = self._db.data_version()
+        return self._seen(self._db.data_version())
+
+    def _own_commit(self, version: int) -> None:
+        """The daemon committed; `version` is `data_version` inside that transaction (`Database.after_commit`)."""
+        self._own = True  # the log's next events are (at least) this commit's own: no check for them
+        if version != self._version:
+            # Another connection committed before this transaction began: tell the listeners once the caller is
+            # done (they re-read their tables; not in the middle of a request's answer).
+            self._version = version
+            asyncio.get_running_loop().call_soon(self._announce)
+
+    def _seen(self, version: int) -> bool:
         if version == self._version:
             return False
         self._version = version
+        self._announce()
+        return True
+
+    def _announce(self) -> None:
         for listener in list(self._listeners):
             try:
                 listener()
             except Exception:
                 logger.exception("commit listener %r failed", listener)
-        return True
 
     def _open_watch(self) -> INotify | None:
         wal = self._db.path.with_name(self._db.path.name + "-wal")
@@ -142,9 +167,12 @@ class CommitWatcher:
             self._ticker = asyncio.get_running_loop().create_task(self._tick(), name="store:commits")
 
     def _read(self) -> None:
-        assert self._inotify is not None
+        """Read the log's events; ask SQLite now unless the daemon's own commit wrote them (it knows its version)."""
+        if self._inotify is None:
+            return
+        check, self._own = not self._own, False
         try:
-            events = self._inotify.read(timeout=0)
+            events = parse_events(os.read(self._inotify.fileno(), _READ_BYTES))
         except BlockingIOError:
             return
         except OSError as err:
@@ -161,7 +189,8 @@ class CommitWatcher:
             if self._settle is not None:
                 self._settle.cancel()
             self._settle = asyncio.get_running_loop().call_later(SETTLE_SECONDS, self._settled)
-        self._check_logged()
+        if check:
+            self._check_logged()
 
     def _settled(self) -> None:
         self._settle = None

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,6 +14,8 @@ from typing import Final
 from farmhost.errors import ConfigError
 from farmhost.store.group_commit import GroupCommit
 from farmhost.store.migrations import MIGRATIONS
+
+logger = logging.getLogger(__name__)
 
 DB_FILE: Final = "farmhost.db"
 # The CLI and the daemon share the file; a writer holds the lock for milliseconds, so 10 s only
@@ -46,6 +49,7 @@ class Database:
         self._durable = True
         self.conn.execute("PRAGMA synchronous = FULL")
         self.group_commit = GroupCommit(self)  # non-durable writes of one loop turn, one transaction
+        self._after_commit: list[Callable[[int], None]] = []
         try:
             self._migrate()
         except BaseException:
@@ -93,10 +97,26 @@ class Database:
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             yield self.conn
+            # Inside the transaction, which holds the write lock since BEGIN IMMEDIATE: every other connection's
+            # commit is already in it, and asking costs no system call (outside, it takes SQLite's read locks).
+            version = self.data_version() if self._after_commit else 0
         except BaseException:
             self.conn.execute("ROLLBACK")
             raise
         self.conn.execute("COMMIT")
+        for hook in self._after_commit:
+            try:
+                hook(version)
+            except Exception:
+                logger.exception("after-commit hook %r failed", hook)
+
+    def after_commit(self, hook: Callable[[int], None] | None) -> None:
+        """Call `hook(data_version)` after each commit of this connection's own (None: stop); one hook at most.
+
+        The version is the one inside the committed transaction: it differs from an earlier `data_version()`
+        exactly when another connection committed in between (this connection's own commits never change it).
+        """
+        self._after_commit = [] if hook is None else [hook]
 
     def data_version(self) -> int:
         """A number that changes whenever another connection (the CLI) commits."""

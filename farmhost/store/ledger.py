@@ -57,9 +57,10 @@ class Lookup:
 def lookup(conn: sqlite3.Connection, folder: str, request_id: str, file_key: str) -> Lookup:
     """`get_entry` and `answering` in one statement: the one read of a request answered from a file."""
     row = conn.execute(
-        "SELECT l.*, (SELECT result_tmp FROM answered_files WHERE folder = ? AND file_key = ?) AS answering_tmp"
+        "SELECT l.*, COALESCE(CASE WHEN l.file_key = ? THEN l.result_tmp END,"
+        " (SELECT result_tmp FROM answered_files WHERE folder = ? AND file_key = ?)) AS answering_tmp"
         " FROM (SELECT 1) LEFT JOIN request_ledger AS l ON l.folder = ? AND l.request_id = ?",
-        (folder, file_key, folder, request_id),
+        (file_key, folder, file_key, folder, request_id),
     ).fetchone()
     tmp = row["answering_tmp"]
     return Lookup(entry=None if row["folder"] is None else _entry(row), answering=None if tmp is None else str(tmp))
@@ -108,37 +109,65 @@ def mark_answering(
 
     Renaming the temp file publishes it atomically, so after a crash the temp file's existence tells whether it
     was published: see `answering`.
+
+    The first file answered under a request id is named in the id's own ledger row (written in the same
+    transaction for a read: no other row, no other index); another file of the same id (a re-sent request) gets
+    a row of `answered_files`.
     """
-    conn.execute(
-        "INSERT OR REPLACE INTO answered_files (folder, file_key, request_id, result_tmp, answered_at)"
-        " VALUES (?, ?, ?, ?, ?)",
-        (folder, file_key, request_id, result_tmp, iso(at)),
-    )
+    named = conn.execute(
+        "UPDATE request_ledger SET file_key = ?, result_tmp = ?"
+        " WHERE folder = ? AND request_id = ? AND (file_key IS NULL OR file_key = ?)",
+        (file_key, result_tmp, folder, request_id, file_key),
+    ).rowcount
+    if not named:
+        conn.execute(
+            "INSERT OR REPLACE INTO answered_files (folder, file_key, request_id, result_tmp, answered_at)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (folder, file_key, request_id, result_tmp, iso(at)),
+        )
 
 
-def answering(conn: sqlite3.Connection, folder: str, file_key: str) -> str | None:
+def answering(conn: sqlite3.Connection, folder: str, file_key: str, request_id: str) -> str | None:
     """The prepared result's temp name of this very file (not merely its requestId), if it got that far.
 
     A second file reusing a requestId has another key and gets the stored result; only the same file, left in
     the spool by a kill -9, finds its row here.
     """
     row = conn.execute(
-        "SELECT result_tmp FROM answered_files WHERE folder = ? AND file_key = ?", (folder, file_key)
+        "SELECT COALESCE((SELECT result_tmp FROM request_ledger WHERE folder = ? AND request_id = ? AND file_key = ?),"
+        " (SELECT result_tmp FROM answered_files WHERE folder = ? AND file_key = ?))",
+        (folder, request_id, file_key, folder, file_key),
     ).fetchone()
-    return None if row is None else str(row[0])
+    return None if row[0] is None else str(row[0])
 
 
-def forget_answering(conn: sqlite3.Connection, folder: str, file_key: str) -> None:
+def forget_answering(conn: sqlite3.Connection, folder: str, file_key: str, request_id: str) -> None:
     """The prepared result could not be published: the next attempt prepares it again."""
+    conn.execute(
+        "UPDATE request_ledger SET file_key = NULL, result_tmp = NULL"
+        " WHERE folder = ? AND request_id = ? AND file_key = ?",
+        (folder, request_id, file_key),
+    )
     conn.execute("DELETE FROM answered_files WHERE folder = ? AND file_key = ?", (folder, file_key))
 
 
 def is_prepared_result(conn: sqlite3.Connection, folder: str, result_tmp: str) -> bool:
     """Whether a temp file in a results directory is a prepared result a restart may still publish."""
+    request_id = _temp_request_id(result_tmp)
     row = conn.execute(
-        "SELECT 1 FROM answered_files WHERE folder = ? AND result_tmp = ?", (folder, result_tmp)
+        "SELECT EXISTS (SELECT 1 FROM request_ledger WHERE folder = ? AND request_id = ? AND result_tmp = ?)"
+        " OR EXISTS (SELECT 1 FROM answered_files WHERE folder = ? AND result_tmp = ?)",
+        (folder, request_id, result_tmp, folder, result_tmp),
     ).fetchone()
-    return row is not None
+    return bool(row[0])
+
+
+def _temp_request_id(result_tmp: str) -> str | None:
+    """The request id in a prepared result's temp name (`.<requestId>.json.<hex>.tmp`, `files.create_unsynced`)."""
+    if not (result_tmp.startswith(".") and result_tmp.endswith(".tmp")):
+        return None
+    name = result_tmp[1 : -len(".tmp")].rpartition(".")[0]
+    return name[: -len(".json")] if name.endswith(".json") else None
 
 
 def prune(conn: sqlite3.Connection, *, older_than: datetime) -> int:

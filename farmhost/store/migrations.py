@@ -288,4 +288,12 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     CREATE UNIQUE INDEX alert_notices_open ON alert_notices(subject, chat_jid) WHERE status != 'closed';
     CREATE INDEX alert_notices_due ON alert_notices(status, due_at)
     """,
+    # 14: the file a request was answered from, in its own ledger row (farmhost/store/ledger.py `mark_answering`):
+    # a read's one transaction writes one row and its age index instead of also a row of `answered_files` and its
+    # two indexes (about a third of the pages of the commit). `answered_files` keeps the other files of an id (a
+    # re-sent request) and the rows written before this migration.
+    """
+    ALTER TABLE request_ledger ADD COLUMN file_key TEXT;
+    ALTER TABLE request_ledger ADD COLUMN result_tmp TEXT
+    """,
 )

@@ -469,3 +469,70 @@ async def test_reads_listed_together_run_side_by_side_and_a_change_keeps_its_pla
     assert all(r["status"] == "success" for r in results), results
     assert events[:5] == ["start r-1", "end r-1", "start r-2", "end r-2", "change r-3 after r-1.json,r-2.json"]
     assert events[5:] == ["start r-4", "start r-5", "end r-5", "end r-4"]
+
+
+# a drain does only the listings a request needs ---------------------------------------------------------------------
+
+
+async def test_a_lone_request_lists_its_queue_once_and_a_clean_spool_not_at_all(quick_data_dir: Path) -> None:
+    """Woken by inotify, a worker lists its queue once per request arriving alone, and its empty spool never.
+
+    The queue's listing after the request's own found nothing on every ping (the next arrival wakes the worker
+    anyway), and so did the spool's, which holds something only after a request could not be answered.
+    """
+    data_dir = quick_data_dir
+    async with _service(data_dir, _table(), ipc_rescan_seconds=3600) as service:
+        worker = service._groups["field"].workers[Queue.ACTIONS]
+        drop(data_dir, "field", "actions", {"type": "ping", "requestId": "first"})
+        await _until(lambda: read_result(data_dir, "field", "first"), "the first ping")
+        spooled, listed = worker.spool_listings, worker.queue_listings
+        for n in range(5):
+            drop(data_dir, "field", "actions", {"type": "ping", "requestId": f"lone-{n}"})
+            await _until(lambda n=n: read_result(data_dir, "field", f"lone-{n}"), f"ping {n}")
+            await _until(lambda: not worker._lock.locked(), "the drain to end")
+        assert (worker.spool_listings - spooled, worker.queue_listings - listed) == (0, 5)
+
+
+class _BrokenUntilFixed(_BrokenTable):
+    """`_BrokenTable` until `fixed` is set: a request the host fails on, then answers."""
+
+    fixed = False
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return dict.get(self, key, default) if self.fixed else super().get(key, default)
+
+
+async def test_a_request_left_in_the_spool_is_answered_at_the_next_drain(quick_data_dir: Path) -> None:
+    """A request the host failed on stays in the spool; the next drain (here woken by the next request) lists it."""
+    data_dir = quick_data_dir
+    table = _BrokenUntilFixed(_table())
+    async with _service(data_dir, table, ipc_rescan_seconds=3600) as service:
+        worker = service._groups["main"].workers[Queue.ACTIONS]
+        drop(data_dir, "main", "actions", {"type": "farm_action", "action": "ha_restart", "requestId": "a-fails"})
+        await _until(lambda: worker._failures.get("a-fails.json") == 1, "the failure counted")
+        assert (data_dir / "ipc" / ".spool" / "main" / "actions" / "a-fails.json").exists()
+        table.fixed = True
+        drop(data_dir, "main", "actions", {"type": "ping", "requestId": "b-wakes"})
+        retried = await _until(lambda: read_result(data_dir, "main", "a-fails"), "the retried request's answer")
+        assert retried["requestId"] == "a-fails"
+        assert (await _until(lambda: read_result(data_dir, "main", "b-wakes"), "the ping"))["status"] == "success"
+
+
+async def test_a_request_arriving_while_another_is_answered_is_found_without_a_rescan(quick_data_dir: Path) -> None:
+    data_dir = quick_data_dir
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(ctx: RequestContext, request: AnyRequest) -> Outcome:
+        started.set()
+        await release.wait()
+        return Outcome(result={"slow": True})
+
+    handlers = _table()
+    handlers["farm_action:ha_get_status"] = HandlerSpec(effect=Effect.READ, run=slow, main_only=True)
+    async with _service(data_dir, handlers, ipc_rescan_seconds=3600):
+        drop(data_dir, "main", "actions", {**FARM, "requestId": "a-slow"})
+        await _until(started.is_set, "the slow handler to start")
+        drop(data_dir, "main", "actions", {"type": "ping", "requestId": "b-meanwhile"})
+        await asyncio.sleep(0)  # the loop reads the arrival's event while the first request is in progress
+        release.set()
+        assert (await _until(lambda: read_result(data_dir, "main", "b-meanwhile"), "the ping"))["status"] == "success"

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
 import subprocess
 import sys
+import termios
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, closing
 from pathlib import Path
@@ -80,6 +83,44 @@ async def test_the_daemons_own_commits_are_not_told(db: Database) -> None:
         await asyncio.to_thread(commit_elsewhere, db.path, "theirs")
         await until(lambda: heard, "the other process's commit told")
         assert heard == ["a", "b"]
+
+
+def pending_events(watcher: CommitWatcher) -> int:
+    """Bytes of inotify events on the log not read yet (what would wake the daemon's loop)."""
+    assert watcher._inotify is not None
+    available = array.array("i", [0])
+    fcntl.ioctl(watcher._inotify.fileno(), termios.FIONREAD, available)
+    return available[0]
+
+
+async def test_the_daemons_own_commits_ask_sqlite_nothing(db: Database) -> None:
+    """The log's events of the daemon's own commit are read without a check: the commit told its version."""
+    async with watching(db, inotify=True) as (watcher, heard):
+        checks = watcher.checks
+        for n in range(5):
+            with db.tx(durable=n % 2 == 0) as conn:
+                host_state.put(conn, f"own-{n}", "x")
+            assert pending_events(watcher) > 0
+            for _ in range(100):  # turns of the loop until it read them (one, unless the machine is very busy)
+                await asyncio.sleep(0)
+                if pending_events(watcher) == 0:
+                    break
+            assert pending_events(watcher) == 0
+            # Read without asking (each commit's read re-arms the settle timer's one look, SETTLE_SECONDS later).
+            assert watcher.checks == checks
+        assert heard == []
+
+
+async def test_a_commit_before_the_daemons_own_is_told_through_the_own_commit(db: Database) -> None:
+    """Another process commits, then the daemon does before its loop read the log: the own commit tells it."""
+    async with watching(db, inotify=True) as (watcher, heard):
+        commit_elsewhere(db.path, "theirs")  # blocks the loop: their events wait unread
+        with db.tx() as conn:
+            host_state.put(conn, "own", "x")
+        checks = watcher.checks
+        await asyncio.sleep(0)  # one loop turn: told from the version inside the own commit, without asking SQLite
+        assert heard == ["a", "b"]
+        assert watcher.checks == checks
 
 
 async def test_a_writer_that_keeps_its_connection_open_is_told_too(db: Database) -> None:

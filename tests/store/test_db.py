@@ -121,6 +121,49 @@ def test_ledger_prune_forgets_only_old_finished_requests(tmp_path: Path) -> None
         db.close()
 
 
+def test_a_file_answered_under_a_new_id_is_named_in_the_ids_own_ledger_row(tmp_path: Path) -> None:
+    """A read's one transaction writes its ledger row only: the file it answered is named in that row.
+
+    Another file of the same id (a re-sent request) gets a row of its own in `answered_files`; every question the
+    host asks after a crash (`lookup`, `answering`, `is_prepared_result`) finds either, and forgets one alone.
+    """
+    first, second = ".r-1.json.0a1b2c3d.tmp", ".r-1.json.99999999.tmp"
+    db = Database.open(tmp_path)
+    try:
+        with db.tx(durable=False) as conn:
+            ledger.record_done(
+                conn, folder="main", request_id="r-1", queue="actions", kind="ping", action=None, result={}, at=NOW
+            )
+            ledger.mark_answering(conn, folder="main", file_key="k1", request_id="r-1", result_tmp=first, at=NOW)
+        assert db.conn.execute("SELECT count(*) FROM answered_files").fetchone()[0] == 0
+        assert ledger.lookup(db.conn, "main", "r-1", "k1").answering == first
+        assert ledger.answering(db.conn, "main", "k1", "r-1") == first
+        assert ledger.is_prepared_result(db.conn, "main", first)
+
+        with db.tx(durable=False) as conn:  # the same id in another file: answered from the stored result
+            ledger.mark_answering(conn, folder="main", file_key="k2", request_id="r-1", result_tmp=second, at=NOW)
+        assert db.conn.execute("SELECT count(*) FROM answered_files").fetchone()[0] == 1
+        assert ledger.lookup(db.conn, "main", "r-1", "k2").answering == second
+        assert ledger.lookup(db.conn, "main", "r-1", "k1").answering == first
+        assert ledger.answering(db.conn, "main", "k2", "r-1") == second
+        assert ledger.is_prepared_result(db.conn, "main", second)
+        for other in (".r-1.json.deadbeef.tmp", ".r-2.json.0a1b2c3d.tmp", "r-1.json", ".r-1.tmp"):
+            assert not ledger.is_prepared_result(db.conn, "main", other), other
+        assert ledger.lookup(db.conn, "field", "r-1", "k1").answering is None  # another group's id
+
+        with db.tx(durable=False) as conn:  # the first could not be published: prepared again next time
+            ledger.forget_answering(conn, "main", "k1", "r-1")
+        assert ledger.lookup(db.conn, "main", "r-1", "k1").answering is None
+        assert not ledger.is_prepared_result(db.conn, "main", first)
+        assert ledger.lookup(db.conn, "main", "r-1", "k2").answering == second
+        with db.tx(durable=False) as conn:  # its retry is named in the id's row again
+            ledger.mark_answering(conn, folder="main", file_key="k1", request_id="r-1", result_tmp=first, at=NOW)
+        assert ledger.lookup(db.conn, "main", "r-1", "k1").answering == first
+        assert db.conn.execute("SELECT count(*) FROM answered_files").fetchone()[0] == 1
+    finally:
+        db.close()
+
+
 def test_cli_writes_while_the_daemon_holds_the_database(data_dir: Path) -> None:
     long_ago = iso(datetime.now(UTC) - timedelta(days=45))
     with closing(sqlite3.connect(data_dir / "farmhost.db")) as conn, conn:
