@@ -39,12 +39,25 @@ def write_atomic(
         raise
 
 
+def temp_name(name: str) -> str:
+    """A fresh name to write `name`'s new content under before it is renamed into place (`.<name>.<hex>.tmp`)."""
+    return f".{name}.{secrets.token_hex(4)}.tmp"
+
+
+def temp_target(tmp: str) -> str | None:
+    """The name a `temp_name` was made for, or None when `tmp` is not of that form."""
+    if not (tmp.startswith(".") and tmp.endswith(".tmp")):
+        return None
+    target, dot, _ = tmp[1 : -len(".tmp")].rpartition(".")
+    return target if dot and target else None
+
+
 def prepare_atomic(dir_fd: int, name: str, data: bytes, *, mode: int = 0o644, durable: bool = True) -> str:
     """The first half of `write_atomic`: the complete content under a fresh temp name; returns that name.
 
     Fsync'd before it returns unless not `durable`. Until `commit_atomic` renames it, the temp file's existence says the new file was not published yet.
     """
-    tmp = f".{name}.{secrets.token_hex(4)}.tmp"
+    tmp = temp_name(name)
     fd = os.open(tmp, _CREATE_FLAGS, mode, dir_fd=dir_fd)
     try:
         with os.fdopen(fd, "wb", closefd=True) as handle:
@@ -63,7 +76,7 @@ def create_unsynced(dir_fd: int, name: str, data: bytes, *, mode: int = 0o644) -
 
     The caller owns the descriptor (fsync, then close it) and the temp file (`discard` it if the fsync fails).
     """
-    tmp = f".{name}.{secrets.token_hex(4)}.tmp"
+    tmp = temp_name(name)
     fd = os.open(tmp, _CREATE_FLAGS, mode, dir_fd=dir_fd)
     try:
         view = memoryview(data)

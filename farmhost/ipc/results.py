@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from farmhost.files import commit_atomic, create_unsynced, discard, dump_json
+from farmhost.files import commit_atomic, create_unsynced, discard, dump_json, temp_target
 from farmhost.ipc.fsyncs import FsyncBatch
 from farmhost.ipc.phases import LEDGER, RESULT, RequestPhases
 from farmhost.ipc.quarantine import Quarantine
@@ -81,7 +81,7 @@ class ResultWriter:
         phases = phases or RequestPhases()
         key = key or file_key(item)
         folder = item.group.folder
-        name = f"{request_id}.json"
+        name = result_name(request_id)
         try:
             results_fd = item.gdir.results_fd()
         except OSError as err:
@@ -147,7 +147,7 @@ class ResultWriter:
         A rename alone is microseconds: it runs on the loop. Only the directory's fsync (a state change's
         result) or a directory planted where the result goes takes a thread.
         """
-        name = f"{request_id}.json"
+        name = result_name(request_id)
         if fsync_dir:
             published = await asyncio.to_thread(self._commit_sync, item, results_fd, tmp, name, fsync_dir)
         else:
@@ -210,7 +210,7 @@ class FileAnswer:
         self._writer = writer
         self._item = item
         self._key = key
-        self._name = f"{request_id}.json"
+        self._name = result_name(request_id)
         self._request_id = request_id
         self._fd: int | None = None
         self.tmp: str | None = None  # the prepared result's temp name
@@ -269,3 +269,14 @@ def file_key(item: ClaimedFile) -> str:
 def key_of(item: ClaimedFile, info: os.stat_result) -> str:
     """`file_key` from the file's `stat` (or the `fstat` of the descriptor it was read through) taken already."""
     return f"{item.queue.value}/{os.fsencode(item.name).hex()}/{info.st_ino}/{info.st_mtime_ns}"
+
+
+def result_name(request_id: str) -> str:
+    """The file in `action_results/` that answers `request_id`."""
+    return f"{request_id}.json"
+
+
+def prepared_for(tmp: str) -> str | None:
+    """The request id a prepared result's temp file (`create_unsynced` of its `result_name`) is for, or None."""
+    target = temp_target(tmp)
+    return target.removesuffix(".json") if target is not None and target.endswith(".json") else None

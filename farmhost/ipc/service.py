@@ -27,6 +27,7 @@ from farmhost.ipc.churn_backoff import ChurnBackoff
 from farmhost.ipc.groupdir import GroupDir
 from farmhost.ipc.processor import RequestProcessor
 from farmhost.ipc.quarantine import TRASH, Quarantine
+from farmhost.ipc.results import prepared_for
 from farmhost.ipc.router import Router
 from farmhost.ipc.snapshot_writer import SnapshotWriter
 from farmhost.ipc.sweeper import empty_trash, sweep_host_temp, sweep_quarantine, sweep_results
@@ -366,7 +367,7 @@ class IpcService:
                 temps += sweep_host_temp(
                     results_fd,
                     older_than=wall - HOST_TEMP_GRACE_SECONDS,
-                    pending=lambda name: ledger.is_prepared_result(self._db.conn, folder, name),  # noqa: B023
+                    pending=lambda name: ledger.is_prepared_result(self._db.conn, folder, name, prepared_for(name)),  # noqa: B023
                 )
             finally:
                 os.close(results_fd)

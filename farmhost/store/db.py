@@ -49,7 +49,7 @@ class Database:
         self._durable = True
         self.conn.execute("PRAGMA synchronous = FULL")
         self.group_commit = GroupCommit(self)  # non-durable writes of one loop turn, one transaction
-        self._after_commit: list[Callable[[int], None]] = []
+        self._after_commit: Callable[[int], None] | None = None
         try:
             self._migrate()
         except BaseException:
@@ -99,16 +99,16 @@ class Database:
             yield self.conn
             # Inside the transaction, which holds the write lock since BEGIN IMMEDIATE: every other connection's
             # commit is already in it, and asking costs no system call (outside, it takes SQLite's read locks).
-            version = self.data_version() if self._after_commit else 0
+            version = self.data_version() if self._after_commit is not None else 0
         except BaseException:
             self.conn.execute("ROLLBACK")
             raise
         self.conn.execute("COMMIT")
-        for hook in self._after_commit:
+        if self._after_commit is not None:
             try:
-                hook(version)
+                self._after_commit(version)
             except Exception:
-                logger.exception("after-commit hook %r failed", hook)
+                logger.exception("after-commit hook %r failed", self._after_commit)
 
     def after_commit(self, hook: Callable[[int], None] | None) -> None:
         """Call `hook(data_version)` after each commit of this connection's own (None: stop); one hook at most.
@@ -116,7 +116,7 @@ class Database:
         The version is the one inside the committed transaction: it differs from an earlier `data_version()`
         exactly when another connection committed in between (this connection's own commits never change it).
         """
-        self._after_commit = [] if hook is None else [hook]
+        self._after_commit = hook
 
     def data_version(self) -> int:
         """A number that changes whenever another connection (the CLI) commits."""

@@ -151,23 +151,17 @@ def forget_answering(conn: sqlite3.Connection, folder: str, file_key: str, reque
     conn.execute("DELETE FROM answered_files WHERE folder = ? AND file_key = ?", (folder, file_key))
 
 
-def is_prepared_result(conn: sqlite3.Connection, folder: str, result_tmp: str) -> bool:
-    """Whether a temp file in a results directory is a prepared result a restart may still publish."""
-    request_id = _temp_request_id(result_tmp)
+def is_prepared_result(conn: sqlite3.Connection, folder: str, result_tmp: str, request_id: str | None) -> bool:
+    """Whether a temp file in a results directory is a prepared result a restart may still publish.
+
+    `request_id`: the one its name is for (`results.prepared_for`), so the lookup takes the ledger's key.
+    """
     row = conn.execute(
         "SELECT EXISTS (SELECT 1 FROM request_ledger WHERE folder = ? AND request_id = ? AND result_tmp = ?)"
         " OR EXISTS (SELECT 1 FROM answered_files WHERE folder = ? AND result_tmp = ?)",
         (folder, request_id, result_tmp, folder, result_tmp),
     ).fetchone()
     return bool(row[0])
-
-
-def _temp_request_id(result_tmp: str) -> str | None:
-    """The request id in a prepared result's temp name (`.<requestId>.json.<hex>.tmp`, `files.create_unsynced`)."""
-    if not (result_tmp.startswith(".") and result_tmp.endswith(".tmp")):
-        return None
-    name = result_tmp[1 : -len(".tmp")].rpartition(".")[0]
-    return name[: -len(".json")] if name.endswith(".json") else None
 
 
 def prune(conn: sqlite3.Connection, *, older_than: datetime) -> int:

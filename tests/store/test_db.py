@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from farmhost_testing import Daemon, drop, farmhost, wait_for, wait_result
 
+from farmhost.files import temp_name, temp_target
+from farmhost.ipc.results import prepared_for, result_name
 from farmhost.store import groups, ledger
 from farmhost.store.db import Database, iso
 from farmhost.store.groups import Group
@@ -121,6 +123,20 @@ def test_ledger_prune_forgets_only_old_finished_requests(tmp_path: Path) -> None
         db.close()
 
 
+def _prepared(db: Database, tmp: str) -> bool:
+    """What the results sweep asks of a temp file it finds (farmhost/ipc/service.py)."""
+    return ledger.is_prepared_result(db.conn, "main", tmp, prepared_for(tmp))
+
+
+def test_a_prepared_results_temp_name_tells_its_request_id() -> None:
+    for request_id in ("r-1", "a.b", "x.json", ".hidden"):
+        tmp = temp_name(result_name(request_id))
+        assert temp_target(tmp) == result_name(request_id) and prepared_for(tmp) == request_id, tmp
+        assert temp_name(result_name(request_id)) != tmp, "each temp name is fresh"
+    for other in ("r-1.json", ".r-1.tmp", "..tmp", ".tmp", ".r-1.json.tmp.x", ".r-1.txt.0a1b2c3d.tmp"):
+        assert prepared_for(other) is None, other
+
+
 def test_a_file_answered_under_a_new_id_is_named_in_the_ids_own_ledger_row(tmp_path: Path) -> None:
     """A read's one transaction writes its ledger row only: the file it answered is named in that row.
 
@@ -138,7 +154,7 @@ def test_a_file_answered_under_a_new_id_is_named_in_the_ids_own_ledger_row(tmp_p
         assert db.conn.execute("SELECT count(*) FROM answered_files").fetchone()[0] == 0
         assert ledger.lookup(db.conn, "main", "r-1", "k1").answering == first
         assert ledger.answering(db.conn, "main", "k1", "r-1") == first
-        assert ledger.is_prepared_result(db.conn, "main", first)
+        assert _prepared(db, first)
 
         with db.tx(durable=False) as conn:  # the same id in another file: answered from the stored result
             ledger.mark_answering(conn, folder="main", file_key="k2", request_id="r-1", result_tmp=second, at=NOW)
@@ -146,15 +162,15 @@ def test_a_file_answered_under_a_new_id_is_named_in_the_ids_own_ledger_row(tmp_p
         assert ledger.lookup(db.conn, "main", "r-1", "k2").answering == second
         assert ledger.lookup(db.conn, "main", "r-1", "k1").answering == first
         assert ledger.answering(db.conn, "main", "k2", "r-1") == second
-        assert ledger.is_prepared_result(db.conn, "main", second)
+        assert _prepared(db, second)
         for other in (".r-1.json.deadbeef.tmp", ".r-2.json.0a1b2c3d.tmp", "r-1.json", ".r-1.tmp"):
-            assert not ledger.is_prepared_result(db.conn, "main", other), other
+            assert not _prepared(db, other), other
         assert ledger.lookup(db.conn, "field", "r-1", "k1").answering is None  # another group's id
 
         with db.tx(durable=False) as conn:  # the first could not be published: prepared again next time
             ledger.forget_answering(conn, "main", "k1", "r-1")
         assert ledger.lookup(db.conn, "main", "r-1", "k1").answering is None
-        assert not ledger.is_prepared_result(db.conn, "main", first)
+        assert not _prepared(db, first)
         assert ledger.lookup(db.conn, "main", "r-1", "k2").answering == second
         with db.tx(durable=False) as conn:  # its retry is named in the id's row again
             ledger.mark_answering(conn, folder="main", file_key="k1", request_id="r-1", result_tmp=first, at=NOW)
