@@ -92,7 +92,7 @@ class CommitWatcher:
         if self._inotify is not None:
             loop.add_reader(self._inotify.fileno(), self._read)
         self._ticker = loop.create_task(self._tick(), name="store:commits")
-        self._db.after_commit(self._own_commit)
+        self._db.after_commit(lambda version: self._own_commit(loop, version))
         self.check()
 
     async def stop(self) -> None:
@@ -112,14 +112,15 @@ class CommitWatcher:
         self.checks += 1
         return self._seen(self._db.data_version())
 
-    def _own_commit(self, version: int) -> None:
+    def _own_commit(self, loop: asyncio.AbstractEventLoop, version: int) -> None:
         """The daemon committed; `version` is `data_version` inside that transaction (`Database.after_commit`)."""
         self._own = True  # the log's next events are (at least) this commit's own: no check for them
         if version != self._version:
             # Another connection committed before this transaction began: tell the listeners once the caller is
-            # done (they re-read their tables; not in the middle of a request's answer).
+            # done (they re-read their tables; not in the middle of a request's answer). Thread-safe: the daemon's
+            # connection may commit from a worker thread.
             self._version = version
-            asyncio.get_running_loop().call_soon(self._announce)
+            loop.call_soon_threadsafe(self._announce)
 
     def _seen(self, version: int) -> bool:
         if version == self._version:

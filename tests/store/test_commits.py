@@ -5,9 +5,11 @@ from __future__ import annotations
 import array
 import asyncio
 import fcntl
+import logging
 import subprocess
 import sys
 import termios
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, closing
 from pathlib import Path
@@ -121,6 +123,25 @@ async def test_a_commit_before_the_daemons_own_is_told_through_the_own_commit(db
         await asyncio.sleep(0)  # one loop turn: told from the version inside the own commit, without asking SQLite
         assert heard == ["a", "b"]
         assert watcher.checks == checks
+
+
+async def test_an_own_commit_from_a_worker_thread_tells_the_listeners_on_the_loop(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The daemon's connection may commit in a thread: what it learned is told on the loop, nothing raised."""
+    async with watching(db, inotify=True) as (_, heard):
+        commit_elsewhere(db.path, "theirs")  # blocks the loop: their events wait unread
+
+        def own() -> None:
+            with db.tx() as conn:
+                host_state.put(conn, "own-in-a-thread", "x")
+
+        worker = threading.Thread(target=own)
+        worker.start()
+        worker.join()  # still without a loop turn: the own commit is the first to learn of theirs
+        await until(lambda: heard, "the other process's commit told")
+        assert heard == ["a", "b"]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 async def test_a_writer_that_keeps_its_connection_open_is_told_too(db: Database) -> None:
