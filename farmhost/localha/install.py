@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -94,9 +95,10 @@ def installed_version() -> str | None:
     if not python.exists() or not (venv_dir() / ".farmhost-complete").exists():
         return None
     found = [
-        m.parent.name.removeprefix("homeassistant-").removesuffix(".dist-info")
-        for m in venv_dir().glob("lib/python3*/site-packages/homeassistant-*.dist-info/METADATA")
-        if (m.parent.parent / "homeassistant" / "__main__.py").is_file()
+        dist.version
+        for site in venv_dir().glob("lib/python3*/site-packages")
+        if (site / "homeassistant" / "__main__.py").is_file()
+        for dist in importlib.metadata.distributions(name="homeassistant", path=[str(site)])
     ]
     return found[0] if len(found) == 1 else None
 
