@@ -114,6 +114,24 @@ def build_handlers(
     }
 
 
+# How long a start waits for the lock of a daemon that is gone (its pid no longer runs) to be let go.
+LOCK_WAIT_SECONDS: Final = 5.0
+LOCK_RETRY_SECONDS: Final = 0.02
+
+
+def _alive(pid: str) -> bool:
+    """Whether the pid written in the lock file runs (a pid we may not signal runs too)."""
+    if not pid.isdigit():
+        return True  # unreadable: say what the lock file says
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class App:
     """The daemon of one data directory."""
 
@@ -152,7 +170,7 @@ class App:
     async def start(self) -> None:
         """Take the data-dir lock, open the store, start IPC, the agent runtime, Telegram and the scheduler."""
         self.layout.create()
-        self._take_lock()
+        await self._take_lock()
         if seeded := self.layout.seed_global_memory():
             logger.info("global memory: copied %d starting file(s) into %s", seeded, self.layout.workspace("global"))
         self.db = Database.open(self.config.data_dir)
@@ -495,17 +513,28 @@ class App:
         if self.telegram is not None:
             self.telegram.delivery.wake()
 
-    def _take_lock(self) -> None:
+    async def _take_lock(self) -> None:
         fd = os.open(self.layout.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise ConfigError(
-                f"another farmhost daemon (pid {holder}) is already running on {self.config.data_dir}; "
-                "stop it first or use another --data-dir"
-            ) from None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LOCK_WAIT_SECONDS
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                # A daemon killed (kill -9, a crash) while a process it was starting had not yet exec'd leaves that
+                # child holding the lock for a moment: wait for it while the daemon that wrote its pid is gone.
+                if _alive(holder) or loop.time() >= deadline:
+                    os.close(fd)
+                    raise ConfigError(
+                        f"another farmhost daemon (pid {holder}) is already running on {self.config.data_dir}; "
+                        "stop it first or use another --data-dir"
+                        if _alive(holder)
+                        else f"the lock of {self.config.data_dir} is still held by a process that farmhost daemon "
+                        f"(pid {holder}, gone) started; stop that process first (fuser {self.layout.lock_path})"
+                    ) from None
+                await asyncio.sleep(LOCK_RETRY_SECONDS)
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._lock_fd = fd

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import signal
+import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -50,3 +54,44 @@ def test_a_second_daemon_on_the_same_data_dir_refuses_to_start(daemon: Daemon, d
     assert _status(data_dir, "main")["pid"] == first
     assert _status(data_dir, "main")["status"] == "alive"
     assert wait_result(data_dir, "main", drop(data_dir, "main", "actions", {"type": "ping"}))["status"] == "success"
+
+
+def _gone_pid() -> int:
+    """The pid of a process that has exited and been reaped."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def _held_lock(data_dir: Path, pid: int) -> int:
+    """The data dir's lock held by this test process (a child of a killed daemon does so until it execs)."""
+    fd = os.open(data_dir / "farmhost.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.ftruncate(fd, 0)
+    os.write(fd, str(pid).encode())
+    return fd
+
+
+def test_a_start_after_a_kill_9_waits_for_the_dead_daemons_child_to_let_go_of_the_lock(data_dir: Path) -> None:
+    fd = _held_lock(data_dir, _gone_pid())
+    threading.Timer(0.5, os.close, (fd,)).start()  # the child execs (or exits) and its copy of the lock closes
+    daemon = Daemon(data_dir).start()
+    try:
+        assert wait_result(data_dir, "main", drop(data_dir, "main", "actions", {"type": "ping"}))["status"] == "success"
+    finally:
+        assert daemon.stop() == 0, daemon.log()
+
+
+def test_a_lock_kept_by_a_dead_daemons_child_is_named_with_what_to_do(data_dir: Path) -> None:
+    gone = _gone_pid()
+    fd = _held_lock(data_dir, gone)
+    try:
+        began = time.monotonic()
+        refused = farmhost("run", data_dir=data_dir, timeout=scaled(30))
+        waited = time.monotonic() - began
+    finally:
+        os.close(fd)
+    assert refused.returncode == 2, refused.stderr
+    assert f"(pid {gone}, gone)" in refused.stderr and "fuser" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert waited >= 4.5, "it waited for the lock before giving up"
