@@ -31,6 +31,7 @@ from test_llm_proxy import ask, proxied
 from farmhost.config import Settings
 from farmhost.store import outbox
 from farmhost.store.db import Database
+from farmhost.telegram.delivery.formatting import render
 from farmhost_dev.local_llm import LocalLlm
 
 MAX_TOKENS = 24  # FARMHOST_LLM_MAX_TOKENS: the proxy caps every request to it, so each answer is short
@@ -179,16 +180,17 @@ def test_a_chat_message_gets_a_reply_from_the_built_in_runner_on_the_local_model
     requests = int(re.findall(r"^llm: (\d+) request\(s\), 0 refused", log, re.MULTILINE)[0])
     assert 1 <= requests <= 2 * 4  # at most maxTurns x 4
     text = reply.params["text"]
-    if result["status"] == "ok":
-        assert text == result["answer"].strip()
-    else:
-        assert text.startswith("I couldn't finish that:")
     db = Database.open(data_dir)
     try:
         (entry,) = [e for e in outbox.list_entries(db.conn) if e.chat_jid == MAIN_JID]
     finally:
         db.close()
-    assert entry.status == "sent" and entry.body == text
+    # The chat gets the answer as Telegram HTML: a heading the model wrote ("## The request") arrives in <b>.
+    assert entry.status == "sent" and text == render(entry.body).text
+    if result["status"] == "ok":
+        assert entry.body == result["answer"].strip()
+    else:
+        assert entry.body.startswith("I couldn't finish that:")
     assert stored_usage(data_dir, "main")[0] == requests
 
 
