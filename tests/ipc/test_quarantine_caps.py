@@ -64,7 +64,10 @@ def test_oversized_requests_are_kept_cut_and_capped_per_group(data_dir: Path, ca
     rid = uid("main-big")
     write_raw(data_dir / "ipc" / "main" / "actions", f"{rid}.json", _oversized(rid))
     wait_result(data_dir, "main", rid)
-    (note,) = (data_dir / "ipc" / "errors" / "main").glob(f"*{NOTE_SUFFIX}")
+    # The answer comes first and the file is moved out of the spool after it (a crash in between answers again).
+    (note,) = wait_for(
+        lambda: list((data_dir / "ipc" / "errors" / "main").glob(f"*{NOTE_SUFFIX}")), what="main's quarantine note"
+    )
     assert json.loads(note.read_bytes())["kept"].startswith("the first ")
 
 
