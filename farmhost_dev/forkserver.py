@@ -15,7 +15,9 @@ The server exits when the client's end closes.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -64,8 +66,28 @@ def _child(request: dict[str, object], fds: list[int], sock: socket.socket, wake
     except BaseException:  # noqa: BLE001 - printed as the interpreter would, then the exit code 1
         traceback.print_exc()
         code = 1
-    # As `python -m farmhost` ends: the interpreter's own shutdown (atexit, logging, threads) with this code.
-    raise SystemExit(code)
+    _end(code)
+
+
+def _end(code: int) -> None:
+    """End as the interpreter's shutdown would, without tearing down the modules the child shares with the server.
+
+    Python's shutdown waits for the threads that are not daemons, runs the atexit functions (logging's flush among
+    them) and flushes the standard streams, then clears every module, which writes to every object the fork shares
+    and so copies the server's whole heap page by page: a `farmhost group list` took 82 ms of CPU with it, 24 ms
+    without. The child does the first steps, collects its own garbage (an unclosed file it dropped is flushed and
+    closed as at shutdown), and ends with `os._exit` (coverage.py's `_exit` patch still saves its data).
+    """
+    current = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not current and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    gc.collect()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 # Imported once here for the children. The daemon imports the last three only when it is configured to use them
@@ -85,6 +107,9 @@ def serve(sock: socket.socket) -> None:
     """Answer spawn requests on `sock` until the client closes it."""
     for name in PRELOAD:
         importlib.import_module(name)
+    # Out of the collector's sight: a child's collections would otherwise walk, and so copy, the whole shared heap
+    # (a CLI call's CPU 320 ms with the preloads, 82 ms frozen).
+    gc.freeze()
     read_wake, wake = os.pipe()
     os.set_blocking(wake, False)
     signal.set_wakeup_fd(wake)
