@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import secrets
 import shutil
@@ -18,6 +19,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
+from datetime import datetime, timedelta, tzinfo
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -301,6 +303,16 @@ def round_trip(data_dir: Path, folder: str = "main") -> float:
         data_dir, folder, drop(data_dir, folder, "actions", {"type": "ping", "requestId": secrets.token_hex(6)})
     )
     return time.monotonic() - started
+
+
+def once_time(data_dir: Path, folder: str, zone: tzinfo) -> datetime:
+    """A once time (whole seconds, in `zone`) still ahead when the running daemon handles a task dropped now.
+
+    Ahead by a round trip through the daemon timed now, as a hold (`hold_for`), plus the second the truncation may
+    take: a once time already past when the request is handled is refused.
+    """
+    ahead = 1 + math.ceil(hold_for(round_trip(data_dir, folder), least=1))
+    return datetime.now(zone).replace(microsecond=0) + timedelta(seconds=ahead)
 
 
 def _queued(data_dir: Path, folder: str) -> list[str]:

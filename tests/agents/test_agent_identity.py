@@ -16,13 +16,12 @@ import shutil
 import sqlite3
 import sys
 import tempfile
-from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 from zoneinfo import ZoneInfo
 
 import pytest
-from farmhost_testing import Daemon, clean_env, drop, init_data_dir_in_process, ok, wait_for, wait_result
+from farmhost_testing import Daemon, clean_env, drop, init_data_dir_in_process, ok, once_time, wait_for, wait_result
 from runtime_support import Sandbox
 
 from farmhost.agents.sandbox.backends.share import inotify_share
@@ -84,8 +83,8 @@ print(json.dumps({"status": "ok", "answer": json.dumps(report), "error": None, "
 
 
 def _schedule(data_dir: Path, folder: str, **todo: Any) -> None:
-    """A once-task of `folder`, due in two seconds, whose prompt tells the probe what to do."""
-    due = datetime.now(ZoneInfo(ZONE)).replace(microsecond=0) + timedelta(seconds=2)
+    """A once-task of `folder`, due as soon as the daemon surely has it, whose prompt tells the probe what to do."""
+    due = once_time(data_dir, folder, ZoneInfo(ZONE))
     task = {"type": "schedule_task", "prompt": json.dumps(todo), "schedule_type": "once"}
     rid = drop(data_dir, folder, "tasks", {**task, "schedule_value": due.strftime("%Y-%m-%dT%H:%M:%S")})
     ok(wait_result(data_dir, folder, rid))

@@ -6,7 +6,6 @@ import json
 import os
 import shlex
 import stat
-from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -16,6 +15,7 @@ from farmhost_testing import (
     drop,
     init_data_dir_in_process,
     ok,
+    once_time,
     running_daemon,
     scaled,
     wait_for,
@@ -29,8 +29,8 @@ ZONE = "Europe/Lisbon"
 
 
 def _schedule(data_dir: Path, todo: dict[str, Any]) -> None:
-    """A once task of group field, due in 2 s, whose prompt tells the probe what to do."""
-    due = datetime.now(ZoneInfo(ZONE)).replace(microsecond=0) + timedelta(seconds=2)
+    """A once task of group field, due as soon as the daemon surely has it, whose prompt tells the probe what to do."""
+    due = once_time(data_dir, "field", ZoneInfo(ZONE))
     task = {"type": "schedule_task", "prompt": json.dumps(todo), "schedule_type": "once"}
     rid = drop(data_dir, "field", "tasks", {**task, "schedule_value": due.strftime("%Y-%m-%dT%H:%M:%S")})
     ok(wait_result(data_dir, "field", rid))

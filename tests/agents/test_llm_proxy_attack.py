@@ -9,13 +9,13 @@ bodies come from inside the sandbox, within the group's limits, as a hostile age
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-from farmhost_testing import Daemon, clean_env, drop, init_data_dir_in_process, ok, wait_for, wait_result
+from farmhost_testing import Daemon, clean_env, drop, init_data_dir_in_process, ok, once_time, wait_for, wait_result
 from llm_stub import Reply, ScriptedLLM
 
 from farmhost.agents.proxy.parse import MAX_DEPTH, MAX_VALUES
@@ -64,7 +64,7 @@ def test_bodies_that_grow_when_built_cost_the_daemon_neither_memory_nor_loop_tim
         try:
             wait_for(lambda: (data_dir / "logs" / "loop_lag.json").exists(), what="the loop monitor's first figures")
             lag_before, rss_before = _lag(data_dir), status_kb(pid, "VmRSS")
-            due = datetime.now(ZoneInfo(ZONE)).replace(microsecond=0) + timedelta(seconds=1)
+            due = once_time(data_dir, "field", ZoneInfo(ZONE))
             task = {"type": "schedule_task", "prompt": "attack", "schedule_type": "once"}
             rid = drop(data_dir, "field", "tasks", {**task, "schedule_value": due.strftime("%Y-%m-%dT%H:%M:%S")})
             ok(wait_result(data_dir, "field", rid))

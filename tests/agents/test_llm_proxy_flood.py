@@ -17,13 +17,22 @@ import socket
 import subprocess
 import threading
 from collections.abc import Iterator
-from datetime import datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
 from docker_engine import ENGINE_ENV, docker
-from farmhost_testing import Daemon, clean_env, drop, init_data_dir_in_process, ok, scaled, wait_for, wait_result
+from farmhost_testing import (
+    Daemon,
+    clean_env,
+    drop,
+    init_data_dir_in_process,
+    ok,
+    once_time,
+    scaled,
+    wait_for,
+    wait_result,
+)
 from llm_stub import Recorded, Reply, ScriptedLLM
 from runtime_support import Sandbox
 
@@ -176,7 +185,7 @@ def test_a_daemon_flooded_at_its_descriptor_limit_answers_pings_and_stops(
         try:
             # farmhost raises its soft limit to the hard one at start
             assert resource.prlimit(pid, resource.RLIMIT_NOFILE)[0] == hard
-            due = datetime.now(ZoneInfo(ZONE)).replace(microsecond=0) + timedelta(seconds=2)
+            due = once_time(data_dir, "field", ZoneInfo(ZONE))
             task = {"type": "schedule_task", "prompt": "check the pumps", "schedule_type": "once"}
             rid = drop(data_dir, "field", "tasks", {**task, "schedule_value": due.strftime("%Y-%m-%dT%H:%M:%S")})
             ok(wait_result(data_dir, "field", rid))

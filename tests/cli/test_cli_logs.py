@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Iterator
-from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -23,8 +21,7 @@ from farmhost_testing import (
     clean_env,
     drop,
     farmhost,
-    hold_for,
-    round_trip,
+    once_time,
     wait_for,
     wait_result,
 )
@@ -105,10 +102,7 @@ def test_json_logs_carry_the_ids_of_every_main_event(
         assert summary["files"] >= 500 and summary["message"].startswith("indexed memory of group main: ")
 
         # A scheduled task runs an agent: the task's and the run's ids on their start and end lines.
-        # Ahead by a round trip timed now, with a margin (whole seconds): a once time already past when the request is
-        # handled is refused.
-        ahead = timedelta(seconds=1 + math.ceil(hold_for(round_trip(data_dir, "main"), least=1)))
-        due = datetime.now(ZoneInfo(ZONE)).replace(microsecond=0) + ahead
+        due = once_time(data_dir, "main", ZoneInfo(ZONE))
         task = {
             "type": "schedule_task",
             "requestId": "task-1",

@@ -13,7 +13,7 @@ scheduled task.
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from farm_daemon import (
     wait_state,
 )
 from farmagent.ipc.client import IpcClient
-from farmhost_testing import FIELD_JID, MAIN_JID, drop, refused, wait_for, wait_result
+from farmhost_testing import FIELD_JID, MAIN_JID, drop, once_time, refused, wait_for, wait_result
 from ha_fixture import HaInstance
 from llm_stub import Recorded, Reply, ScriptedLLM, ToolCall
 from telegram_stub import Call, FakeTelegram
@@ -511,7 +511,7 @@ def test_a_scheduled_tasks_agent_run_is_held_for_approval_the_same_way(
     }
     with farm_daemon(data_dir, ha_env, fake_telegram, **llm):
         agent = IpcClient(data_dir / "ipc" / "field")
-        due = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
+        due = once_time(data_dir, "field", UTC)
         agent.schedule_task("Start the morning irrigation.", "once", due.isoformat())
         rows = wait_for(
             lambda: db_rows(data_dir, "SELECT * FROM approvals"), timeout=30, what="an approval from the task's run"

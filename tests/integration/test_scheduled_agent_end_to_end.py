@@ -9,7 +9,6 @@ it found; the message lands in the outbox and the run is recorded.
 from __future__ import annotations
 
 import json
-import math
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,9 +20,8 @@ from farmhost_testing import (
     FIELD_JID,
     clean_env,
     farmhost,
-    hold_for,
     init_data_dir,
-    round_trip,
+    once_time,
     running_daemon,
     scaled,
     wait_for,
@@ -82,10 +80,7 @@ def test_a_task_scheduled_by_an_agent_runs_a_bwrap_agent_that_searches_memory_an
         FARMHOST_AGENT_TIMEOUT_SECONDS="60",
     )
     with running_daemon(data_dir, env=env) as daemon:
-        # Ahead by a round trip through the daemon, timed now, with a margin (and whole seconds): the request must be
-        # handled before its once time passes.
-        ahead = timedelta(seconds=1 + math.ceil(hold_for(round_trip(data_dir, "field"), least=1)))
-        due = datetime.now(ZoneInfo(FARM_ZONE)).replace(microsecond=0) + ahead
+        due = once_time(data_dir, "field", ZoneInfo(FARM_ZONE))
         agent = IpcClient(data_dir / "ipc" / "field")
         scheduled = agent.schedule_task(
             "Remind the crew what our notes say about the north valve.", "once", due.strftime("%Y-%m-%dT%H:%M:%S")

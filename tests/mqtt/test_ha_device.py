@@ -13,12 +13,12 @@ import signal
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
 import pytest
-from farmhost_testing import Daemon, clean_env, drop, scaled, wait_for, wait_result
+from farmhost_testing import Daemon, clean_env, drop, once_time, scaled, wait_for, wait_result
 from mosquitto import Mosquitto
 from mqtt_support import watching
 
@@ -96,7 +96,7 @@ def test_agents_paused_from_home_assistant_stays_paused_across_a_restart_and_a_r
             ha.publish(PAUSE, "ON")  # QoS 1 may deliver twice: nothing changes twice
             assert "agent runs paused" in daemon.log() and daemon.log().count("agent runs paused:") == 1
             # A scheduled task due now is not run while paused; its run is recorded with the reason.
-            due = (datetime.now(UTC) + timedelta(seconds=2)).isoformat()
+            due = once_time(data_dir, "main", UTC).isoformat()
             task = {"type": "schedule_task", "requestId": "r-task", "taskId": "t-water", "prompt": "water field 1"}
             drop(data_dir, "main", "tasks", {**task, "schedule_type": "once", "schedule_value": due})
             assert wait_result(data_dir, "main", "r-task", timeout=20)["status"] == "success"
