@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from farmhost_testing import clean_env, scaled
 
 PROBE = """
@@ -43,6 +44,7 @@ print(sorted(m for m in ("av", "faster_whisper", "ctranslate2", "wyoming", "nump
 """
 
 
+@pytest.mark.slow  # a daemon, the real Whisper model and its worker
 def test_the_app_owns_the_engine_and_ends_its_worker_at_stop(
     data_dir: Path, whisper_base: Path, irrigation_note: bytes, tmp_path: Path
 ) -> None:

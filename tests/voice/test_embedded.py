@@ -61,6 +61,7 @@ def warm_model(engine: EmbeddedEngine) -> str:
     return engine.description.removeprefix("faster-whisper (").removesuffix(")")
 
 
+@pytest.mark.slow  # two notes through the real Whisper model side by side
 @pytest.mark.asyncio(loop_scope="module")
 async def test_two_notes_at_once_are_both_answered(warm: EmbeddedEngine, irrigation_note: bytes) -> None:
     import asyncio

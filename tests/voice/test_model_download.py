@@ -46,6 +46,7 @@ def _snapshot(models_dir: Path, hub: LocalHub) -> Path:
     return models_dir / folder / "snapshots" / hub.commits[WHISPER_BASE_REPO]
 
 
+@pytest.mark.slow  # the real model fetched and loaded twice
 async def test_a_named_model_is_fetched_once_into_the_data_dir_and_a_later_start_asks_no_hub(
     local_hub: LocalHub, hub_env: pytest.MonkeyPatch, tmp_path: Path, whisper_base: Path, irrigation_note: bytes
 ) -> None:

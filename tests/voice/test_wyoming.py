@@ -36,6 +36,7 @@ async def test_an_english_note_becomes_its_words(wyoming_server: WyomingServer, 
     assert decoder is not None and not Path(f"/proc/{decoder}").exists()  # the decoding worker ends with the engine
 
 
+@pytest.mark.slow  # two notes through a Wyoming server on the real model
 async def test_two_notes_at_once_are_both_answered(wyoming_server: WyomingServer, irrigation_note: bytes) -> None:
     async with _engine(wyoming_server.url) as engine:
         both = await asyncio.gather(engine.transcribe(irrigation_note), engine.transcribe(irrigation_note))
