@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 MAX_MESSAGE = 1 << 20
@@ -72,16 +72,15 @@ def _child(request: dict[str, object], fds: list[int], sock: socket.socket, wake
 def _end(code: int) -> None:
     """End as the interpreter's shutdown would, without tearing down the modules the child shares with the server.
 
-    Python's shutdown waits for the threads that are not daemons, runs the atexit functions (logging's flush among
-    them) and flushes the standard streams, then clears every module, which writes to every object the fork shares
-    and so copies the server's whole heap page by page: a `farmhost group list` took 82 ms of CPU with it, 24 ms
-    without. The child does the first steps, collects its own garbage (an unclosed file it dropped is flushed and
-    closed as at shutdown), and ends with `os._exit` (coverage.py's `_exit` patch still saves its data).
+    Python's shutdown runs `threading._shutdown` (the threading atexit hooks, such as the one that ends idle
+    thread-pool workers, then a wait for the threads that are not daemons), the atexit functions (logging's flush
+    among them) and flushes the standard streams, then clears every module, which writes to every object the fork
+    shares and so copies the server's whole heap page by page: a `farmhost group list` took 82 ms of CPU with it,
+    24 ms without. The child does the first steps, collects its own garbage (an unclosed file it dropped is flushed
+    and closed as at shutdown), and ends with `os._exit` (coverage.py's `_exit` patch still saves its data).
     """
-    current = threading.current_thread()
-    for thread in threading.enumerate():
-        if thread is not current and not thread.daemon:
-            thread.join()
+    shutdown: Callable[[], None] = getattr(threading, "_shutdown")  # noqa: B009 - private, what Py_Finalize calls
+    shutdown()
     atexit._run_exitfuncs()
     gc.collect()
     for stream in (sys.stdout, sys.stderr):
