@@ -128,7 +128,7 @@ def _alive(pid: str) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass  # another user's process
     return True
 
 
@@ -525,13 +525,16 @@ class App:
                 holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
                 # A daemon killed (kill -9, a crash) while a process it was starting had not yet exec'd leaves that
                 # child holding the lock for a moment: wait for it while the daemon that wrote its pid is gone.
-                if _alive(holder) or loop.time() >= deadline:
+                if _alive(holder):
                     os.close(fd)
                     raise ConfigError(
                         f"another farmhost daemon (pid {holder}) is already running on {self.config.data_dir}; "
                         "stop it first or use another --data-dir"
-                        if _alive(holder)
-                        else f"the lock of {self.config.data_dir} is still held by a process that farmhost daemon "
+                    ) from None
+                if loop.time() >= deadline:
+                    os.close(fd)
+                    raise ConfigError(
+                        f"the lock of {self.config.data_dir} is still held by a process that farmhost daemon "
                         f"(pid {holder}, gone) started; stop that process first (fuser {self.layout.lock_path})"
                     ) from None
                 await asyncio.sleep(LOCK_RETRY_SECONDS)

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 from farmhost_testing import TIMEOUT_SCALE_ENV, Daemon, copy_data_dir, init_data_dir, timeout_scale
 
-# real Home Assistant (`ha`, `ha_env`, `ha_reset`); scripted LLM `llm_stub`; fake Bot API `fake_telegram`; a Whisper
-# model, spoken notes and a Wyoming server (`whisper_base`, `irrigation_note`, `wyoming_server`)
 # pytest keeps each test module's assertion rewrite as bytecode, unless the interpreter writes none: a shell with
 # PYTHONDONTWRITEBYTECODE (this kind of machine sets it) made every run rewrite all 315 test modules again in each
 # worker and the controller, 8 CPU-seconds each, most of a worker's start. Only pytest's processes are told
 # otherwise here; what they start keeps its environment.
 sys.dont_write_bytecode = False
 
+# real Home Assistant (`ha`, `ha_env`, `ha_reset`); scripted LLM `llm_stub`; fake Bot API `fake_telegram`; a Whisper
+# model, spoken notes and a Wyoming server (`whisper_base`, `irrigation_note`, `wyoming_server`)
 pytest_plugins = ["ha_fixture", "llm_stub", "telegram_stub", "mosquitto", "voice_fixture"]
 
 

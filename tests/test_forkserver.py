@@ -7,13 +7,18 @@ stopped with kill -9 is gone.
 
 from __future__ import annotations
 
+import atexit
+import concurrent.futures
 import os
 import signal
+import sys
+import time
 from pathlib import Path
 
 from farmhost_testing import Daemon, clean_env, farmhost, fork_server, wait_for
 
 from farmhost import __version__
+from farmhost_dev import forkserver
 
 
 def test_a_cli_call_gets_its_own_streams_exit_code_and_environment(tmp_path: Path) -> None:
@@ -54,3 +59,40 @@ def test_a_process_whose_start_variables_differ_is_execd_not_forked() -> None:
     assert fork_server(clean_env()) is not None
     assert fork_server(clean_env(PYTHONPATH="/elsewhere")) is None
     assert fork_server(clean_env(LD_PRELOAD="libfoo.so")) is None
+
+
+def test_a_child_ends_as_pythons_shutdown_would_without_tearing_the_modules_down(tmp_path: Path) -> None:
+    """`_end`: thread pools nobody shut down end, atexit functions run, buffered output is flushed, the code kept."""
+    witness = tmp_path / "atexit"
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(read_end)
+            os.dup2(write_end, 1)
+            sys.stdout = open(1, "w", buffering=8192, closefd=False)  # noqa: SIM115 - flushed by _end, or lost
+            pool = concurrent.futures.ThreadPoolExecutor(2)
+            pool.submit(time.sleep, 0.01).result()  # its idle, non-daemon workers wait for more work
+            atexit.register(witness.write_text, "ran")
+            print("buffered", end="")
+            forkserver._end(7)
+        finally:
+            os._exit(99)
+    os.close(write_end)
+    statuses: list[int] = []
+
+    def reaped() -> bool:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        statuses.extend([status] if done else [])
+        return bool(done)
+
+    try:
+        wait_for(reaped, timeout=10, what="the child to end (a pool's idle workers would keep a plain join waiting)")
+    finally:
+        if not statuses:  # a hung child of this pytest process would hold its output open
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(statuses[0]) == 7
+    with os.fdopen(read_end, "rb") as out:
+        assert out.read() == b"buffered"
+    assert witness.read_text() == "ran"

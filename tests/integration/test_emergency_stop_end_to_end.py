@@ -11,13 +11,13 @@ turns nothing back on.
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
 import pytest
 from farm_daemon import audit, db_rows, farm_daemon, press_answer, sent_with, wait_state
-from farmhost_testing import FIELD_JID, MAIN_JID, drop, farmhost, refused, scaled, wait_for, wait_result
+from farmhost_testing import FIELD_JID, MAIN_JID, drop, farmhost, once_time, refused, scaled, wait_for, wait_result
 from ha_fixture import HaInstance
 from telegram_stub import Call, FakeTelegram
 
@@ -77,7 +77,7 @@ def _stops(data_dir: Path) -> list[dict[str, Any]]:
 
 def _schedule_now(data_dir: Path, task_id: str) -> dict[str, Any]:
     """A task of the main group due in a moment; returns its finished run (the daemon must be running)."""
-    due = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
+    due = once_time(data_dir, "main", UTC).isoformat()
     rid = f"r-{task_id}"
     task = {"type": "schedule_task", "requestId": rid, "taskId": task_id, "prompt": "open field 1 for an hour"}
     drop(data_dir, "main", "tasks", {**task, "schedule_type": "once", "schedule_value": due})
