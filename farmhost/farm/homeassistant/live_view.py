@@ -279,12 +279,12 @@ class LiveView:
                     await reader
 
     async def _authenticate(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        first = await ws.receive_json()
+        first = await _receive(ws)
         if first.get("type") != "auth_required":
             raise _Broken(f"Home Assistant opened with {first.get('type')!r}, not auth_required")
         await ws.send_json({"type": "auth", "access_token": self._token})
         self.commands += 1
-        answer = await ws.receive_json()
+        answer = await _receive(ws)
         if answer.get("type") == "auth_invalid":
             raise _AuthRefused
         if answer.get("type") != "auth_ok":
@@ -304,7 +304,7 @@ class LiveView:
                 if message.type is aiohttp.WSMsgType.ERROR:
                     raise _Broken(str(ws.exception()))
                 continue
-            doc = message.json()
+            doc = _parsed(message)
             for item in doc if isinstance(doc, list) else [doc]:
                 self._dispatch(item)
         raise _Broken("Home Assistant closed the connection")
@@ -405,6 +405,29 @@ class _Broken(Exception):
     """The connection is unusable (closed, an error frame, a refused command)."""
 
 
+async def _receive(ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
+    """The next message, a JSON object; `_Broken` when the socket closes or fails instead.
+
+    HA closes the socket while it stops or restarts, also in the middle of the handshake: aiohttp's `receive_json`
+    raises a TypeError for that close frame, which is neither a connection error nor a reason to stop reconnecting.
+    """
+    message = await ws.receive()
+    if message.type is not aiohttp.WSMsgType.TEXT:
+        raise _Broken(f"Home Assistant closed the connection ({message.type.name})")
+    doc = _parsed(message)
+    if not isinstance(doc, dict):
+        raise _Broken(f"Home Assistant sent {type(doc).__name__}, not a JSON object")
+    return doc
+
+
+def _parsed(message: aiohttp.WSMessage) -> Any:
+    """A text frame's JSON; `_Broken` for one that is not JSON (reconnect, as for any broken stream)."""
+    try:
+        return message.json()
+    except ValueError as err:
+        raise _Broken(f"Home Assistant sent a frame that is not JSON: {err}") from None
+
+
 class _AuthRefused(Exception):
     """HA refused the token."""
 
@@ -431,18 +454,18 @@ async def current_user(ws_url: str, token: str, *, timeout: float) -> dict[str, 
     """
     try:
         return await _current_user(ws_url, token, timeout=timeout)
-    except aiohttp.ClientError as err:
+    except (aiohttp.ClientError, _Broken) as err:
         raise OSError(str(err) or type(err).__name__) from None
 
 
 async def _current_user(ws_url: str, token: str, *, timeout: float) -> dict[str, Any]:
     async with asyncio.timeout(timeout), aiohttp.ClientSession() as session, session.ws_connect(ws_url) as ws:
-        await ws.receive_json()  # auth_required
+        await _receive(ws)  # auth_required
         await ws.send_json({"type": "auth", "access_token": token.strip()})
-        if (await ws.receive_json()).get("type") != "auth_ok":
+        if (await _receive(ws)).get("type") != "auth_ok":
             raise ValueError("Home Assistant refused the token")
         await ws.send_json({"id": 1, "type": "auth/current_user"})
-        answer = await ws.receive_json()
+        answer = await _receive(ws)
         result = answer.get("result")
         if not answer.get("success") or not isinstance(result, dict):
             raise ValueError(f"Home Assistant refused auth/current_user: {answer.get('error')}")
