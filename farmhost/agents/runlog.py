@@ -15,7 +15,7 @@ from farmhost.agents.jobs import AgentJob, AgentOutcome
 from farmhost.agents.launch import Exit
 from farmhost.agents.proxy.budget import ProxyUsage
 from farmhost.agents.sandbox.backends.base import RunLimits
-from farmhost.files import DIR_FLAGS
+from farmhost.files import DIR_FLAGS, write_atomic
 from farmhost.store.db import iso, now_utc
 from farmhost.store.groups import Group
 
@@ -25,7 +25,6 @@ PROMPT_LOG_CHARS: Final = 2000
 RUN_LOGS_KEPT: Final = 200
 # The operator (and the daemon's group) may read them; no sandbox sees the directory at all.
 LOGS_MODE: Final = 0o750
-_FILE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def log_name(run_id: str) -> str:
@@ -42,21 +41,12 @@ def write_run_log_sync(directory: Path, run_id: str, text: str) -> Path:
     directory.mkdir(mode=LOGS_MODE, parents=True, exist_ok=True)
     fd = os.open(directory, DIR_FLAGS)
     try:
-        _write(fd, log_name(run_id), text.encode(errors="replace"))
+        # Whole or not at all under its name: an operator's `tail` or a waiting reader never opens it half written.
+        write_atomic(fd, log_name(run_id), text.encode(errors="replace"), mode=0o640)
         _prune(fd)
     finally:
         os.close(fd)
     return directory / log_name(run_id)
-
-
-def _write(directory: int, name: str, data: bytes) -> None:
-    fd = os.open(name, _FILE_FLAGS, 0o640, dir_fd=directory)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
 
 
 def _prune(directory: int) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
 
-from farmhost.files import DIR_FLAGS, dump_json
+from farmhost.files import DIR_FLAGS, discard, dump_json, prepare_atomic
 from farmhost.ipc.renames import rename_noreplace
 from farmhost.protocol.codes import ErrorCode
 from farmhost.protocol.envelope import utc_stamp
@@ -316,11 +316,13 @@ class Quarantine:
             "receivedAt": utc_stamp(at),
             "kept": kept,
         }
-        fd = os.open(
-            f"{target}{NOTE_SUFFIX}", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd
-        )
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(dump_json(note))
+        # Whole under its name or not there (a reader never opens it empty), and never in place of another file.
+        tmp = prepare_atomic(dir_fd, f"{target}{NOTE_SUFFIX}", dump_json(note), durable=False)
+        try:
+            rename_noreplace(dir_fd, tmp, dir_fd, f"{target}{NOTE_SUFFIX}")
+        except BaseException:
+            discard(dir_fd, tmp)
+            raise
 
     @staticmethod
     def _log(

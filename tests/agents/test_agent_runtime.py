@@ -11,11 +11,13 @@ from typing import Any
 
 import pytest
 from farmhost_testing import init_data_dir_in_process, scaled, wait_for_async
+from inotify_simple import INotify, flags
 from runtime_support import add_group, make_runtime, probe_job, report, settings_for
 
 from farmhost.agents.inputs import ELLIPSIS
 from farmhost.agents.jobs import AgentJob, AgentOutcome
 from farmhost.agents.runtime import AgentRuntime
+from farmhost.layout import DataLayout
 
 
 @pytest.fixture
@@ -220,6 +222,23 @@ async def test_the_run_log_tells_what_ran_and_how_it_ended(root: Path) -> None:
     ):
         assert part in text, part
     assert "ha-secret-token-123" not in text
+
+
+async def test_a_run_log_appears_whole_under_its_name(root: Path) -> None:
+    """Whoever waits for `run-<id>.log` (an operator's `tail`, a test) never opens it empty or half written."""
+    runtime = await started(make_runtime(settings_for(root, FARMHOST_AGENT_RUNTIME="process")))
+    logs = DataLayout(root).run_logs("field")
+    logs.mkdir(parents=True, exist_ok=True)
+    with INotify() as watch:
+        watch.add_watch(logs, flags.CREATE | flags.MODIFY | flags.CLOSE_WRITE | flags.MOVED_TO)
+        try:
+            outcome = await runtime.submit(AgentJob(folder="field", prompt="{}", scheduled=False))
+        finally:
+            await runtime.stop()
+        seen = [(event.name, [flag.name for flag in flags.from_mask(event.mask)]) for event in watch.read(timeout=0)]
+    assert [flagged for name, flagged in seen if name == outcome.log_path.name] == [["MOVED_TO"]], seen
+    assert "status: ok, exit code 0" in outcome.log_path.read_text()
+    assert sorted(path.name for path in logs.iterdir()) == [outcome.log_path.name]
 
 
 async def test_the_before_run_hook_runs_before_each_run(root: Path) -> None:

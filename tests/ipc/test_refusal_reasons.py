@@ -9,7 +9,10 @@ from typing import Any
 
 import pytest
 from farmhost_testing import FIELD_JID, MAIN_JID, drop, read_result, result_path, wait_for, wait_result
+from inotify_simple import INotify, flags
 from ipc_support import Env, outbox, ping_ok, uid, wait_note, write_raw
+
+from farmhost.ipc.quarantine import NOTE_SUFFIX
 
 
 def _ask(env: Env, folder: str, queue: str, payload: dict[str, Any]) -> dict[str, Any]:
@@ -149,3 +152,21 @@ def test_register_group_with_nul_in_its_name_is_refused(env: Env) -> None:
 )
 def test_params_with_nul_characters_are_refused(env: Env, payload: dict[str, Any]) -> None:
     _refused(_ask(env, "main", "actions", payload), "NUL")
+
+
+# the reason note appears whole -----------------------------------------------------------------------------------
+
+
+def test_a_quarantine_note_appears_whole_under_its_name(env: Env) -> None:
+    """Whoever waits for `<entry>.reason.json` (the operator, `farmhost doctor`) never opens it empty."""
+    errors = env.data_dir / "ipc" / "errors" / "field"
+    errors.mkdir(parents=True, exist_ok=True)
+    name = f"{uid('torn')}.json"
+    with INotify() as watch:
+        watch.add_watch(errors, flags.CREATE | flags.MODIFY | flags.CLOSE_WRITE | flags.MOVED_TO)
+        write_raw(env.data_dir / "ipc" / "field" / "actions", name, b"{not json")
+        note = wait_note(env.data_dir, "field", name)
+        seen = [(event.name, [flag.name for flag in flags.from_mask(event.mask)]) for event in watch.read(timeout=0)]
+    assert note["errorCode"] == "invalid_request" and "not valid JSON" in note["reason"], note
+    notes = [flagged for event_name, flagged in seen if event_name.endswith(f"{name}{NOTE_SUFFIX}")]
+    assert notes == [["MOVED_TO"]], seen
