@@ -79,7 +79,7 @@ class Worker:
             raise missing
         self.send(event="loading")
         started = time.monotonic()
-        from faster_whisper import WhisperModel
+        from farmhost.voice.whisper_model import OneEncodePerWindow
 
         is_dir = os.path.isdir(self.args.model)
         if not is_dir and self.args.model.startswith(("/", ".", "~")):
@@ -89,7 +89,7 @@ class Worker:
             )
         path = self.args.model if is_dir else self.fetch(self.args.model)
         try:
-            self.model = WhisperModel(
+            self.model = OneEncodePerWindow(
                 path, device="cpu", compute_type="int8", cpu_threads=self.args.threads, num_workers=1
             )
         except Exception as err:
