@@ -79,11 +79,12 @@ PYTEST = .venv/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope
 
 # FARMHOST_TEST_DOCKER_HOST: the private engine of `make docker` when it runs, for the Docker live tests only (a
 # DOCKER_HOST would make every test daemon default to the docker runtime); the engine is stopped afterwards.
+# TMPDIR: the tests' temporary files in memory when there is room (scripts/test-tmpdir, docs/testing.md).
 pytest:
-	FARMHOST_TEST_DOCKER_HOST=$$(scripts/docker-engine host) $(PYTEST); status=$$?; scripts/docker-engine stop; exit $$status
+	TMPDIR=$$(scripts/test-tmpdir) FARMHOST_TEST_DOCKER_HOST=$$(scripts/docker-engine host) $(PYTEST); status=$$?; scripts/docker-engine stop; exit $$status
 
 pytest-fast:
-	FARMHOST_TEST_DOCKER_HOST=$$(scripts/docker-engine host) $(PYTEST) -m "not slow"; status=$$?; \
+	TMPDIR=$$(scripts/test-tmpdir) FARMHOST_TEST_DOCKER_HOST=$$(scripts/docker-engine host) $(PYTEST) -m "not slow"; status=$$?; \
 	  scripts/docker-engine stop; exit $$status
 
 ## bench: the IPC round-trip benchmark (figures in docs/performance.md)

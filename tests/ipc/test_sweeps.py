@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-import tempfile
 import time
 from pathlib import Path
 
@@ -68,11 +67,13 @@ def test_start_up_sweep_removes_old_quarantined_links_fifos_sockets_and_director
     fifo = errors / f"{stamp}fifo.json"
     os.mkfifo(fifo)
     sock_path = errors / f"{stamp}sock.json"
-    short = Path(tempfile.mkdtemp(prefix="fh-"))  # a socket path must fit in 108 bytes: bind short, then move it
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.bind(str(short / "s"))
-    os.rename(short / "s", sock_path)
-    short.rmdir()
+    # A socket path must fit in 108 bytes: bound through the directory's descriptor, on the data dir's file system.
+    errors_fd = os.open(errors, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.bind(f"/proc/self/fd/{errors_fd}/{sock_path.name}")
+    finally:
+        os.close(errors_fd)
     tree = errors / f"{stamp}dir.json"
     deep = tree
     for level in range(200):  # deeper than anyone would recurse for, by descriptor all the way
