@@ -32,12 +32,25 @@ MAX_OUTPUT_TOKENS: Final = 4096  # a reply's share of the context: a quarter, at
 MIN_CONTEXT_TOKENS: Final = 512  # the runner's own lower bound for the setting (farmagent.config)
 # What OpenCode would otherwise try at each start, from a sandbox without network: fetch models.dev's catalogue
 # (the provider and model are all in the configuration), look for an update, download language servers, load
-# plugins from npm (the configuration names none).
+# plugins from npm (the configuration names none, nor its built-in ones), share a session.
 OPENCODE_OFFLINE: Final = {
     "OPENCODE_DISABLE_MODELS_FETCH": "1",
     "OPENCODE_DISABLE_AUTOUPDATE": "1",
     "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
     "OPENCODE_PURE": "1",
+    "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
+    "OPENCODE_DISABLE_SHARE": "1",
+}
+# The configuration is the host's alone. OpenCode merges an `opencode.json` or `.opencode/` of the directory it runs
+# in over OPENCODE_CONFIG, and that directory is the group's workspace, which the agent writes: an earlier run could
+# change the model, add instructions to every later prompt, other MCP servers or permissions. Claude Code's files
+# (CLAUDE.md, ~/.claude skills) and external skills are no configuration of farmhost's either. Without the watcher
+# OpenCode does not put an inotify watch on every directory of a large workspace at each start.
+OPENCODE_HOST_CONFIG_ONLY: Final = {
+    "OPENCODE_DISABLE_PROJECT_CONFIG": "1",
+    "OPENCODE_DISABLE_CLAUDE_CODE": "1",
+    "OPENCODE_DISABLE_EXTERNAL_SKILLS": "1",
+    "OPENCODE_EXPERIMENTAL_DISABLE_FILEWATCHER": "1",
 }
 
 
@@ -191,6 +204,7 @@ async def run(agent_input: AgentInput, environ: Mapping[str, str]) -> AgentResul
             "TZ": environ.get("TZ", "UTC"),
             "LANG": environ.get("LANG", "C.UTF-8"),
             **OPENCODE_OFFLINE,
+            **OPENCODE_HOST_CONFIG_ONLY,
             **{k: v for k, v in environ.items() if k.startswith("FARMAGENT_")},
         }
         proc = await asyncio.create_subprocess_exec(
