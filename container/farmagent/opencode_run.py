@@ -104,7 +104,7 @@ def opencode_config(*, port: int, model: str, environ: Mapping[str, str], sees: 
         "mcp": {
             "farm": {
                 "type": "local",
-                "command": [sys.executable, "-m", "farmagent.mcp_server"],
+                "command": [sys.executable, "-I", "-m", "farmagent.mcp_server"],  # nothing of the workspace (cwd)
                 "environment": farm_env,
                 "enabled": True,
             }

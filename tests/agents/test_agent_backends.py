@@ -98,7 +98,7 @@ def expected_docker(engine: str, root: Path, folder: str, *, is_main: bool, extr
     ]
     for item in env:
         argv += ["-e", item]
-    return [*argv, "--entrypoint", "python", "farmhost-agent:test", "-m", "farmagent.run"]
+    return [*argv, "--entrypoint", "python", "farmhost-agent:test", "-I", "-m", "farmagent.run"]
 
 
 def assert_no_secret(plan: LaunchPlan) -> None:
@@ -226,8 +226,8 @@ def test_bwrap_mounts_only_the_run_and_the_interpreter(root: Path) -> None:
     assert tmpfs == [("--perms", "1777", "--size", size, "--tmpfs", path) for path in ("/tmp", "/dev/shm")]
     # the launcher sets the run's share of the daemon uid's limits inside its user namespace, then the agent runs
     launcher = [str(python.executable), "-I", "-c", LAUNCHER, "7", "64"]
-    assert argv[-14:] == [
-        "--remount-ro", "/", "--chdir", "/workspace/group", "--", *launcher, str(python.executable), "-m",
+    assert argv[-15:] == [
+        "--remount-ro", "/", "--chdir", "/workspace/group", "--", *launcher, str(python.executable), "-I", "-m",
         "farmagent.run",
     ]  # fmt: skip
     assert resource.RLIMIT_NPROC not in dict(plan.rlimits), "set before bwrap, it would cap the daemon's whole uid"
@@ -251,7 +251,7 @@ def test_bwrap_under_root_drops_to_the_agent_uid_before_the_agent_starts(root: P
         "/usr/bin/sp", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all",
         "--no-new-privs", "--",
     ]  # fmt: skip
-    assert argv[end + 8 :] == [str(python.executable), "-m", "farmagent.run"]
+    assert argv[end + 8 :] == [str(python.executable), "-I", "-m", "farmagent.run"]
     without = BwrapBackend(
         bwrap="/usr/bin/bwrap", python=python, system=(), identity=AS_ROOT, setpriv=None, seccomp=None
     )
@@ -290,7 +290,7 @@ def test_process_points_the_agent_at_host_paths(tmp_path: Path) -> None:
     assert len(str(layout.group_run("field") / "llm.sock")) > 107
     assert not socket_path.startswith("/") and len(socket_path) < 107  # relative: the absolute one is too long
     assert os.path.normpath(layout.workspace("field") / socket_path) == str(layout.group_run("field") / "llm.sock")
-    assert plan.argv == (sys.executable, "-m", "farmagent.run")
+    assert plan.argv == (sys.executable, "-I", "-m", "farmagent.run")
     assert plan.signal_leader is True
 
 
@@ -336,9 +336,9 @@ def test_docker_command_for_each_agent_kind(root: Path, tmp_path: Path, kind: st
     volumes = [argv[i + 1] for i, arg in enumerate(argv) if arg == "-v"]
     assert not any(str(binary.parent) in volume for volume in volumes), volumes  # nothing of the host's OpenCode
     if kind == "farmagent":
-        assert tail == ["python", "-m", "farmagent.run"]
+        assert tail == ["python", "-I", "-m", "farmagent.run"]
     elif kind == "opencode":
-        assert tail == ["python", "-m", "farmagent.opencode_run"]
+        assert tail == ["python", "-I", "-m", "farmagent.opencode_run"]
         # The image's own OpenCode (container/Dockerfile installs it there), even with FARMHOST_OPENCODE_BIN set.
         assert f"FARMAGENT_OPENCODE={IMAGE_OPENCODE_BIN}" in argv and IMAGE_OPENCODE_BIN == "/opt/opencode/bin/opencode"
     else:
@@ -378,4 +378,4 @@ def test_bwrap_in_a_container_binds_its_proc_and_leaves_the_inotify_share_alone(
     at = argv.index("/proc")
     assert argv[at - 1 : at + 2] == ["--ro-bind", "/proc", "/proc"], argv[at - 1 : at + 2]
     launcher = [str(python.executable), "-I", "-c", LAUNCHER, "0", "64"]
-    assert argv[-9:-3] == launcher, argv[-9:]
+    assert argv[-10:-4] == launcher, argv[-10:]

@@ -168,8 +168,25 @@ async def test_the_agent_reaches_the_llm_only_through_the_proxy(root: Path) -> N
     assert SECRETS["FARMHOST_LLM_API_KEY"] not in json.dumps(seen)
 
 
-async def test_the_real_runner_answers_from_its_sandbox(root: Path) -> None:
-    """`python -m farmagent.run` in bwrap: the AgentInput in, one LLM turn through the proxy, the answer out."""
+def _plant_python(workspace: Path) -> None:
+    """What an earlier run (of kind command or opencode: any code) could leave for Python to pick up from its cwd/HOME."""
+    fake = 'print(\'{"status": "ok", "answer": "PLANTED-RUNNER"}\')\n'
+    (workspace / "farmagent").mkdir(parents=True)
+    (workspace / "farmagent" / "__init__.py").write_text("")
+    (workspace / "farmagent" / "run.py").write_text(fake)
+    (workspace / "json.py").write_text("raise SystemExit('PLANTED-JSON')\n")
+    site = workspace / ".local" / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "planted.pth").write_text("import sys; sys.stderr.write('PLANTED-PTH\\n')\n")
+
+
+async def test_the_real_runner_answers_from_its_sandbox_whatever_the_workspace_holds(root: Path) -> None:
+    """`python -m farmagent.run` in bwrap: the AgentInput in, one LLM turn through the proxy, the answer out.
+
+    The runner's cwd and HOME are the group's workspace, which the agent writes: a package, a module or a user site
+    left there must not be imported in place of the host's runner.
+    """
+    _plant_python(root / "groups" / "field")
     with ScriptedLLM([Reply("The field pumps ran for 20 minutes.")]) as llm:
         settings = settings_for(
             root,
@@ -191,7 +208,8 @@ async def test_the_real_runner_answers_from_its_sandbox(root: Path) -> None:
     (request,) = llm.requests
     assert "how long did the pumps run?" in request.text() and request.model == "farm-model"
     log = outcome.log_path.read_text()
-    assert "-m farmagent.run" in log and "llm: 1 request(s), 0 refused" in log
+    assert "-I -m farmagent.run" in log and "llm: 1 request(s), 0 refused" in log
+    assert "PLANTED" not in log, log[-3000:]
     # Where the time went: the host's phases (in the outcome and the log) and the runner's own timing line.
     assert list(outcome.phases_ms) == ["hook", "memory", "sandbox", "agent", "cleanup", "log"], outcome.phases_ms
     assert all(ms >= 0 for ms in outcome.phases_ms.values())

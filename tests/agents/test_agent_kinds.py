@@ -89,7 +89,9 @@ async def test_in_the_agent_image_kind_opencode_runs_the_images_own_binary(root:
     finally:
         await runtime.stop()
     command = [argv[argv.index("--entrypoint") + 1], *argv[argv.index("farmhost-agent:test") + 1 :]]
-    assert command == ["python", "-m", "farmagent.opencode_run"], "the image's entrypoint replaced by the run's command"
+    assert command == ["python", "-I", "-m", "farmagent.opencode_run"], (
+        "the image's entrypoint replaced by the run's command"
+    )
     assert f"FARMAGENT_OPENCODE={IMAGE_OPENCODE_BIN}" in argv
     assert not any(str(tmp_path / "missing") in arg for arg in argv)
     volumes = [argv[i + 1] for i, arg in enumerate(argv) if arg == "-v"]

@@ -51,7 +51,7 @@ def test_the_image_is_slim_non_root_and_runs_the_runner() -> None:
     final = instructions[last_from:]
     assert final[0] == "FROM ${BASE_IMAGE}"
     assert "USER 1000:1000" in final and "WORKDIR /workspace/group" in final
-    assert final[-1] == 'ENTRYPOINT ["python", "-m", "farmagent.run"]'
+    assert final[-1] == 'ENTRYPOINT ["python", "-I", "-m", "farmagent.run"]'
     copies = [line for line in final if line.startswith(("COPY", "ADD"))]
     assert copies == [
         "COPY pyproject.toml /src/farmagent/",

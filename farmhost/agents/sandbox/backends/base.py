@@ -72,6 +72,16 @@ class SandboxSpec:
 
 
 # What an argument holds in a plan until launch.py puts the number of the descriptor there (see FdArg).
+def module_argv(python: str, module: str) -> tuple[str, ...]:
+    """The command line that runs `module` with `python`: `python -I -m <module>`.
+
+    Isolated mode, because the run's working directory and HOME are the group's workspace, which the agent writes:
+    without `-I` Python would import a package or module left there (or run a user site's `.pth`) before the host's
+    runner, so an earlier run (of a kind that runs any code) could replace what every later run runs.
+    """
+    return (python, "-I", "-m", module)
+
+
 FD_PLACEHOLDER: Final = "<fd>"
 
 

@@ -16,6 +16,7 @@ from farmhost.agents.sandbox.backends.base import (
     LaunchPlan,
     SandboxError,
     SandboxSpec,
+    module_argv,
     rlimits_for,
 )
 from farmhost.agents.sandbox.backends.host_paths import PythonInstall, SystemEntry
@@ -95,7 +96,7 @@ class BwrapBackend:
             argv += ["--ro-bind" if mount.read_only else "--bind", str(mount.source), mount.target]
         argv += ["--remount-ro", "/", "--chdir", spec.workdir, "--"]
         argv += self._drop(identity, spec)
-        argv += spec.argv if spec.argv is not None else (str(self.python.executable), "-m", spec.module)
+        argv += spec.argv if spec.argv is not None else module_argv(str(self.python.executable), spec.module)
         rlimits = rlimits_for(spec)
         if not identity.switch:  # set inside the run's user namespace (share.py), not as the daemon uid's ceiling
             rlimits = tuple(pair for pair in rlimits if pair[0] != resource.RLIMIT_NPROC)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from farmhost.agents.sandbox.backends.base import LaunchPlan, SandboxError, SandboxSpec
+from farmhost.agents.sandbox.backends.base import LaunchPlan, SandboxError, SandboxSpec, module_argv
 
 RUN_LABEL: Final = "farmhost.run"
 GROUP_LABEL: Final = "farmhost.group"
@@ -48,7 +48,7 @@ class DockerBackend:
 
     def plan(self, spec: SandboxSpec) -> LaunchPlan:
         """The `docker run` command line."""
-        command = spec.argv if spec.argv is not None else ("python", "-m", spec.module)
+        command = spec.argv if spec.argv is not None else module_argv("python", spec.module)
         # The command replaces the image's ENTRYPOINT, not its arguments: otherwise `python -m farmagent.run`
         # (the entrypoint) would get the command as arguments and every kind would start the built-in runner.
         argv = [self.engine, *self._run_args(spec), "--entrypoint", command[0], self.image, *command[1:]]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from farmhost.agents.sandbox.backends.base import LaunchPlan, SandboxError, SandboxSpec, rlimits_for
+from farmhost.agents.sandbox.backends.base import LaunchPlan, SandboxError, SandboxSpec, module_argv, rlimits_for
 
 # sun_path holds 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH: Final = 107
@@ -28,7 +28,7 @@ class ProcessBackend:
             raise SandboxError(f"the working directory {spec.workdir} is not a mounted path")
         env = {key: self._host_value(spec, key, value, workdir) for key, value in spec.env.items()}
         env["PATH"] = os.defpath
-        argv = spec.argv if spec.argv is not None else (str(self.python), "-m", spec.module)
+        argv = spec.argv if spec.argv is not None else module_argv(str(self.python), spec.module)
         return LaunchPlan(argv=tuple(argv), env=env, cwd=Path(workdir), rlimits=rlimits_for(spec))
 
     @staticmethod
