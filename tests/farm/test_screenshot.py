@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -9,6 +10,7 @@ import os
 import socket
 import struct
 import threading
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from farmhost_testing import Daemon, clean_env, drop, wait_result
+from farmhost_testing import Daemon, clean_env, drop, wait_for, wait_result
 from ha_fixture import HaInstance, WsSession
 
 from farmhost.config import Settings, build_config
@@ -600,3 +602,24 @@ async def test_a_listed_custom_card_acting_through_the_frontend_changes_nothing(
     account = ha_user.load(farm.db)
     assert account is not None and account.token != ha.farmhost_token, "the browser held the screenshot user's token"
     assert call_service_with(ha, account.token)["success"] is False
+
+
+async def test_a_capture_that_ends_early_lets_no_request_out_while_the_browser_closes(
+    farm: Farm, ha: HaInstance, spy: Spy
+) -> None:
+    """Images to another origin pending when a capture ends (here: an unknown view) must not go out as it closes.
+
+    An agent writes dashboards: an image URL on another host that carried data would be a way out of a sandbox that
+    has no network. A CI run once saw the module's spy hit while a capture of an unknown view closed its browser.
+    """
+    images = "".join(f'<img src="http://127.0.0.1:{spy.port}/leak-{n}.gif">' for n in range(80))
+    save_dashboard(ha, "leaky", [{"type": "markdown", "content": f"## Leaky\n{images}"}])
+    before = len(spy.hits)
+    for attempt in range(4):
+        with pytest.raises(NotFound):
+            await farm.shoot(f"leaky-{attempt}", dashboard="leaky", view="cellar")
+    # The browsers are gone; a request of ours now queues behind anything they sent, so once the spy has ours it
+    # has taken theirs too.
+    await asyncio.to_thread(lambda: urllib.request.urlopen(f"http://127.0.0.1:{spy.port}/settled", timeout=10).close())
+    wait_for(lambda: "/settled" in spy.hits, what="the spy to take our own request")
+    assert [hit for hit in spy.hits[before:] if hit != "/settled"] == [], spy.during[before:]

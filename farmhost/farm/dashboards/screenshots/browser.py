@@ -41,6 +41,28 @@ LAUNCH_ARGS: Final = (
     "--disable-features=LocalNetworkAccessChecks",
     *WEBRTC_FLAGS,
 )
+# A second wall under confine.py's route: Chromium sends whatever it fetches itself through a proxy nobody serves,
+# except to Home Assistant's own host and port (`<-loopback>`: other ports of loopback too). A request the route has
+# paused when a capture ends early could otherwise go out unexamined as Playwright lets go of the browser (a CI run
+# saw one reach another origin). Chromium's flags, not Playwright's `proxy` option: that one would also send
+# `route.fetch` (Playwright's own requests to HA) to the proxy.
+NOWHERE_PROXY: Final = "http://127.0.0.1:1"
+
+
+def launch_args(base: str) -> list[str]:
+    """Chromium's command-line flags for a capture of Home Assistant at `base`."""
+    return [*LAUNCH_ARGS, *network_wall(base)]
+
+
+def network_wall(base: str) -> tuple[str, str]:
+    """Chromium's flags that let it reach only `base`'s host and port by itself."""
+    home = urlsplit(base)
+    port = home.port or (443 if home.scheme == "https" else 80)
+    host = f"[{home.hostname}]" if home.hostname and ":" in home.hostname else home.hostname
+    # `<-loopback>` first: Chromium applies the rules in order, and after HA's it would take HA's bypass back too.
+    return f"--proxy-server={NOWHERE_PROXY}", f"--proxy-bypass-list=<-loopback>;{host}:{port}"
+
+
 # Playwright's CSS engine pierces open shadow roots, so these find the cards inside HA's web components.
 CARD_SELECTOR: Final = "hui-card, hui-entities-card, hui-gauge-card, hui-tile-card, hui-markdown-card, hui-error-card"
 PANEL_OR_LOGIN: Final = "ha-panel-lovelace, ha-authorize"
@@ -75,7 +97,10 @@ async def take_shot(
     async with async_playwright() as pw:
         try:
             browser = await pw.chromium.launch(
-                executable_path=str(chromium), headless=True, args=list(LAUNCH_ARGS), timeout=left_ms()
+                executable_path=str(chromium),
+                headless=True,
+                args=launch_args(confinement.base),
+                timeout=left_ms(),
             )
         except PlaywrightError as err:
             raise Unavailable(f"Chromium at {chromium} did not start: {_first_line(err)}") from None
