@@ -15,7 +15,7 @@ from farmhost.agents.jobs import AgentJob, AgentOutcome
 from farmhost.agents.launch import Exit
 from farmhost.agents.proxy.budget import ProxyUsage
 from farmhost.agents.sandbox.backends.base import RunLimits
-from farmhost.files import DIR_FLAGS, write_atomic
+from farmhost.files import DIR_FLAGS, temp_target, write_atomic
 from farmhost.store.db import iso, now_utc
 from farmhost.store.groups import Group
 
@@ -25,6 +25,8 @@ PROMPT_LOG_CHARS: Final = 2000
 RUN_LOGS_KEPT: Final = 200
 # The operator (and the daemon's group) may read them; no sandbox sees the directory at all.
 LOGS_MODE: Final = 0o750
+# A log's temp file this old was left by a daemon killed while writing it (another run's log takes milliseconds).
+STALE_TEMP_SECONDS: Final = 3600
 
 
 def log_name(run_id: str) -> str:
@@ -49,16 +51,29 @@ def write_run_log_sync(directory: Path, run_id: str, text: str) -> Path:
     return directory / log_name(run_id)
 
 
+def _is_log(name: str) -> bool:
+    return name.startswith("run-") and name.endswith(".log")
+
+
 def _prune(directory: int) -> None:
+    """Keep the newest RUN_LOGS_KEPT logs; drop the temp file of a log whose writer died (kill -9) mid-write."""
     logs = []
+    stale = time.time() - STALE_TEMP_SECONDS
     for name in os.listdir(directory):
-        if name.startswith("run-") and name.endswith(".log"):
-            try:
-                info = os.stat(name, dir_fd=directory, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            if stat.S_ISREG(info.st_mode):
-                logs.append((info.st_mtime_ns, name))
+        target = temp_target(name)
+        if not _is_log(name) and not (target is not None and _is_log(target)):
+            continue
+        try:
+            info = os.stat(name, dir_fd=directory, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            continue
+        if target is None:
+            logs.append((info.st_mtime_ns, name))
+        elif info.st_mtime < stale:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=directory)
     for _, name in sorted(logs)[:-RUN_LOGS_KEPT]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name, dir_fd=directory)

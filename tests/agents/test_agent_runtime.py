@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from runtime_support import add_group, make_runtime, probe_job, report, settings
 
 from farmhost.agents.inputs import ELLIPSIS
 from farmhost.agents.jobs import AgentJob, AgentOutcome
+from farmhost.agents.runlog import STALE_TEMP_SECONDS
 from farmhost.agents.runtime import AgentRuntime
 from farmhost.layout import DataLayout
 
@@ -239,6 +241,23 @@ async def test_a_run_log_appears_whole_under_its_name(root: Path) -> None:
     assert [flagged for name, flagged in seen if name == outcome.log_path.name] == [["MOVED_TO"]], seen
     assert "status: ok, exit code 0" in outcome.log_path.read_text()
     assert sorted(path.name for path in logs.iterdir()) == [outcome.log_path.name]
+
+
+async def test_a_log_left_half_written_by_a_killed_daemon_goes_at_the_next_run(root: Path) -> None:
+    """The temp file of a log whose writer died (kill -9) goes once it is old; a fresh one (a writer now) stays."""
+    logs = DataLayout(root).run_logs("field")
+    logs.mkdir(parents=True, exist_ok=True)
+    dead, writing = logs / ".run-20260101T000000-dead.log.0badc0de.tmp", logs / ".run-now.log.0000beef.tmp"
+    for path in (dead, writing):
+        path.write_text("run 20260101T000000-dead of group field\n")
+    old = time.time() - STALE_TEMP_SECONDS - 60
+    os.utime(dead, (old, old))
+    runtime = await started(make_runtime(settings_for(root, FARMHOST_AGENT_RUNTIME="process")))
+    try:
+        outcome = await runtime.submit(AgentJob(folder="field", prompt="{}", scheduled=False))
+    finally:
+        await runtime.stop()
+    assert sorted(path.name for path in logs.iterdir()) == sorted([writing.name, outcome.log_path.name])
 
 
 async def test_the_before_run_hook_runs_before_each_run(root: Path) -> None:

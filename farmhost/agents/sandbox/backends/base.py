@@ -71,7 +71,6 @@ class SandboxSpec:
         return None
 
 
-# What an argument holds in a plan until launch.py puts the number of the descriptor there (see FdArg).
 def module_argv(python: str, module: str) -> tuple[str, ...]:
     """The command line that runs `module` with `python`: `python -I -m <module>`.
 
@@ -82,6 +81,7 @@ def module_argv(python: str, module: str) -> tuple[str, ...]:
     return (python, "-I", "-m", module)
 
 
+# What an argument holds in a plan until launch.py puts the number of the descriptor there (see FdArg).
 FD_PLACEHOLDER: Final = "<fd>"
 
 
