@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import ctypes
+import json
 import os
 import struct
 import subprocess
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 # struct acct_v3 (linux/acct.h): 64 bytes; comp_t times in AHZ (100) ticks, 3-bit base-8 exponent, 13-bit mantissa.
@@ -29,6 +31,7 @@ AHZ = 100
 # The first part of a command line that names its kind (first match wins), then the program's name in the record.
 KINDS = (
     ("homeassistant", "Home Assistant"),
+    ("localha/supervisor.py", "Home Assistant"),  # the supervisor, and each hass it forks
     ("exec(eval(sys.stdin", "pytest-xdist workers (the tests in process)"),
     ("forkserver.py", "fork server children (daemons, CLI calls)"),
     ("local_llm", "llama.cpp server"),
@@ -85,22 +88,39 @@ class Namer(threading.Thread):
                     self.commands[int(entry.name)] = command
 
 
+def processes(records: bytes, commands: dict[int, str]) -> Iterator[tuple[str, float, int, str]]:
+    """(kind, CPU seconds, pid, command line) of each process that ended."""
+    for offset in range(0, len(records) - RECORD.size + 1, RECORD.size):
+        fields = RECORD.unpack_from(records, offset)
+        pid, utime, stime, program = fields[6], fields[10], fields[11], fields[18]
+        name = program.split(b"\0")[0].decode(errors="replace")
+        command = commands.get(pid, "")
+        yield _kind(command, name), _comp(utime) + _comp(stime), pid, command or name
+
+
 def report(records: bytes, commands: dict[int, str]) -> list[tuple[str, float, int]]:
     """(kind, CPU seconds, processes), most CPU first."""
     seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
     count: collections.Counter[str] = collections.Counter()
-    for offset in range(0, len(records) - RECORD.size + 1, RECORD.size):
-        fields = RECORD.unpack_from(records, offset)
-        pid, utime, stime, program = fields[6], fields[10], fields[11], fields[18]
-        kind = _kind(commands.get(pid, ""), program.split(b"\0")[0].decode(errors="replace"))
-        seconds[kind] += _comp(utime) + _comp(stime)
+    for kind, cpu, _, _ in processes(records, commands):
+        seconds[kind] += cpu
         count[kind] += 1
     return sorted(((kind, cpu, count[kind]) for kind, cpu in seconds.items()), key=lambda row: -row[1])
+
+
+def write_each(path: Path, records: bytes, commands: dict[int, str]) -> None:
+    """Every process that ended, one JSON object a line: kind, CPU seconds, pid, command line."""
+    with path.open("w") as out:
+        for kind, cpu, pid, command in processes(records, commands):
+            out.write(json.dumps({"kind": kind, "cpu": cpu, "pid": pid, "command": command}) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command under accounting; print the table; its exit code."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--each", type=Path, help="also write every process (kind, CPU, pid, command) here as JSON lines"
+    )
     parser.add_argument("command", nargs="+", help="the command to run and measure (after --)")
     args = parser.parse_args(argv)
     libc = ctypes.CDLL(None, use_errno=True)
@@ -122,11 +142,14 @@ def main(argv: list[str] | None = None) -> int:
             namer.done.set()
             namer.join()
         wall = time.monotonic() - started
-        rows = report(path.read_bytes(), namer.commands)
+        records = path.read_bytes()
+        rows = report(records, namer.commands)
+        if args.each is not None:
+            write_each(args.each, records, namer.commands)
     total = sum(cpu for _, cpu, _ in rows)
     print(f"\n{total:.1f} CPU-seconds in {wall:.1f} s ({total / wall:.2f} cores busy on average), exit code {code}")
-    for kind, cpu, processes in rows[:20]:
-        print(f"{cpu:8.1f} s {100 * cpu / total:5.1f} %  {processes:6d} processes  {kind}")
+    for kind, cpu, count in rows[:20]:
+        print(f"{cpu:8.1f} s {100 * cpu / total:5.1f} %  {count:6d} processes  {kind}")
     return code
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from farmhost_dev.suite_cpu import RECORD, report
+import json
+from pathlib import Path
+
+from farmhost_dev.suite_cpu import RECORD, processes, report, write_each
 
 
 def _record(pid: int, program: bytes, utime: int, stime: int) -> bytes:
@@ -28,4 +31,23 @@ def test_records_are_summed_by_kind_with_the_command_line_first_and_the_program_
         ("fork server children (daemons, CLI calls)", 2.0, 1),
         ("Chromium", 1.0, 1),
         ("other: sed", 0.1, 1),
+    ]
+
+
+def test_a_hass_forked_from_its_supervisor_counts_as_home_assistant() -> None:
+    """A forked hass keeps its supervisor's command line (farmhost/localha/supervisor.py)."""
+    command = "/ha/venv/bin/python /x/farmhost/localha/supervisor.py --python /ha/venv/bin/python --config /c"
+    ((kind, cpu, pid, named),) = processes(_record(20, b"python3", 300, 0), {20: command})
+    assert (kind, cpu, pid, named) == ("Home Assistant", 3.0, 20, command)
+
+
+def test_each_process_is_written_as_a_json_line(tmp_path: Path) -> None:
+    """`--each FILE`: every process that ended, with its kind, CPU, pid and command line (or program name)."""
+    each = tmp_path / "each.jsonl"
+    records = _record(30, b"python", 40, 10) + _record(31, b"sed", 5, 0)
+    write_each(each, records, {30: "python -m farmhost run"})
+    rows = [json.loads(line) for line in each.read_text().splitlines()]
+    assert rows == [
+        {"kind": "farmhost started by exec", "cpu": 0.5, "pid": 30, "command": "python -m farmhost run"},
+        {"kind": "other: sed", "cpu": 0.05, "pid": 31, "command": "sed"},
     ]

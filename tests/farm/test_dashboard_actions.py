@@ -163,7 +163,7 @@ async def test_home_assistant_down_is_upstream_unavailable(tmp_path: Path) -> No
 async def test_apply_while_home_assistant_is_stopped_then_again_once_it_is_back(host: FarmHost, ha: HaInstance) -> None:
     name = stage(host, SMALL)
     ok(await host.ask("main", "ha_apply_dashboard", {"dashboard": name}))
-    await asyncio.to_thread(ha.stop)
+    await asyncio.to_thread(ha.take_down)
     try:
         refused(await host.ask("main", "ha_apply_dashboard", {"dashboard": name}), "upstream_unavailable")
         refused(

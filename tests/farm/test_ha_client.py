@@ -218,7 +218,7 @@ def test_daemon_home_assistant_down_and_back(tmp_path: Path, ha_reset: HaInstanc
     try:
         status = {"entityIds": ["switch.irrigation_pump"]}
         assert ask(data_dir, "main", "ha_get_status", status)["status"] == "success"
-        ha_reset.stop()
+        ha_reset.take_down()
         for action, params in (
             ("ha_get_status", status),
             ("ha_set_entity", {"entityId": "switch.irrigation_pump", "value": "on"}),

@@ -375,7 +375,7 @@ async def test_while_ha_is_down_the_snapshot_stays_marked_stale_and_the_outage_i
     # An idle WebSocket left open makes HA's shutdown wait ~10 s for its close handshake (see the report); the
     # client reconnects by itself on the next call, so closing it here changes nothing the test looks at.
     await client.close()
-    ha_reset.stop()
+    ha_reset.take_down()
     try:
         for _ in range(3):
             started = time.monotonic()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import secrets
+import socket
+import subprocess
 import sys
 import urllib.request
 from datetime import UTC, datetime, timedelta
@@ -22,6 +24,7 @@ from ha_fixture import (
     WsSession,
 )
 
+from farmhost.localha import supervisor
 from farmhost.localha.client import http_json
 from farmhost.localha.install import installed_version
 
@@ -226,3 +229,36 @@ def test_stop_and_start_again_on_the_same_url_and_token(ha_reset: HaInstance) ->
     assert (ha.url, ha.token) == (url, token)
     assert ha.core_state() == "RUNNING"
     ha.check_entities()
+
+
+@pytest.mark.slow
+def test_taken_down_it_is_off_until_started_again_by_the_same_supervisor_with_a_forked_hass(
+    ha_reset: HaInstance,
+) -> None:
+    """`take_down` stops hass and keeps its supervisor; `ensure_running` brings a new hass, forked from it."""
+    ha = ha_reset
+    supervisor, old_pid = (ha.root / "supervisor.pid").read_text(), ha.hass_pid()
+    assert ha.take_down(timeout=scaled(30)) == 0  # SIGTERM to hass: a clean exit
+    assert ha.running()  # the supervisor waits
+    assert ha.core_state() is None  # nothing answers on the port
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", ha.port), timeout=scaled(5)).close()
+    ha.ensure_running(timeout=scaled(60))
+    assert ha.core_state() == "RUNNING" and ha.hass_pid() != old_pid
+    assert (ha.root / "supervisor.pid").read_text() == supervisor
+    ha.check_entities()
+    log = ha.log_path.read_text()
+    assert "taken down on request (SIGUSR1): kept down until SIGUSR2" in log
+    # Every hass of this instance was forked from the supervisor that had imported HA (none ran as a new process).
+    assert "starting hass forked from the preloaded supervisor" in log and "starting hass as a new process" not in log
+
+
+def test_a_supervisor_run_by_another_interpreter_starts_hass_as_a_new_process(tmp_path: Path) -> None:
+    """Not HA's interpreter: nothing to preload, so hass runs as `python -m homeassistant` (its output in the log)."""
+    log, pid_file = tmp_path / "hass.log", tmp_path / "hass.pid"
+    argv = ["--python", sys.executable, "--config", str(tmp_path / "config"), "--log", str(log), "--pid-file"]
+    done = subprocess.run([sys.executable, supervisor.__file__, *argv, str(pid_file)], timeout=scaled(60), check=False)
+    assert done.returncode == 1  # this interpreter has no homeassistant to run
+    text = log.read_text()
+    assert "starting hass as a new process" in text and "No module named homeassistant" in text
+    assert "hass exited 1, done" in text and (tmp_path / "hass.rc").read_text() == "1\n"

@@ -326,7 +326,7 @@ def test_a_task_created_while_home_assistant_is_away_fires_on_its_first_crossing
     data_dir: Path, ha_reset: HaInstance, ha_env: dict[str, str]
 ) -> None:
     with when_daemon(data_dir, ha_env):
-        ha_reset.stop()
+        ha_reset.take_down()
         try:
             created = ok(schedule(data_dir, "main", "w-away", {"entity": SOIL, "below": 25}))
         finally:
