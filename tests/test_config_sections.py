@@ -111,6 +111,7 @@ def test_each_section_carries_the_variables_of_its_service(tmp_path: Path) -> No
         FARMHOST_TASKS_PER_GROUP="7",
         FARMHOST_OUTBOX_GROUP_MAX_BYTES="1000",
         FARMHOST_OUTBOX_MAX_ATTEMPTS="3",
+        FARMHOST_OUTBOX_RETRY_SECONDS="0.25",
         TELEGRAM_BOT_TOKEN="1:abc",
         FARMHOST_AGENT_KIND="command",
         FARMHOST_AGENT_COMMAND="/workspace/group/agent --fast 'two words'",
@@ -129,6 +130,7 @@ def test_each_section_carries_the_variables_of_its_service(tmp_path: Path) -> No
     assert (built.ipc.mode, built.ipc.poll_seconds) == ("poll", 0.1)
     assert (built.scheduler.grace_seconds, built.scheduler.tasks_per_group_max) == (60, 7)
     assert built.outbox.group_max_bytes == 1000 and built.telegram.outbox_max_attempts == 3
+    assert built.telegram.outbox_retry_seconds == 0.25
     assert built.telegram.enabled and "1:abc" not in repr(built.telegram)
     assert built.agents.command == ("/workspace/group/agent", "--fast", "two words")
     assert built.agents.limits.memory_mb == 512

@@ -104,6 +104,7 @@ def build_config(settings: Settings) -> Config:
             main_senders=settings.telegram_main_senders,
             media_max_bytes=settings.telegram_media_max_bytes,
             outbox_max_attempts=settings.outbox_max_attempts,
+            outbox_retry_seconds=settings.outbox_retry_seconds,
             zone=zone,
         ),
         agents=_agents(settings, zone, llm, secrets),

@@ -57,6 +57,7 @@ class TelegramSettings:
     main_senders: str | None  # FARMHOST_TELEGRAM_MAIN_SENDERS as written (the receiver reads the ids)
     media_max_bytes: int
     outbox_max_attempts: int
+    outbox_retry_seconds: float  # the first retry's wait; doubles per failure (capped at 5 min)
     zone: ZoneInfo
 
     @property

@@ -163,6 +163,7 @@ class Settings(BaseSettings):
         default=32 * 1024 * 1024, ge=0, validation_alias="FARMHOST_FILE_COPY_BYTES_PER_SECOND"
     )
     outbox_max_attempts: int = Field(default=8, ge=1, le=100, validation_alias="FARMHOST_OUTBOX_MAX_ATTEMPTS")
+    outbox_retry_seconds: float = Field(default=2.0, ge=0.01, le=300, validation_alias="FARMHOST_OUTBOX_RETRY_SECONDS")
     # Scheduler: a run missed while the host was down still runs at start if it is at most this late.
     task_grace_seconds: float = Field(default=900.0, ge=0, validation_alias="FARMHOST_TASK_GRACE_SECONDS")
     # Each task is a job in the scheduler and a line in main's current_tasks.json, rewritten at every change.

@@ -205,7 +205,9 @@ def _wait_sent(data_dir: Path, entity_id: str) -> dict[str, Any]:
 def test_an_alert_raised_while_telegram_is_unreachable_arrives_when_it_is_back_and_can_be_snoozed(
     data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str]
 ) -> None:
-    with farm_daemon(data_dir, ha_env, fake_telegram, FARMHOST_TELEGRAM_MAIN_SENDERS="42") as daemon:
+    # The outbox's retries 0.2, 0.4, 0.8 s apart instead of 2, 4, 8 s (FARMHOST_OUTBOX_RETRY_SECONDS).
+    retry = {"FARMHOST_OUTBOX_RETRY_SECONDS": "0.2"}
+    with farm_daemon(data_dir, ha_env, fake_telegram, FARMHOST_TELEGRAM_MAIN_SENDERS="42", **retry) as daemon:
         _following(daemon)
         fake_telegram.fail("sendMessage", drop_connection=True, times=3)
         ha_reset.set_state(AIR, 1.5)

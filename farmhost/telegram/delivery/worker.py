@@ -49,7 +49,6 @@ logger = logging.getLogger(__name__)
 
 # First retry after 2 s, doubling: a 5xx blip is over by the second try, and 5 minutes between tries keeps a long
 # outage cheap while still delivering within minutes of recovery.
-BACKOFF_BASE: Final = 2.0
 BACKOFF_CAP: Final = 300.0
 # Anything queued without a wake() (another service forgot, a crash) still goes out within this long.
 RESCAN_INTERVAL: Final = 10.0
@@ -70,7 +69,7 @@ class OutboxDelivery:
         layout: DataLayout,
         bot: Bot,
         clock: Callable[[], datetime] = now_utc,
-        backoff_base: float = BACKOFF_BASE,
+        backoff_base: float | None = None,
         backoff_cap: float = BACKOFF_CAP,
         rescan_interval: float = RESCAN_INTERVAL,
         stop_grace: float = STOP_GRACE,
@@ -83,7 +82,8 @@ class OutboxDelivery:
             layout: Where the private copies of files to send live (`outbox_files`).
             bot: The PTB bot from `make_bot`; its owner initialises and shuts it down.
             clock: The current time (aware); due times are compared against it.
-            backoff_base: Seconds before the first retry of a failed send; doubles per failure.
+            backoff_base: Seconds before the first retry of a failed send; doubles per failure (None: the
+                settings' `outbox_retry_seconds`, FARMHOST_OUTBOX_RETRY_SECONDS).
             backoff_cap: The longest wait between retries.
             rescan_interval: Seconds between scans of the outbox when nobody calls `wake()`.
             stop_grace: Seconds `stop()` waits for sends in flight.
@@ -93,7 +93,7 @@ class OutboxDelivery:
         self._layout = layout
         self._bot = bot
         self._clock = clock
-        self._backoff_base = backoff_base
+        self._backoff_base = settings.outbox_retry_seconds if backoff_base is None else backoff_base
         self._backoff_cap = backoff_cap
         self._rescan_interval = rescan_interval
         self._stop_grace = stop_grace
