@@ -96,6 +96,7 @@ async def test_a_note_over_the_limit_is_refused_before_the_model_loads(
     whisper_base: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TELEGRAM_BOT_TOKEN", "123:worker-must-not-see-this")
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)  # tests/conftest.py sets it for the tests' own processes
     engine = _embedded(whisper_base, max_seconds=3.0)
     try:
         with pytest.raises(NoteTooLong) as refused:
@@ -105,6 +106,8 @@ async def test_a_note_over_the_limit_is_refused_before_the_model_loads(
         # The worker, which parses untrusted audio, holds none of the daemon's secrets.
         environ = Path(f"/proc/{engine.worker_pid}/environ").read_bytes()
         assert b"worker-must-not-see-this" not in environ and b"PATH=" in environ
+        # Its OpenMP threads sleep when they wait instead of spinning (the daemon's environment did not set it).
+        assert b"\0OMP_WAIT_POLICY=PASSIVE\0" in b"\0" + environ
     finally:
         await engine.aclose()
 
