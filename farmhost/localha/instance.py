@@ -78,6 +78,7 @@ class HaInstance(FarmClient):
             proc.send_signal(signal.SIGUSR2)
             self.wait_running(timeout=timeout)
             return time.monotonic() - started
+        self._down = False  # a new supervisor starts hass at once
         if not self.token:
             self.prepare()
         python = venv_python()
