@@ -17,8 +17,9 @@ from farmhost_testing import TIMEOUT_SCALE_ENV, Daemon, copy_data_dir, init_data
 # worker and the controller, 8 CPU-seconds each, most of a worker's start. Only pytest's processes are told
 # otherwise here; what they start keeps its environment.
 sys.dont_write_bytecode = False
-# The Whisper model the tests load in process and in the Wyoming server: CTranslate2's OpenMP threads sleep while
-# they wait, as in farmhost's own speech-to-text worker (WORKER_ENV_DEFAULTS), instead of spinning on a busy machine.
+# Unlike the above, an environment variable, so the Wyoming server the tests start has it too: the Whisper model's
+# CTranslate2 threads sleep while they wait, as farmhost's own speech-to-text worker's do (WORKER_ENV_DEFAULTS),
+# instead of spinning on a busy machine. test_embedded.py removes it where it checks the worker's own default.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # real Home Assistant (`ha`, `ha_env`, `ha_reset`); scripted LLM `llm_stub`; fake Bot API `fake_telegram`; a Whisper

@@ -67,6 +67,19 @@ def test_a_fallback_out_of_order_is_still_refused_in_one_line(
         load_settings(data_dir=tmp_path, env_file=None)
 
 
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("0", "greater than or equal to 0.01"), ("301", "less than or equal to 300"), ("soon", "valid number")],
+)
+def test_a_retry_wait_out_of_range_is_refused_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str, message: str
+) -> None:
+    """0 s would retry a failing Telegram in a tight loop; the error names the variable and what it got."""
+    monkeypatch.setenv("FARMHOST_OUTBOX_RETRY_SECONDS", value)
+    with pytest.raises(ConfigError, match=f"FARMHOST_OUTBOX_RETRY_SECONDS: .*{message}.*got '{value}'"):
+        load_settings(data_dir=tmp_path, env_file=None)
+
+
 def test_vision_is_each_endpoints_own_and_off_by_default(tmp_path: Path) -> None:
     chain = {
         "FARMHOST_LLM_BASE_URL": "https://api.example.com/v1",

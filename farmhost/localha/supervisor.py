@@ -60,8 +60,10 @@ class ForkedHass:
     def _run(config: str, log_fd: int) -> None:
         rc = 1
         try:
-            for signum in (signal.SIGTERM, signal.SIGINT):  # the supervisor's own handlers would swallow them
+            # As a new interpreter has them: the supervisor's own handlers would swallow hass's signals.
+            for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
                 signal.signal(signum, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
             os.dup2(log_fd, 1)
             os.dup2(log_fd, 2)

@@ -47,8 +47,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# First retry after 2 s, doubling: a 5xx blip is over by the second try, and 5 minutes between tries keeps a long
-# outage cheap while still delivering within minutes of recovery.
+# The first retry after FARMHOST_OUTBOX_RETRY_SECONDS (2 s), doubling: a 5xx blip is over by the second try, and
+# 5 minutes between tries keeps a long outage cheap while still delivering within minutes of recovery.
 BACKOFF_CAP: Final = 300.0
 # Anything queued without a wake() (another service forgot, a crash) still goes out within this long.
 RESCAN_INTERVAL: Final = 10.0
