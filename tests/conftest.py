@@ -23,8 +23,17 @@ sys.dont_write_bytecode = False
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # real Home Assistant (`ha`, `ha_env`, `ha_reset`); scripted LLM `llm_stub`; fake Bot API `fake_telegram`; a Whisper
-# model, spoken notes and a Wyoming server (`whisper_base`, `irrigation_note`, `wyoming_server`)
-pytest_plugins = ["ha_fixture", "llm_stub", "telegram_stub", "mosquitto", "voice_fixture"]
+# model, spoken notes and a Wyoming server (`whisper_base`, `irrigation_note`, `wyoming_server`); the local model
+# server `local_llm`; the files sharing a session fixture kept on one worker
+pytest_plugins = [
+    "ha_fixture",
+    "llm_stub",
+    "telegram_stub",
+    "mosquitto",
+    "voice_fixture",
+    "local_llm_fixture",
+    "shared_workers",
+]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -32,7 +41,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
     A shell with PYTHONDONTWRITEBYTECODE (this kind of machine sets it) reads bytecode but never writes it, so each
     `farmhost run`, CLI call, sandboxed agent and helper script of the suite would compile every module it imports
-    again: a quarter of a daemon's start. Python checks each file's mtime against its source, so an edited module is never run stale.
+    again: a quarter of a daemon's start. Python checks each file's mtime against its source, so an edited module is
+    never run stale.
     """
     if hasattr(config, "workerinput"):
         return  # an xdist worker: the controller did it
@@ -42,7 +52,8 @@ def pytest_configure(config: pytest.Config) -> None:
     import farmhost_dev
 
     packages = (farmhost, farmhost_dev, farmagent)  # the daemon and CLI, the tests' helpers, the sandboxed agent
-    roots = [Path(str(package.__file__)).parent for package in packages] + [Path(__file__).parent]
+    tests = Path(__file__).parent
+    roots = [Path(str(package.__file__)).parent for package in packages] + [tests]
     for root in roots:
         if os.access(root, os.W_OK):  # a read-only install brings its own bytecode
             compileall.compile_dir(root, quiet=1, workers=0)

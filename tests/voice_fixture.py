@@ -27,9 +27,9 @@ def irrigation_note() -> bytes:
     return spoken_note(IRRIGATION_NOTE)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def wyoming_server(whisper_base: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WyomingServer]:
-    """wyoming-faster-whisper serving faster-whisper-base on a free port, for one test module."""
+    """wyoming-faster-whisper serving faster-whisper-base on a free port, started once (shared_workers.py)."""
     server = WyomingServer(whisper_base, tmp_path_factory.mktemp("wyoming"))
     yield server
     server.stop()

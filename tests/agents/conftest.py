@@ -1,22 +1,10 @@
-"""Fixtures of the agent tests: the real local model server, started once per session; the sandbox to run in."""
+"""Fixtures of the agent tests: the sandbox to run in (the local model server `local_llm` is in local_llm_fixture.py)."""
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 import pytest
 from docker_engine import AGENT_IMAGE, ENGINE_HOST, image, requires_engine
 from runtime_support import PROBE, PROBE_COMMAND, Sandbox
-
-from farmhost_dev.local_llm import LocalLlm
-
-
-@pytest.fixture(scope="session")
-def local_llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalLlm]:
-    """llama.cpp's OpenAI-compatible server with SmolLM2-135M-Instruct on 127.0.0.1 (farmhost_dev/local_llm.py)."""
-    with LocalLlm.start(tmp_path_factory.mktemp("local-llm")) as server:
-        yield server
-    assert server.proc.returncode == 0, server.log_tail()
 
 
 @pytest.fixture(params=["bwrap", pytest.param("docker", marks=requires_engine)])

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -161,7 +160,7 @@ def test_a_photo_counts_as_an_image_not_as_its_base64_text() -> None:
 
 @pytest.mark.slow  # the model reads the runner's ~1,500-token prompt once: 10-30 s on a loaded 2-core machine
 @pytest.mark.timeout(300)
-def test_a_chats_next_question_finds_the_earlier_exchange_in_llama_cpps_cache(farm: Farm, tmp_path: Path) -> None:
+def test_a_chats_next_question_finds_the_earlier_exchange_in_llama_cpps_cache(farm: Farm, local_llm: LocalLlm) -> None:
     """`contextMode: group` on the real server: the second run reads its own section and question, not the first's."""
     stored = farm.workspace("main") / ".farmagent" / "conversation.json"
     stored.unlink(missing_ok=True)
@@ -170,10 +169,10 @@ def test_a_chats_next_question_finds_the_earlier_exchange_in_llama_cpps_cache(fa
         ("2026-07-01T04:31:00Z", "And how often should its filter be cleaned?"),
     )
     try:
-        with LocalLlm.start(tmp_path) as llm, Relay(llm.address, max_tokens=64) as relay:
+        with Relay(local_llm.address, max_tokens=64) as relay:
             env = farm.agent_env(FARMAGENT_LLM_BASE_URL=relay.base_url, FARMAGENT_LLM_TIMEOUT="600")
             for now, prompt in asked:
-                document = agent_input(now=now, prompt=prompt, contextMode="group", model=llm.model)
+                document = agent_input(now=now, prompt=prompt, contextMode="group", model=local_llm.model)
                 code, result, stderr = run_agent(document, env, timeout=scaled(120))
                 assert code == 0, (result, stderr)
     finally:
