@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import rewrite_cache
 from farmhost_testing import TIMEOUT_SCALE_ENV, Daemon, copy_data_dir, init_data_dir, timeout_scale
 
 # pytest keeps each test module's assertion rewrite as bytecode, unless the interpreter writes none: a shell with
@@ -37,7 +38,7 @@ pytest_plugins = [
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Compile farmhost's sources once, before the workers start, where every subprocess finds them.
+    """Compile farmhost's sources and pytest's rewritten test modules once, before the workers start.
 
     A shell with PYTHONDONTWRITEBYTECODE (this kind of machine sets it) reads bytecode but never writes it, so each
     `farmhost run`, CLI call, sandboxed agent and helper script of the suite would compile every module it imports
@@ -57,6 +58,11 @@ def pytest_configure(config: pytest.Config) -> None:
     for root in roots:
         if os.access(root, os.W_OK):  # a read-only install brings its own bytecode
             compileall.compile_dir(root, quiet=1, workers=0)
+    # pytest's own rewritten test modules, conftests and plugins, which it caches apart (rewrite_cache.py): only
+    # when several workers will each import every test module
+    if getattr(config.option, "numprocesses", None):
+        modules = rewrite_cache.selected(config.args, tests, pytest_plugins, cwd=config.invocation_params.dir)
+        rewrite_cache.prewrite(config, modules)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
