@@ -209,14 +209,26 @@ def test_the_unit_has_the_install_paths_and_keeps_bwrap_working(installed: Insta
     assert verify.returncode == 0 and complaints == [] and verify.stdout.strip() == "", verify
 
 
-def _schedule_in(install: Install, seconds: float, prompt: str, env: dict[str, str]) -> None:
-    """A once task due `seconds` from now (and up to a second more: the due time is in whole seconds)."""
-    due = (datetime.now(UTC) + timedelta(seconds=1 + seconds)).strftime("%Y-%m-%dT%H:%M:%S")
-    request = {"type": "schedule_task", "prompt": prompt, "schedule_type": "once", "schedule_value": due}
-    sent = _run_as_user(
-        install, "ipc", "send", "--group", "main", "--queue", "tasks", "--json", json.dumps(request), env=env
-    )
+def _schedule_in(install: Install, cli_took: float, prompt: str, env: dict[str, str]) -> float:
+    """A once task due soon after `ipc send` reaches the daemon; returns how many seconds ahead it was due.
+
+    The due time is set before the CLI starts, a hold sized by how long a CLI call took (`cli_took`) ahead. On a
+    loaded machine a call can take far longer than the one measured (14 s once, against 3.3 s): the daemon then
+    answers that the time is past, and the task is sent again, held by how long that call took.
+    """
+    for _ in range(3):
+        ahead = 1 + hold_for(cli_took, least=1)
+        due = (datetime.now(UTC) + timedelta(seconds=ahead)).strftime("%Y-%m-%dT%H:%M:%S")
+        request = {"type": "schedule_task", "prompt": prompt, "schedule_type": "once", "schedule_value": due}
+        started = time.monotonic()
+        sent = _run_as_user(
+            install, "ipc", "send", "--group", "main", "--queue", "tasks", "--json", json.dumps(request), env=env
+        )
+        if sent.returncode == 0 or "is in the past" not in sent.stdout:
+            break
+        cli_took = time.monotonic() - started
     assert sent.returncode == 0, sent.stdout + sent.stderr
+    return ahead
 
 
 def _finished_runs(install: Install, env: dict[str, str]) -> list[str]:
@@ -268,8 +280,10 @@ def test_an_agent_runs_in_bwrap_from_the_installed_prefix_as_the_daemon_user(
         health = _run_as_user(installed, "health", env=env)
         cli_took = time.monotonic() - started  # the CLI's start, which `ipc send` pays again before the due time
         assert health.returncode == 0 and health.stdout.startswith("healthy: daemon pid"), health.stdout
-        _schedule_in(installed, hold_for(cli_took, least=1), "Check the soil and tell the office.", env)
-        entries = wait_for(lambda: _outbox(installed, env), timeout=40, interval=0.5, what="the agent's message")
+        ahead = _schedule_in(installed, cli_took, "Check the soil and tell the office.", env)
+        entries = wait_for(
+            lambda: _outbox(installed, env), timeout=ahead + 40, interval=0.5, what="the agent's message"
+        )
         assert [e["body"] for e in entries] == ["Soil is fine."]
         # The run log is written when the run ends, a moment after its message: wait for the run's end, then read.
         runs = wait_for(lambda: _finished_runs(installed, env), timeout=20, interval=0.2, what="the task's run to end")
