@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import compileall
+import gc
 import os
 import sys
 from collections.abc import Iterator
@@ -63,6 +64,17 @@ def pytest_configure(config: pytest.Config) -> None:
     if getattr(config.option, "numprocesses", None):
         modules = rewrite_cache.selected(config.args, tests, pytest_plugins, cwd=config.invocation_params.dir)
         rewrite_cache.prewrite(config, modules)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Keep what collection made (the test modules and what they import, the items) out of the cyclic GC's way.
+
+    A worker holds some 220,000 objects after collection; each full collection walked them all again (0.2-0.3 s,
+    ten times and more per worker: a fifth of the tests' in-process CPU). Frozen, only what the tests make is
+    walked. Garbage first, so none of it is kept for good.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_report_header(config: pytest.Config) -> str:
