@@ -50,6 +50,7 @@ class SharedFileScheduling(LoadScopeScheduling):
         return scope_of(nodeid)
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: a run with `-p no:xdist` has no such hook
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadScopeScheduling | None:
     """The scheduler for `--dist loadfile`; any other mode keeps xdist's own."""
     if config.getvalue("dist") != "loadfile":
