@@ -73,5 +73,8 @@ def _rewrite(fn: Path) -> int:
     pyc = _pyc(fn)
     if not rewrite.try_makedirs(pyc.parent):
         return 0
-    source_hash, code = rewrite._rewrite_test(fn, _config)
+    try:
+        source_hash, code = rewrite._rewrite_test(fn, _config)
+    except (OSError, SyntaxError, ValueError):
+        return 0  # pytest meets it again as it imports the module, and reports it there
     return int(rewrite._write_pyc(_config.stash[rewrite.assertstate_key], code, source_hash, pyc))

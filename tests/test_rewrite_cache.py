@@ -33,6 +33,15 @@ def test_each_module_gets_the_rewritten_bytecode_pytest_reads_and_a_second_pass_
     assert prewrite(pytestconfig, files, processes=1) == 0
 
 
+def test_a_module_that_does_not_parse_is_left_to_pytest_and_the_others_are_written(
+    pytestconfig: pytest.Config, tmp_path: Path
+) -> None:
+    files = _modules(tmp_path / "tests", MIN_MODULES)
+    files[3].write_text("def test_x(:\n")
+    assert prewrite(pytestconfig, files, processes=1) == MIN_MODULES - 1
+    assert not _pyc(files[3]).exists()
+
+
 def test_only_the_modules_under_the_runs_arguments_are_selected(tmp_path: Path) -> None:
     tests = tmp_path / "tests"
     ipc, cli = _modules(tests / "ipc", 2), _modules(tests / "cli", 2)
