@@ -3,8 +3,8 @@
 `--dist loadfile` hands whole test files to the workers; a session fixture is made once per worker that runs a
 file using it. For the few fixtures that cost seconds of CPU each time (a model server: loading its model, and
 the prompt cache the files share), the files using them form one unit of work instead
-(`pytest_xdist_make_scheduler`). A file that uses such a fixture without being listed here stops the run at
-collection, naming the file: it would make the fixture again on another worker.
+(`pytest_xdist_make_scheduler`). A test of a file that uses such a fixture without being listed here fails at its
+setup, naming the file and where to list it: it would make the fixture again on another worker.
 """
 
 from __future__ import annotations
@@ -58,9 +58,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadScopeSch
     return SharedFileScheduling(config, log)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Refuse a test that uses a shared fixture from a file SHARED does not list for it."""
-    for item in items:
-        reason = misplaced(item.path.relative_to(config.rootpath).as_posix(), set(getattr(item, "fixturenames", ())))
-        if reason is not None:
-            raise pytest.UsageError(f"{item.nodeid}: {reason}")
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Fail a test that uses a shared fixture from a file SHARED does not list for it, before the fixture is made.
+
+    At setup rather than at collection: an error raised while an xdist worker collects shows only as the worker's
+    crash, without the message.
+    """
+    reason = misplaced(item.path.relative_to(item.config.rootpath).as_posix(), set(getattr(item, "fixturenames", ())))
+    if reason is not None:
+        pytest.fail(reason, pytrace=False)

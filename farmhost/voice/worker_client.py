@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from farmhost.voice.audio import Pcm
@@ -54,7 +55,8 @@ LINE_LIMIT: Final = 1 << 20
 # proxies and CA certificates (docs/voice.md, "A model name").
 WORKER_ENV: Final = frozenset({
     "PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE",
-    "VIRTUAL_ENV", "XDG_CACHE_HOME", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "CT2_VERBOSE", "CT2_USE_EXPERIMENTAL_PACKED_GEMM",
+    "VIRTUAL_ENV", "XDG_CACHE_HOME", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "CT2_VERBOSE",
+    "CT2_USE_EXPERIMENTAL_PACKED_GEMM",
     "HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT",
     "HF_HUB_DISABLE_XET", "HF_HUB_DISABLE_TELEMETRY",
     "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy", "no_proxy",
@@ -65,6 +67,12 @@ WORKER_ENV: Final = frozenset({
 # wait for work by default: on a busy 2-core machine loading the model cost 0.65 CPU-s spinning against 0.36 s
 # passive, for the same wall time or less, and a transcription the same (docs/voice.md).
 WORKER_ENV_DEFAULTS: Final = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def worker_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The worker's environment: WORKER_ENV_DEFAULTS, then what WORKER_ENV lets through of the daemon's `environ`."""
+    return WORKER_ENV_DEFAULTS | {name: value for name, value in environ.items() if name in WORKER_ENV}
+
 
 _ERRORS: Final[dict[str, type[VoiceError]]] = {
     cls.__name__: cls
@@ -225,7 +233,7 @@ class VoiceWorker:
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 limit=LINE_LIMIT,
-                env=WORKER_ENV_DEFAULTS | {name: value for name, value in os.environ.items() if name in WORKER_ENV},
+                env=worker_env(os.environ),
                 start_new_session=True,  # a Ctrl-C meant for the daemon does not hit the worker mid-note
             )
         except OSError as err:

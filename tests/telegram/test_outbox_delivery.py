@@ -59,9 +59,11 @@ class Rig:
     deliveries: list[OutboxDelivery] = field(default_factory=list)
     _keys: int = 0
 
-    async def start(self, **kwargs: Any) -> OutboxDelivery:
-        options: dict[str, Any] = {"backoff_base": 0.02, "backoff_cap": 0.2, "rescan_interval": 0.5, **kwargs}
-        delivery = OutboxDelivery(db=self.db, settings=self.settings, layout=self.layout, bot=self.bot, **options)
+    async def start(self, *, retry_seconds: float = 0.02, **kwargs: Any) -> OutboxDelivery:
+        """A delivery whose first retry waits `retry_seconds` (FARMHOST_OUTBOX_RETRY_SECONDS)."""
+        options: dict[str, Any] = {"backoff_cap": 0.2, "rescan_interval": 0.5, **kwargs}
+        settings = replace(self.settings, outbox_retry_seconds=retry_seconds)
+        delivery = OutboxDelivery(db=self.db, settings=settings, layout=self.layout, bot=self.bot, **options)
         await delivery.start()
         self.deliveries.append(delivery)
         return delivery
@@ -320,10 +322,12 @@ async def test_a_restart_between_chunks_does_not_send_a_confirmed_chunk_again(ri
     chunks = split_text(long_reply())[:3]
     rig.fake.fail("sendMessage", status=500, when=lambda p: p.get("text") == chunks[1])
     entries = rig.queue(FIELD, chunks)
-    first = await rig.start(backoff_base=60.0)  # chunk 2 fails once and would wait a minute
+    first = await rig.start(retry_seconds=60.0, backoff_cap=300.0)  # chunk 2 fails once and waits a minute
     await rig.wait_sent(1, FIELD)
     await until(lambda: rig.entry(entries[1].id).attempts == 1)
     await first.stop()
+    due = rig.entry(entries[1].id).next_attempt_at
+    assert due is not None and 50 < (due - now_utc()).total_seconds() <= 60  # FARMHOST_OUTBOX_RETRY_SECONDS
     assert [e.status for e in map(rig.entry, (e.id for e in entries))] == ["sent", "pending", "pending"]
 
     # a new process, a minute later (the clock is moved instead of waiting)
@@ -395,12 +399,11 @@ async def test_an_unreachable_api_never_uses_up_the_attempts(tmp_path: Path) -> 
         telegram_bot_token="1:x",
         telegram_api_base_url="http://127.0.0.1:9",
         outbox_max_attempts=2,
+        outbox_retry_seconds=0.01,
     )
     telegram = build_config(settings).telegram
     bot = make_bot(telegram)
-    delivery = OutboxDelivery(
-        db=db, settings=telegram, layout=DataLayout(root), bot=bot, backoff_base=0.01, backoff_cap=0.05
-    )
+    delivery = OutboxDelivery(db=db, settings=telegram, layout=DataLayout(root), bot=bot, backoff_cap=0.05)
     with db.tx() as conn:
         outbox.enqueue(conn, message_key="k", chat_jid="telegram:1", source_folder=None, chunks=["hi"], at=now_utc())
     await delivery.start()

@@ -14,6 +14,7 @@ from voice_fixture import voice_settings
 from farmhost.voice import EngineUnavailable, NoteTooLong, NoteUndecodable, TranscriptionTimeout, speech_to_text
 from farmhost.voice.embedded import EmbeddedEngine
 from farmhost.voice.stt import INSTALL_HINT, missing_extra
+from farmhost.voice.worker_client import worker_env
 from farmhost_dev.voice import IRRIGATION_NOTE, IRRIGATION_WORDS, silent_note, spoken_note, tone_note
 
 
@@ -192,6 +193,12 @@ async def test_a_closed_engine_refuses_notes(whisper_base: Path, short_note: byt
     await engine.aclose()
     with pytest.raises(EngineUnavailable):
         await engine.transcribe(short_note)
+
+
+def test_the_workers_environment_keeps_the_operators_openmp_choice_and_no_secret() -> None:
+    daemon = {"PATH": "/usr/bin", "HA_TOKEN": "secret", "HF_TOKEN": "hf-secret", "OMP_WAIT_POLICY": "ACTIVE"}
+    assert worker_env(daemon) == {"PATH": "/usr/bin", "OMP_WAIT_POLICY": "ACTIVE"}
+    assert worker_env({"PATH": "/usr/bin"}) == {"PATH": "/usr/bin", "OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def test_the_missing_extra_is_named_with_how_to_install_it() -> None:

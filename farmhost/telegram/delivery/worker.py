@@ -69,7 +69,6 @@ class OutboxDelivery:
         layout: DataLayout,
         bot: Bot,
         clock: Callable[[], datetime] = now_utc,
-        backoff_base: float | None = None,
         backoff_cap: float = BACKOFF_CAP,
         rescan_interval: float = RESCAN_INTERVAL,
         stop_grace: float = STOP_GRACE,
@@ -78,12 +77,11 @@ class OutboxDelivery:
 
         Args:
             db: The daemon's database (used from the event loop's thread).
-            settings: Telegram's section; `outbox_max_attempts` is read from it.
+            settings: Telegram's section; `outbox_max_attempts` and `outbox_retry_seconds` (the first retry's wait,
+                doubling per failure) are read from it.
             layout: Where the private copies of files to send live (`outbox_files`).
             bot: The PTB bot from `make_bot`; its owner initialises and shuts it down.
             clock: The current time (aware); due times are compared against it.
-            backoff_base: Seconds before the first retry of a failed send; doubles per failure (None: the
-                settings' `outbox_retry_seconds`, FARMHOST_OUTBOX_RETRY_SECONDS).
             backoff_cap: The longest wait between retries.
             rescan_interval: Seconds between scans of the outbox when nobody calls `wake()`.
             stop_grace: Seconds `stop()` waits for sends in flight.
@@ -93,7 +91,6 @@ class OutboxDelivery:
         self._layout = layout
         self._bot = bot
         self._clock = clock
-        self._backoff_base = settings.outbox_retry_seconds if backoff_base is None else backoff_base
         self._backoff_cap = backoff_cap
         self._rescan_interval = rescan_interval
         self._stop_grace = stop_grace
@@ -244,7 +241,7 @@ class OutboxDelivery:
             self._give_up(entry, failure.reason)
             return
         if failure.kind is FailureKind.FLOOD:
-            wait = failure.retry_after or self._backoff_base
+            wait = failure.retry_after or self._settings.outbox_retry_seconds
             self._retry(entry, wait, failure.reason, counted=False)
             logger.warning("%s: %s; the chat waits %g s", what, failure.reason, wait, extra=outbox_ids(entry))
             return
@@ -256,7 +253,7 @@ class OutboxDelivery:
             return
         streak = self._streaks.get(entry.id, entry.attempts) + 1
         self._streaks[entry.id] = streak
-        wait = min(self._backoff_base * 2 ** (streak - 1), self._backoff_cap)
+        wait = min(self._settings.outbox_retry_seconds * 2 ** (streak - 1), self._backoff_cap)
         self._retry(entry, wait, failure.reason, counted=counted)
         logger.warning(
             "%s not delivered: %s; retry in %g s (attempt %d of %d%s)",
