@@ -3,13 +3,17 @@
 Run by path with HA's own interpreter (`<ha venv>/bin/python .../supervisor.py --python ... --config ...`, see
 HaInstance.start), so stdlib only: it must not import farmhost, and its command line names it in `ps` as the local
 HA's supervisor. Run so, it imports HA's start-up modules once and forks each `hass` from itself: a start or a
-restart then skips about 1.8 CPU-seconds of imports (of ~4.5; ~7 s on a Raspberry Pi). Run by another
-interpreter, or if that import fails, it starts `python -m homeassistant` as a child process instead.
+restart then skips about 1.8 CPU-seconds of imports (of ~4.5; ~7 s on a Raspberry Pi). Each forked `hass` leaves
+the names of the modules it imported beyond those (its integrations and their libraries) in `hass.modules` when it
+exits, and the supervisor imports them before it forks the next: a restart or an outage then skips those imports
+too. Run by another interpreter, or if that import fails, it starts `python -m homeassistant` as a child process
+instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import signal
@@ -44,21 +48,61 @@ def preloaded(python: str) -> bool:
             importlib.import_module(name)
     except (ImportError, OSError):  # a broken venv: `python -m homeassistant` will say why, in hass.log
         return False
-    return threading.active_count() == 1
+    return single_threaded()
+
+
+def single_threaded() -> bool:
+    """Whether this process has one thread (a fork copies only the calling one), native threads counted too."""
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return threading.active_count() == 1
+
+
+def write_modules(modules_file: Path, names: list[str]) -> None:
+    """The list `learn` reads, whole or not at all.
+
+    With os calls: hass's blocking-call detector, still armed as its main() returns, reports file writes by open().
+    """
+    partial = modules_file.with_name(f".{modules_file.name}.{os.getpid()}")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, "".join(f"{name}\n" for name in names).encode())
+    finally:
+        os.close(fd)
+    os.replace(partial, modules_file)
+
+
+def learn(modules_file: Path) -> int:
+    """Import the modules a forked `hass` listed in `modules_file` that this process lacks; how many it gained.
+
+    One that fails to import is skipped: it only costs the next `hass` its own import, as before.
+    """
+    try:
+        names = modules_file.read_text().split()
+    except OSError:
+        return 0
+    before = len(sys.modules)
+    for name in names:
+        if name not in sys.modules:
+            with contextlib.suppress(Exception):  # left to hass, which imported it before
+                importlib.import_module(name)
+    return len(sys.modules) - before
 
 
 class ForkedHass:
     """`hass` run in a fork of this preloaded process, with the little of Popen's interface the loop uses."""
 
-    def __init__(self, config: str, log_fd: int) -> None:
+    def __init__(self, config: str, log_fd: int, modules_file: Path) -> None:
         self.returncode: int | None = None
         self.pid = os.fork()
         if self.pid == 0:
-            self._run(config, log_fd)
+            self._run(config, log_fd, modules_file)
 
     @staticmethod
-    def _run(config: str, log_fd: int) -> None:
+    def _run(config: str, log_fd: int, modules_file: Path) -> None:
         rc = 1
+        inherited = set(sys.modules)
         try:
             # As a new interpreter has them: the supervisor's own handlers would swallow hass's signals.
             for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
@@ -77,6 +121,8 @@ class ForkedHass:
         finally:
             for stream in (sys.stdout, sys.stderr):
                 stream.flush()
+            with contextlib.suppress(Exception):  # the list only saves the next hass time: never a reason to fail
+                write_modules(modules_file, [name for name in list(sys.modules) if name not in inherited])
             os._exit(rc)
 
     def poll(self) -> int | None:
@@ -114,9 +160,24 @@ class Supervisor:
         self.python, self.config, self.pid_file, self.parent = python, config, Path(pid_file), parent
         self.stopping = False  # SIGTERM/SIGINT: stop hass and exit
         self.held = False  # SIGUSR1 sets, SIGUSR2 clears: hass kept down
+        self.modules_file = self.pid_file.with_name("hass.modules")
         self.fork = preloaded(python)
+        self.handle_signals()
+
+    def handle_signals(self) -> None:
+        """Our handlers for the signals the loop acts on."""
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(signum, self.on_signal)
+
+    def learn(self) -> str | None:
+        """Import what the last forked hass imported beyond us (`learn`); a line for the log if that did anything."""
+        if not (learned := learn(self.modules_file)):
+            return None
+        self.handle_signals()  # an imported module may have set its own
+        if not single_threaded():  # a module started a thread: forking now could copy a lock held by it
+            self.fork = False
+            return f"imported {learned} modules the last hass used; one started a thread, so hass runs as a new process"
+        return f"imported {learned} modules the last hass used"
 
     def on_signal(self, signum: int, _frame: object) -> None:
         """Set the flag the loop acts on within POLL_S."""
@@ -136,7 +197,7 @@ class Supervisor:
         """
         child: subprocess.Popen[bytes] | ForkedHass
         if self.fork:
-            child = ForkedHass(self.config, log.fileno())
+            child = ForkedHass(self.config, log.fileno(), self.modules_file)
         else:
             child = subprocess.Popen(
                 [self.python, "-m", "homeassistant", *hass_argv(self.config)],
@@ -169,6 +230,8 @@ class Supervisor:
             log.flush()
 
         while True:
+            if self.fork and (learned := self.learn()):
+                note(learned)
             note(f"starting hass {'forked from the preloaded supervisor' if self.fork else 'as a new process'}")
             rc, taken_down = self.run_hass(log)
             if taken_down and not self.ending():  # SIGUSR2 may have come already: then it starts again at once

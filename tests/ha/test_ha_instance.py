@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import secrets
 import socket
 import subprocess
@@ -213,6 +215,14 @@ def test_restart_through_the_api_brings_it_back_running_with_the_same_token(ha_r
         assert ws.auth["type"] == "auth_ok"
     ha.check_entities()  # template, fan and the calendar's config entry are all back
     assert _state(ha, "input_boolean.pump_relay") == "off"  # helpers have `initial:`, so a restart resets them
+    # The hass that exited listed the modules it imported beyond the supervisor's, and the supervisor imported
+    # them before it forked this one (supervisor.py): after one more restart, what this hass listed leaves out the
+    # farm's integrations, which it found imported.
+    assert re.search(r"supervisor: imported [1-9][0-9]* modules the last hass used", ha.log_path.read_text())
+    ha.restart(timeout=limit)
+    ha.check_entities()
+    listed = (ha.root / "hass.modules").read_text().split()
+    assert not {"homeassistant.components.template", "homeassistant.components.recorder"} & set(listed), listed
 
 
 @pytest.mark.slow
@@ -262,3 +272,39 @@ def test_a_supervisor_run_by_another_interpreter_starts_hass_as_a_new_process(tm
     text = log.read_text()
     assert "starting hass as a new process" in text and "No module named homeassistant" in text
     assert "hass exited 1, done" in text and (tmp_path / "hass.rc").read_text() == "1\n"
+
+
+def test_the_supervisor_imports_what_hass_listed_skips_what_fails_and_stops_forking_once_a_thread_runs(
+    tmp_path: Path,
+) -> None:
+    """`Supervisor.learn` in a process of its own (a pytest worker has threads of its own): stdlib modules only."""
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "fine.py").write_text("VALUE = 1\n")
+    (tmp_path / "mods" / "broken.py").write_text("raise RuntimeError('broken on import')\n")
+    (tmp_path / "mods" / "threaded.py").write_text(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+    )
+    script = f"""
+import json, sys
+from pathlib import Path
+sys.path.insert(0, {str(tmp_path / "mods")!r})
+from farmhost.localha.supervisor import Supervisor
+sup = Supervisor(sys.executable, "config", {str(tmp_path / "hass.pid")!r}, None)
+sup.fork = True  # as if HA were preloaded: this interpreter has none
+modules = Path({str(tmp_path / "hass.modules")!r})
+lines = [sup.learn()]
+modules.write_text("fine\\nbroken\\n")
+lines += [sup.learn(), sup.fork, "fine" in sys.modules, "broken" in sys.modules, sup.learn()]
+modules.write_text("threaded\\n")
+lines += [sup.learn(), sup.fork]
+print(json.dumps(lines))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=scaled(60), check=False
+    )
+    assert done.returncode == 0, done.stderr
+    no_file, fine, forks, has_fine, has_broken, again, threaded, forks_after = json.loads(done.stdout)
+    assert no_file is None  # nothing listed yet: nothing to say
+    assert fine == "imported 1 modules the last hass used" and forks and has_fine and not has_broken
+    assert again is None  # nothing new
+    assert "one started a thread, so hass runs as a new process" in threaded and not forks_after
