@@ -10,15 +10,17 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import jsonschema
 from agent_support import Farm, clean_env, fake_ipc_dir
 from farmagent.tools import TOOLS, TOOLS_BY_NAME
-from mcp import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
-from mcp.types import CallToolResult, TextContent
+
+if TYPE_CHECKING:
+    # Imported where used: every xdist worker collects this module, and the MCP SDK costs ~0.9 s to import.
+    from mcp import ClientSession
+    from mcp.types import CallToolResult
 
 MAIN_ONLY = {"list_groups", "refresh_groups", "register_group"}
 FARM_ACTIONS = {tool.name for tool in TOOLS if tool.name.startswith("ha_")} | {"farm_state_refresh"}
@@ -27,6 +29,9 @@ FARM_ACTIONS = {tool.name for tool in TOOLS if tool.name.startswith("ha_")} | {"
 @asynccontextmanager
 async def session(env: dict[str, str], errlog: Path, *args: str) -> AsyncIterator[ClientSession]:
     """An initialised MCP client session with `python -m farmagent.mcp_server *args` in `env`."""
+    from mcp import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
     server = StdioServerParameters(command=sys.executable, args=["-m", "farmagent.mcp_server", *args], env=env)
     with errlog.open("w") as log:
         async with stdio_client(server, errlog=log) as (read, write), ClientSession(read, write) as client:
@@ -35,6 +40,8 @@ async def session(env: dict[str, str], errlog: Path, *args: str) -> AsyncIterato
 
 
 def text(result: CallToolResult) -> str:
+    from mcp.types import TextContent
+
     (block,) = result.content
     assert isinstance(block, TextContent)
     return block.text
@@ -270,6 +277,9 @@ async def test_the_readme_mcp_configurations_start_the_server(farm: Farm, tmp_pa
     words = inspector.replace("\\\n", " ").split()
     assert words[:3] == ["npx", "@modelcontextprotocol/inspector", "--cli"] and stdio["command"] in words
     assert {f"{k}={v}" for k, v in stdio["env"].items()} == {words[i + 1] for i, w in enumerate(words) if w == "-e"}
+
+    from mcp import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
 
     for command, env in (local["command"], local["environment"]), ([stdio["command"]], stdio["env"]):
         argv, full_env = in_checkout(farm, env, command)
