@@ -229,13 +229,17 @@ class Supervisor:
             log.write(f"### supervisor: {line} ({time.strftime('%H:%M:%S')})\n".encode())
             log.flush()
 
-        while True:
-            if self.fork and (learned := self.learn()):
+        def learn() -> None:  # while hass is down anyway: after it exits, before an outage's hold
+            if self.fork and not self.ending() and (learned := self.learn()):
                 note(learned)
+
+        learn()  # a list that a hass of an earlier supervisor left
+        while True:
             note(f"starting hass {'forked from the preloaded supervisor' if self.fork else 'as a new process'}")
             rc, taken_down = self.run_hass(log)
             if taken_down and not self.ending():  # SIGUSR2 may have come already: then it starts again at once
                 note(f"hass exited {rc}, taken down on request (SIGUSR1): kept down until SIGUSR2")
+                learn()
                 while self.held and not self.ending():
                     time.sleep(POLL_S)
                 if not self.ending():
@@ -244,6 +248,7 @@ class Supervisor:
                 note(f"hass exited {rc}, done")
                 return 0 if self.stopping else (rc or 0)
             note("hass exited 100 (restart requested): starting it again")
+            learn()
 
 
 def supervise(python: str, config: str, log_path: str, pid_file: str, parent: int | None) -> int:
