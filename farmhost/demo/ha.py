@@ -6,7 +6,8 @@ tokens and supervising `hass`. So the demo's farm is exactly the tests' farm, an
 install has it too. farmhost talks to HA as its own user, so the farmer's clicks in the browser are a person's.
 
 Files in `<data>/ha/` (the local HA's layout, `farmhost.localha.instance`): `config/` (HA's config dir, fresh at every start), `hass.log`,
-`supervisor.pid`, `hass.pid`, `hass.rc`, and `ha.env` (HA_URL, HA_TOKEN: farmhost's own user's, HA_OWNER_TOKEN,
+`supervisor.pid`, `hass.pid`, `hass.rc`, `hass.modules` (what the last `hass` imported, for the supervisor to import
+before it starts the next), and `ha.env` (HA_URL, HA_TOKEN: farmhost's own user's, HA_OWNER_TOKEN,
 HA_WS_URL, HA_CONFIG_DIR; mode 0600), the same file `python -m farmhost.localha start --dir <data>/ha`
 writes. A supervisor alive with a `ha.env` whose token HA accepts is reused instead of starting another HA; `--keep-ha` leaves the instance running for the next demo.
 
