@@ -288,23 +288,24 @@ def test_the_supervisor_imports_what_hass_listed_skips_what_fails_and_stops_fork
 import json, sys
 from pathlib import Path
 sys.path.insert(0, {str(tmp_path / "mods")!r})
-from farmhost.localha.supervisor import Supervisor
+from farmhost.localha.supervisor import Supervisor, write_modules
 sup = Supervisor(sys.executable, "config", {str(tmp_path / "hass.pid")!r}, None)
 sup.fork = True  # as if HA were preloaded: this interpreter has none
 modules = Path({str(tmp_path / "hass.modules")!r})
 lines = [sup.learn()]
-modules.write_text("fine\\nbroken\\n")
+write_modules(modules, ["fine", "broken"])  # as a forked hass leaves it
 lines += [sup.learn(), sup.fork, "fine" in sys.modules, "broken" in sys.modules, sup.learn()]
-modules.write_text("threaded\\n")
-lines += [sup.learn(), sup.fork]
+write_modules(modules, ["threaded"])
+lines += [sup.learn(), sup.fork, sorted(p.name for p in modules.parent.iterdir())]
 print(json.dumps(lines))
 """
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=scaled(60), check=False
     )
     assert done.returncode == 0, done.stderr
-    no_file, fine, forks, has_fine, has_broken, again, threaded, forks_after = json.loads(done.stdout)
+    no_file, fine, forks, has_fine, has_broken, again, threaded, forks_after, files = json.loads(done.stdout)
     assert no_file is None  # nothing listed yet: nothing to say
     assert fine == "imported 1 modules the last hass used" and forks and has_fine and not has_broken
     assert again is None  # nothing new
     assert "one started a thread, so hass runs as a new process" in threaded and not forks_after
+    assert files == ["hass.modules", "mods"]  # each list written whole under another name, then renamed
