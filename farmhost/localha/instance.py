@@ -96,6 +96,8 @@ class HaInstance(FarmClient):
             str(self.log_path),
             "--pid-file",
             str(self.root / "hass.pid"),
+            "--modules-cache",
+            str(venv_dir() / "hass.modules"),
         ]
         if watch_parent:
             cmd += ["--parent", str(os.getpid())]

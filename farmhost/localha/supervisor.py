@@ -6,7 +6,8 @@ HA's supervisor. Run so, it imports HA's start-up modules once and forks each `h
 restart then skips about 1.8 CPU-seconds of imports (of ~4.5; ~7 s on a Raspberry Pi). Each forked `hass` leaves
 the names of the modules it imported beyond those (its integrations and their libraries) in `hass.modules` when it
 exits, and the supervisor imports them before it forks the next: a restart or an outage then skips those imports
-too. Run by another interpreter, or if that import fails, it starts `python -m homeassistant` as a child process
+too. What it learned it keeps in `--modules-cache` (beside HA's venv), which the next supervisor imports before its
+first `hass`. Run by another interpreter, or if that import fails, it starts `python -m homeassistant` as a child process
 instead.
 """
 
@@ -73,21 +74,20 @@ def write_modules(modules_file: Path, names: list[str]) -> None:
     os.replace(partial, modules_file)
 
 
-def learn(modules_file: Path) -> int:
-    """Import the modules a forked `hass` listed in `modules_file` that this process lacks; how many it gained.
+def learn(modules_file: Path) -> list[str]:
+    """Import the modules a forked `hass` listed in `modules_file` that this process lacks; the listed ones it has now.
 
     One that fails to import is skipped: it only costs the next `hass` its own import, as before.
     """
     try:
         names = modules_file.read_text().split()
     except OSError:
-        return 0
-    before = len(sys.modules)
+        return []
     for name in names:
         if name not in sys.modules:
             with contextlib.suppress(Exception):  # left to hass, which imported it before
                 importlib.import_module(name)
-    return len(sys.modules) - before
+    return [name for name in names if name in sys.modules]
 
 
 class ForkedHass:
@@ -156,11 +156,17 @@ class ForkedHass:
 class Supervisor:
     """The loop of one supervisor process: its child `hass`, and the flags its signals set."""
 
-    def __init__(self, python: str, config: str, pid_file: str, parent: int | None) -> None:
+    def __init__(
+        self, python: str, config: str, pid_file: str, parent: int | None, modules_cache: str | None = None
+    ) -> None:
         self.python, self.config, self.pid_file, self.parent = python, config, Path(pid_file), parent
         self.stopping = False  # SIGTERM/SIGINT: stop hass and exit
         self.held = False  # SIGUSR1 sets, SIGUSR2 clears: hass kept down
         self.modules_file = self.pid_file.with_name("hass.modules")
+        # What every hass of this Home Assistant imported beyond the preload, kept beside its venv: a new supervisor
+        # imports it before its first hass, which then imports nothing a hass before it needed.
+        self.modules_cache = Path(modules_cache) if modules_cache else None
+        self.learned: dict[str, None] = {}  # the names imported from the lists, in order
         self.fork = preloaded(python)
         self.handle_signals()
 
@@ -169,15 +175,25 @@ class Supervisor:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(signum, self.on_signal)
 
-    def learn(self) -> str | None:
-        """Import what the last forked hass imported beyond us (`learn`); a line for the log if that did anything."""
-        if not (learned := learn(self.modules_file)):
+    def learn(self, *, cached: bool = False) -> str | None:
+        """Import what the last forked hass imported beyond us (`learn`); a line for the log if that did anything.
+
+        With `cached`, first what the cache lists; what was learned goes back into the cache.
+        """
+        before = len(sys.modules)
+        sources = [self.modules_cache] if cached and self.modules_cache else []
+        for source in [*sources, self.modules_file]:
+            self.learned.update(dict.fromkeys(learn(source)))
+        if self.modules_cache is not None and self.learned:
+            with contextlib.suppress(OSError):  # a cache that cannot be written only costs the next supervisor time
+                write_modules(self.modules_cache, list(self.learned))
+        if not (learned := len(sys.modules) - before):
             return None
         self.handle_signals()  # an imported module may have set its own
         if not single_threaded():  # a module started a thread: forking now could copy a lock held by it
             self.fork = False
-            return f"imported {learned} modules the last hass used; one started a thread, so hass runs as a new process"
-        return f"imported {learned} modules the last hass used"
+            return f"imported {learned} modules hass used before; one started a thread, so hass runs as a new process"
+        return f"imported {learned} modules hass used before"
 
     def on_signal(self, signum: int, _frame: object) -> None:
         """Set the flag the loop acts on within POLL_S."""
@@ -229,11 +245,11 @@ class Supervisor:
             log.write(f"### supervisor: {line} ({time.strftime('%H:%M:%S')})\n".encode())
             log.flush()
 
-        def learn() -> None:  # while hass is down anyway: after it exits, before an outage's hold
-            if self.fork and not self.ending() and (learned := self.learn()):
+        def learn(*, cached: bool = False) -> None:  # while hass is down anyway: after it exits, before a hold
+            if self.fork and not self.ending() and (learned := self.learn(cached=cached)):
                 note(learned)
 
-        learn()  # a list that a hass of an earlier supervisor left
+        learn(cached=True)  # the lists that hass processes of earlier supervisors left
         while True:
             note(f"starting hass {'forked from the preloaded supervisor' if self.fork else 'as a new process'}")
             rc, taken_down = self.run_hass(log)
@@ -251,13 +267,15 @@ class Supervisor:
             learn()
 
 
-def supervise(python: str, config: str, log_path: str, pid_file: str, parent: int | None) -> int:
+def supervise(
+    python: str, config: str, log_path: str, pid_file: str, parent: int | None, modules_cache: str | None = None
+) -> int:
     """Run `hass` until it exits with something other than 100; forward SIGTERM/SIGINT; die with the parent.
 
     SIGUSR1 takes hass down and keeps it down (its port closed, as a Home Assistant that is off), SIGUSR2 starts it
     again: an outage costs no new supervisor, and the next hass is forked from the preloaded one.
     """
-    supervisor = Supervisor(python, config, pid_file, parent)
+    supervisor = Supervisor(python, config, pid_file, parent, modules_cache)
     with open(log_path, "ab") as log:
         return supervisor.run(log)
 
@@ -270,8 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", required=True, help="hass.log: hass's output and the supervisor's lines")
     parser.add_argument("--pid-file", required=True, help="hass.pid (hass.rc goes beside it)")
     parser.add_argument("--parent", type=int, help="stop hass when this process is no longer our parent")
+    parser.add_argument("--modules-cache", help="the modules hass imports, kept for the next supervisor")
     args = parser.parse_args(argv)
-    return supervise(args.python, args.config, args.log, args.pid_file, args.parent)
+    return supervise(args.python, args.config, args.log, args.pid_file, args.parent, args.modules_cache)
 
 
 if __name__ == "__main__":

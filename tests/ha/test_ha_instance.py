@@ -218,7 +218,7 @@ def test_restart_through_the_api_brings_it_back_running_with_the_same_token(ha_r
     # The hass that exited listed the modules it imported beyond the supervisor's, and the supervisor imported
     # them before it forked this one (supervisor.py): after one more restart, what this hass listed leaves out the
     # farm's integrations, which it found imported.
-    assert re.search(r"supervisor: imported [1-9][0-9]* modules the last hass used", ha.log_path.read_text())
+    assert re.search(r"supervisor: imported [1-9][0-9]* modules hass used before", ha.log_path.read_text())
     ha.restart(timeout=limit)
     ha.check_entities()
     listed = (ha.root / "hass.modules").read_text().split()
@@ -279,22 +279,27 @@ def test_the_supervisor_imports_what_hass_listed_skips_what_fails_and_stops_fork
 ) -> None:
     """`Supervisor.learn` in a process of its own (a pytest worker has threads of its own): stdlib modules only."""
     (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "cached.py").write_text("VALUE = 0\n")
     (tmp_path / "mods" / "fine.py").write_text("VALUE = 1\n")
     (tmp_path / "mods" / "broken.py").write_text("raise RuntimeError('broken on import')\n")
     (tmp_path / "mods" / "threaded.py").write_text(
         "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
     )
+    (tmp_path / "venv").mkdir()
     script = f"""
 import json, sys
 from pathlib import Path
 sys.path.insert(0, {str(tmp_path / "mods")!r})
 from farmhost.localha.supervisor import Supervisor, write_modules
-sup = Supervisor(sys.executable, "config", {str(tmp_path / "hass.pid")!r}, None)
+cache = Path({str(tmp_path / "venv" / "hass.modules")!r})
+write_modules(cache, ["cached"])  # what the hass processes of an earlier supervisor used
+sup = Supervisor(sys.executable, "config", {str(tmp_path / "hass.pid")!r}, None, str(cache))
 sup.fork = True  # as if HA were preloaded: this interpreter has none
 modules = Path({str(tmp_path / "hass.modules")!r})
-lines = [sup.learn()]
+lines = [sup.learn(), sup.learn(cached=True)]
 write_modules(modules, ["fine", "broken"])  # as a forked hass leaves it
 lines += [sup.learn(), sup.fork, "fine" in sys.modules, "broken" in sys.modules, sup.learn()]
+lines += [cache.read_text().split()]
 write_modules(modules, ["threaded"])
 lines += [sup.learn(), sup.fork, sorted(p.name for p in modules.parent.iterdir())]
 print(json.dumps(lines))
@@ -303,9 +308,13 @@ print(json.dumps(lines))
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=scaled(60), check=False
     )
     assert done.returncode == 0, done.stderr
-    no_file, fine, forks, has_fine, has_broken, again, threaded, forks_after, files = json.loads(done.stdout)
-    assert no_file is None  # nothing listed yet: nothing to say
-    assert fine == "imported 1 modules the last hass used" and forks and has_fine and not has_broken
+    (no_file, from_cache, fine, forks, has_fine, has_broken, again, cache, threaded, forks_after, files) = json.loads(
+        done.stdout
+    )
+    assert no_file is None  # nothing listed by a hass of this supervisor yet: nothing to say
+    assert from_cache == "imported 1 modules hass used before"  # at its start, what the cache lists
+    assert fine == "imported 1 modules hass used before" and forks and has_fine and not has_broken
     assert again is None  # nothing new
+    assert cache == ["cached", "fine"]  # what it imported from the lists, for the next supervisor
     assert "one started a thread, so hass runs as a new process" in threaded and not forks_after
-    assert files == ["hass.modules", "mods"]  # each list written whole under another name, then renamed
+    assert files == ["hass.modules", "mods", "venv"]  # each list written whole under another name, then renamed
