@@ -286,7 +286,9 @@ async def test_restart_through_the_api(host: FarmHost, ha: HaInstance) -> None:
     before = ha.hass_pid()
     refused(await host.ask("main", "ha_restart", {"now": True}), "invalid_request", "takes no params")
     result = ok(await host.ask("main", "ha_restart", timeout=60))
-    assert result["restarted"] is True and 0.5 < result["seconds"] < scaled(60)
+    # A new hass, RUNNING: what says HA restarted (the local HA's supervisor brings one back in ~0.3 s, so no
+    # lower bound on the time).
+    assert result["restarted"] is True and 0 < result["seconds"] < scaled(60)
     assert ha.hass_pid() != before and ha.core_state() == "RUNNING"
     # the client carries on over the new instance: REST and the WebSocket (call_service) both work
     params = {"domain": "switch", "service": "turn_on", "target": {"entity_id": "switch.field_1_valve"}}
@@ -296,4 +298,4 @@ async def test_restart_through_the_api(host: FarmHost, ha: HaInstance) -> None:
         == "on"
     )
     audit = [line for line in host.audit() if line["action"] == "ha_restart"]
-    assert [line["status"] for line in audit] == ["error", "success"] and audit[1]["durationMs"] >= 500
+    assert [line["status"] for line in audit] == ["error", "success"] and audit[1]["durationMs"] > 0

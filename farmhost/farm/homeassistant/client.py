@@ -54,6 +54,11 @@ WS_IDLE_CHECK_SECONDS: Final = 1.0
 # Reopening costs one HTTP upgrade and the auth exchange (~15 ms on a LAN).
 WS_IDLE_CLOSE_SECONDS: Final = 3.0
 _POLL_SECONDS: Final = 0.25
+# While a restart is waited for to take HA down: a poll must land in the window between the old HA leaving RUNNING
+# and the new one reaching it, or the wait sees RUNNING throughout and times out. HA stops and starts again in
+# seconds (~7 s here, 30-90 s on a Pi), but a preloaded one in ~0.3 s (the local HA's supervisor); a /api/config on
+# the same network is cheap for the second or so that the stop takes.
+_GONE_POLL_SECONDS: Final = 0.05
 _UNAVAILABLE_STATUSES: Final = frozenset(
     {HTTPStatus.BAD_GATEWAY, HTTPStatus.SERVICE_UNAVAILABLE, HTTPStatus.GATEWAY_TIMEOUT}
 )
@@ -217,7 +222,7 @@ class HAClient:
         while await self.is_running():
             if time.monotonic() >= deadline:
                 raise HaTimeout(f"Home Assistant accepted the restart but was still running after {timeout:g} s")
-            await asyncio.sleep(_POLL_SECONDS)
+            await asyncio.sleep(_GONE_POLL_SECONDS)
         await self.wait_running(timeout=max(0.0, deadline - time.monotonic()))
         return time.monotonic() - start
 
