@@ -184,11 +184,11 @@ class Supervisor:
         sources = [self.modules_cache] if cached and self.modules_cache else []
         for source in [*sources, self.modules_file]:
             self.learned.update(dict.fromkeys(learn(source)))
-        if self.modules_cache is not None and self.learned:
+        if not (learned := len(sys.modules) - before):
+            return None  # nothing new: the cache already says what it would
+        if self.modules_cache is not None:
             with contextlib.suppress(OSError):  # a cache that cannot be written only costs the next supervisor time
                 write_modules(self.modules_cache, list(self.learned))
-        if not (learned := len(sys.modules) - before):
-            return None
         self.handle_signals()  # an imported module may have set its own
         if not single_threaded():  # a module started a thread: forking now could copy a lock held by it
             self.fork = False
