@@ -244,10 +244,19 @@ class LiveView:
     def _lose(self) -> None:
         self._synced.clear()
         self._ws = None
+        self._fail_pending(_Broken("the connection closed"))
+
+    def _fail_pending(self, cause: BaseException) -> None:
         for future in self._pending.values():
             if not future.done():
-                future.set_exception(_Broken("the connection closed"))
+                future.set_exception(cause)
         self._pending.clear()
+
+    def _reader_ended(self, reader: asyncio.Task[None]) -> None:
+        # A command of the handshake waits for the reader to hand it its answer: when HA closes the socket before
+        # that (it stops or restarts just then), the command fails now instead of at COMMAND_TIMEOUT (30 s).
+        cause = None if reader.cancelled() else reader.exception()
+        self._fail_pending(cause if isinstance(cause, Exception) else _Broken("the connection closed"))
 
     async def _session_once(self) -> None:
         assert self._session is not None
@@ -258,6 +267,7 @@ class LiveView:
                 await self._authenticate(ws)
             self._ws = ws
             reader = asyncio.create_task(self._read(ws), name="ha-live-view:read")
+            reader.add_done_callback(self._reader_ended)
             try:
                 async with asyncio.timeout(COMMAND_TIMEOUT):
                     user = await self._command(ws, "auth/current_user")
