@@ -111,34 +111,52 @@ class CutAtFirstCommand:
     def __init__(self, port: int) -> None:
         self._port = port
         self.connections = 0
+        self._handlers: set[asyncio.Task[None]] = set()
 
     async def handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
         self.connections += 1
         cut = self.connections == 1
-        ha_r, ha_w = await asyncio.open_connection("127.0.0.1", self._port)
+        writers = [client_w]
+        try:
+            ha_r, ha_w = await asyncio.open_connection("127.0.0.1", self._port)
+            writers.append(ha_w)
 
-        async def upstream() -> None:
-            writes = 0
-            while data := await client_r.read(65536):
-                writes += 1
-                if cut and writes == 3:
-                    return
-                ha_w.write(data)
-                await ha_w.drain()
+            async def upstream() -> None:
+                writes = 0
+                while data := await client_r.read(65536):
+                    writes += 1
+                    if cut and writes == 3:
+                        return
+                    ha_w.write(data)
+                    await ha_w.drain()
 
-        async def downstream() -> None:
-            while data := await ha_r.read(65536):
-                client_w.write(data)
-                await client_w.drain()
+            async def downstream() -> None:
+                while data := await ha_r.read(65536):
+                    client_w.write(data)
+                    await client_w.drain()
 
-        tasks = [asyncio.create_task(upstream()), asyncio.create_task(downstream())]
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in tasks:
+            pipes = [asyncio.create_task(upstream()), asyncio.create_task(downstream())]
+            try:
+                await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for pipe in pipes:
+                    pipe.cancel()
+                await asyncio.gather(*pipes, return_exceptions=True)
+        finally:
+            for writer in writers:
+                writer.close()
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
+            self._handlers.discard(task)
+
+    async def close(self) -> None:
+        """End the connections still open (each closes both of its sockets)."""
+        for task in list(self._handlers):
             task.cancel()
-        for writer in (ha_w, client_w):
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
 
 
 async def test_the_real_home_assistant_cut_off_at_the_first_command_is_followed_again_within_seconds(
@@ -160,5 +178,6 @@ async def test_the_real_home_assistant_cut_off_at_the_first_command_is_followed_
     finally:
         await view.stop()
         server.close()
+        await proxy.close()
         await server.wait_closed()
     assert "event stream is lost (_Broken: Home Assistant closed the connection)" in caplog.text, caplog.text
