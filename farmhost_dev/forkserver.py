@@ -96,6 +96,9 @@ def _end(code: int) -> None:
 PRELOAD = (
     "farmhost.app",
     "farmhost.cli",
+    "farmhost.cli.doctor",  # the CLI imports these for their own commands only (a lighter `farmhost health`)
+    "farmhost.protocol.schema",
+    "farmhost.addon.run",
     "farmhost.farm.homeassistant.transport",
     "farmhost.telegram.service",
     "pyseccomp",

@@ -12,7 +12,6 @@ from farmhost.config import Settings
 from farmhost.errors import ConfigError, NotFound
 from farmhost.layout import DataLayout
 from farmhost.logs import configure
-from farmhost.protocol.schema import contract_schema, tool_table
 from farmhost.store import outbox, task_runs, tasks
 from farmhost.store.db import Database, iso
 
@@ -51,6 +50,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 def schema(args: argparse.Namespace, settings: Settings) -> int:
     """Print or write the contract's JSON Schema, or with `--tools` the sandbox's tool table."""
+    from farmhost.protocol.schema import contract_schema, tool_table  # pydantic's schema machinery: only here
+
     document = tool_table() if args.tools else contract_schema()
     text = json.dumps(document, indent=2, sort_keys=True) + "\n"
     if args.output:

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 from farmhost_testing import Daemon, clean_env, farmhost, wait_for
@@ -84,3 +85,29 @@ def test_a_killed_daemon_is_unhealthy_at_once_although_its_last_heartbeat_is_fre
     assert status["status"] == "alive"  # kill -9 left no "stopped" behind...
     done = _health(data_dir)
     assert done.returncode == 1 and "no farmhost daemon holds" in done.stdout  # ...but the lock died with it
+
+
+LOADED = """
+import sys
+from farmhost.cli import main
+
+code = main(["health", "--data-dir", sys.argv[1]])
+heavy = ("farmhost.app", "farmhost.cli.doctor", "farmhost.protocol.schema", "farmhost.agents.sandbox", "aiohttp")
+print(code, sorted(m for m in sys.modules if m.startswith(heavy)))
+"""
+
+
+def test_the_health_check_loads_neither_the_daemon_nor_the_doctor(tmp_path: Path) -> None:
+    """A container runs `farmhost health` every 30 s for as long as it runs: it imports what it reads, no more.
+
+    The doctor's checks, the contract's schema and the daemon (the sandbox, aiohttp) are a command's own imports:
+    loaded by the whole CLI they made each health check ~30 % more CPU (docs/performance.md).
+    """
+    data_dir = tmp_path / "data"
+    assert farmhost("init", data_dir=data_dir).returncode == 0
+    done = subprocess.run(
+        [sys.executable, "-c", LOADED, str(data_dir)], capture_output=True, text=True, env=clean_env(), timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "1 []", done.stdout
