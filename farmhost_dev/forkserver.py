@@ -109,6 +109,12 @@ def serve(sock: socket.socket) -> None:
     """Answer spawn requests on `sock` until the client closes it."""
     for name in PRELOAD:
         importlib.import_module(name)
+    # Each daemon's start asks the agent's interpreter where it lives (a Python start, ~25 ms): asked here once, the
+    # answer is kept for the children (host_paths keeps it for the process).
+    from farmhost.agents.sandbox.backends.host_paths import find_python_install_sync
+
+    with contextlib.suppress(Exception):
+        find_python_install_sync(None)
     # Out of the collector's sight: a child's collections would otherwise walk, and so copy, the whole shared heap
     # (a CLI call's CPU 320 ms with the preloads, 82 ms frozen).
     gc.freeze()

@@ -278,6 +278,25 @@ def test_a_missing_interpreter_is_a_clear_error(tmp_path: Path) -> None:
         find_python_install_sync(tmp_path / "python")
 
 
+def test_the_interpreter_is_asked_once_per_process_and_a_failure_again(tmp_path: Path) -> None:
+    """Each daemon start asks its agent interpreter where it lives; the answer is kept, a failure is not."""
+    asked = tmp_path / "asked"
+    python = tmp_path / "python"  # the real interpreter behind a script that counts its runs
+    python.write_text(f'#!/bin/sh\necho run >> {asked}\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    first = find_python_install_sync(python)
+    assert find_python_install_sync(python) == first
+    assert asked.read_text().splitlines() == ["run"]
+    assert first.executable == python and first.farmagent is not None
+    broken = tmp_path / "broken"
+    broken.write_text("#!/bin/sh\necho run >> {asked}\nexit 3\n".replace("{asked}", str(asked)))
+    broken.chmod(0o755)
+    for _ in range(2):
+        with pytest.raises(SandboxError, match="did not describe itself"):
+            find_python_install_sync(broken)
+    assert asked.read_text().splitlines() == ["run"] * 3
+
+
 def test_process_points_the_agent_at_host_paths(tmp_path: Path) -> None:
     root = init_data_dir_in_process(tmp_path / ("long-" * 20) / "data")
     plan = ProcessBackend(python=Path(sys.executable)).plan(spec(root, "field", is_main=False))

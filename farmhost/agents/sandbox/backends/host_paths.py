@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -73,13 +74,21 @@ def system_entries() -> tuple[SystemEntry, ...]:
 def find_python_install_sync(executable: Path | None) -> PythonInstall:
     """Ask the agent's interpreter where it lives (blocking; call it through `asyncio.to_thread`).
 
+    An answer is kept for the process: the interpreter's installation does not change under a running daemon
+    (asked once, at its start), and where one process starts several (the test suite's fork server asks once,
+    then forks them) the interpreter runs once. A failure is not kept: the next call asks again.
+
     Args:
         executable: FARMHOST_AGENT_PYTHON, or None for the daemon's own interpreter.
 
     Raises:
         SandboxError: the interpreter cannot be run or gives no usable answer.
     """
-    python = Path(executable or sys.executable)
+    return _probe(Path(executable or sys.executable))
+
+
+@functools.cache
+def _probe(python: Path) -> PythonInstall:
     try:
         done = subprocess.run(
             [str(python), "-I", "-c", _PROBE],
