@@ -275,10 +275,10 @@ def result_path(data_dir: Path, folder: str, request_id: str) -> Path:
 
 
 def read_result(data_dir: Path, folder: str, request_id: str) -> dict[str, Any] | None:
-    """The result of a request, if it is there."""
+    """The result of a request, if it is there (a directory planted at its name is not one: the host evicts it)."""
     try:
         return json.loads(result_path(data_dir, folder, request_id).read_bytes())  # type: ignore[no-any-return]
-    except FileNotFoundError:
+    except (FileNotFoundError, IsADirectoryError):
         return None
 
 
