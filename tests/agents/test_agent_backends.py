@@ -289,7 +289,7 @@ def test_the_interpreter_is_asked_once_per_process_and_a_failure_again(tmp_path:
     assert asked.read_text().splitlines() == ["run"]
     assert first.executable == python and first.farmagent is not None
     broken = tmp_path / "broken"
-    broken.write_text("#!/bin/sh\necho run >> {asked}\nexit 3\n".replace("{asked}", str(asked)))
+    broken.write_text(f"#!/bin/sh\necho run >> {asked}\nexit 3\n")
     broken.chmod(0o755)
     for _ in range(2):
         with pytest.raises(SandboxError, match="did not describe itself"):
