@@ -115,6 +115,12 @@ def serve(sock: socket.socket) -> None:
 
     with contextlib.suppress(Exception):
         find_python_install_sync(None)
+    # And the Bot API's TLS context (the CA bundle read, ~22 ms): built here once for the children with Telegram on,
+    # which take it when their CA setting is the server's (farmhost.telegram.bot.tls_context).
+    from farmhost.telegram.bot import tls_context
+
+    with contextlib.suppress(Exception):
+        tls_context()
     # Out of the collector's sight: a child's collections would otherwise walk, and so copy, the whole shared heap
     # (a CLI call's CPU 320 ms with the preloads, 82 ms frozen).
     gc.freeze()

@@ -118,6 +118,7 @@ import json
 import mimetypes
 import re
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -324,8 +325,10 @@ class FakeTelegram:
         username: str = "farm_test_bot",
         first_name: str = "Farm Test Bot",
         unknown_chats: Iterable[int] = (),
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.token = token
+        self.tls = tls  # serve HTTPS with this server context (its certificate for 127.0.0.1)
         self.username = username
         self.first_name = first_name
         head = token.split(":", 1)[0]
@@ -380,6 +383,8 @@ class FakeTelegram:
     def start(self) -> Self:
         """Bind 127.0.0.1 on a free port and serve in a background thread."""
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        if self.tls is not None:  # a client that refuses the certificate fails in accept(): an OSError it skips
+            self._server.socket = self.tls.wrap_socket(self._server.socket, server_side=True)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="telegram-stub", daemon=True
@@ -415,10 +420,10 @@ class FakeTelegram:
 
     @property
     def api_root(self) -> str:
-        """`http://127.0.0.1:<port>` (farmhost's TELEGRAM_API_BASE_URL)."""
+        """`http://127.0.0.1:<port>` (`https://` with `tls`): farmhost's TELEGRAM_API_BASE_URL."""
         assert self._server is not None, "start the fake first"
         host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return f"{'https' if self.tls is not None else 'http'}://{host!s}:{port}"
 
     @property
     def base_url(self) -> str:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 from pathlib import Path
 
 import pytest
 from farmhost_testing import wait_for_async
+from mosquitto import Certificates
+from telegram.error import NetworkError
 from telegram_stub import FakeTelegram
 
 from farmhost.config import Settings, TelegramSettings, build_config
-from farmhost.telegram.bot import chat_id_of, jid_of, make_bot
+from farmhost.telegram.bot import chat_id_of, jid_of, make_bot, tls_context
 
 
 def settings_for(tmp_path: Path, **values: object) -> TelegramSettings:
@@ -38,6 +41,36 @@ async def test_a_long_poll_and_a_send_run_at_once_on_the_configured_server(
         assert not poll.done()  # the send did not wait for the poll's connection
         assert await poll == ()  # and the poll ended normally, not with a read timeout
     assert message.text == "sent while the poll waits"
+
+
+async def test_a_bot_api_over_tls_is_verified_against_the_ca_setting_and_its_context_built_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shared TLS context verifies as httpx's own would, and is built once per CA setting.
+
+    certifi's CAs refuse a server they do not know; the CA named by SSL_CERT_FILE is trusted.
+    """
+    certs = Certificates(tmp_path / "certs", clients=())
+    server_side = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_side.load_cert_chain(*certs.server)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    with FakeTelegram(tls=server_side) as fake:
+        settings = settings_for(tmp_path, telegram_bot_token=fake.token, telegram_api_base_url=fake.api_root)
+        assert settings.api_base_url is not None and settings.api_base_url.startswith("https://127.0.0.1:")
+        monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+        with pytest.raises(NetworkError, match="CERTIFICATE_VERIFY_FAILED"):
+            async with make_bot(settings):
+                pass
+        assert not fake.calls  # refused before any request reached the server
+        monkeypatch.setenv("SSL_CERT_FILE", str(certs.ca))
+        trusted = tls_context()
+        assert tls_context() is trusted and trusted.verify_mode == ssl.CERT_REQUIRED and trusted.check_hostname
+        bot = make_bot(settings)
+        async with bot:
+            assert bot.username == fake.username
+            assert await bot.send_message(-100, "over TLS") is not None
+    monkeypatch.delenv("SSL_CERT_FILE")
+    assert tls_context() is not trusted  # certifi's again, a context of its own
 
 
 def test_telegrams_own_server_is_the_default_and_a_token_is_required(tmp_path: Path) -> None:
