@@ -89,11 +89,11 @@ def _end(code: int) -> None:
     os._exit(code)
 
 
-# Imported once here for the children. The daemon imports the last five only when it is configured to use them
-# (Home Assistant's client with niquests, python-telegram-bot with httpx, the seccomp binding); of 285 children of a
+# Imported once here for the children. The daemon imports the last five only when it is configured to use them:
+# Home Assistant's client with niquests, python-telegram-bot with httpx, the seccomp binding (of 285 children of a
 # run of tests/integration, farm, telegram, mqtt, ipc and scheduler, 110 imported the first, 74 the second and 164 the
-# third, each paying a third of a second or more for it. httpx imports its transport (httpcore, and anyio's asyncio
-# backend under it) only when a client is built: ~65 modules, 25 ms, in each child with Telegram on.
+# third, each paying a third of a second or more for it), and httpx's transport (httpcore, with anyio's asyncio
+# backend under it), which httpx imports only when a client is built: ~60 modules, 25 ms, in each Telegram child.
 PRELOAD = (
     "farmhost.app",
     "farmhost.cli",

@@ -46,7 +46,9 @@ def tls_context() -> ssl.SSLContext:
     httpx builds one per client (and PTB builds a client per pool, and again after each `shutdown()`), each reading
     the whole CA bundle: ~22 ms of CPU here, a daemon's biggest single cost at start with Telegram on. The same
     context verifies the same way (certificates and host names, with the CA bundle httpx would take: SSL_CERT_FILE
-    or SSL_CERT_DIR when set, else certifi's); a changed CA setting gets a context of its own.
+    or SSL_CERT_DIR when set, else certifi's); a changed CA setting gets a context of its own. Sharing it is safe
+    because nothing changes it but httpcore, which sets its ALPN protocols at each connection, to HTTP/1.1 for both
+    of make_bot's pools (PTB's default `http_version`): a caller asking for HTTP/2 must not take this context.
     """
     return _tls_context(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
 
