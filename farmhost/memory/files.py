@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +15,8 @@ MEMORY_FILE: Final = "MEMORY.md"
 MEMORY_DIR: Final = "memory"
 MD_SUFFIX: Final = ".md"
 # Bounds on what an agent can make the host read: memory is notes, not a data lake.
-MAX_FILE_BYTES: Final = 1 << 20
+MAX_FILE_BYTES: Final = 1 << 20  # read of one file for the index (its first MiB is searched)
+MAX_SERVED_BYTES: Final = 4 * 1024 * 1024  # a bigger file is neither searched nor read by memory_get
 MAX_FILES_PER_ROOT: Final = 2000
 MAX_DEPTH: Final = 16
 
@@ -34,9 +36,25 @@ def signature(st: os.stat_result) -> Signature:
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+# `%2e`: what a path that was URL-encoded looks like; memory paths are plain, never decoded.
+URL_ESCAPE: Final = re.compile(r"%[0-9A-Fa-f]{2}")
+
+
+def plain_name(name: str) -> bool:
+    """Whether memory_get can be asked for a file or folder of this name (no backslash, URL escape or control).
+
+    The walk skips every other name, so each hit's citation is a path memory_get opens.
+    """
+    return "\\" not in name and URL_ESCAPE.search(name) is None and all(ord(c) >= 32 for c in name)
+
+
 def is_memory_name(name: str) -> bool:
-    """Whether a file of this name under `memory/` is indexed (its type is checked separately)."""
-    return name.endswith(MD_SUFFIX)
+    """Whether a file of this name under `memory/` is indexed (its type and size are checked separately)."""
+    return name.endswith(MD_SUFFIX) and plain_name(name)
+
+
+def _servable(st: os.stat_result) -> bool:
+    return stat.S_ISREG(st.st_mode) and st.st_size <= MAX_SERVED_BYTES
 
 
 def _walk_md(dir_fd: int, prefix: str, depth: int, on_dir: OnDir | None) -> Iterator[tuple[str, os.stat_result]]:
@@ -53,7 +71,7 @@ def _walk_md(dir_fd: int, prefix: str, depth: int, on_dir: OnDir | None) -> Iter
         except OSError:
             continue
         rel = f"{prefix}/{entry.name}"
-        if stat.S_ISDIR(st.st_mode):
+        if stat.S_ISDIR(st.st_mode) and plain_name(entry.name):
             try:
                 sub_fd = os.open(entry.name, OPEN_DIR, dir_fd=dir_fd)
             except OSError:
@@ -62,12 +80,15 @@ def _walk_md(dir_fd: int, prefix: str, depth: int, on_dir: OnDir | None) -> Iter
                 yield from _walk_md(sub_fd, rel, depth + 1, on_dir)
             finally:
                 os.close(sub_fd)
-        elif stat.S_ISREG(st.st_mode) and is_memory_name(entry.name):
+        elif _servable(st) and is_memory_name(entry.name):
             yield rel, st
 
 
 def walk_root(root: Path, on_dir: OnDir | None = None) -> dict[str, os.stat_result]:
-    """Memory files of one workspace root and their `lstat`; symlinks (files or dirs) are skipped.
+    """Memory files of one workspace root and their `lstat`; what memory_get would refuse is skipped.
+
+    Symlinks (files or dirs) are skipped, and so are names and sizes memory_get refuses (`plain_name`,
+    MAX_SERVED_BYTES), so every citation of a hit is a path it opens.
 
     Args:
         root: The workspace directory (trusted, may itself be reached through a link).
@@ -84,7 +105,7 @@ def walk_root(root: Path, on_dir: OnDir | None = None) -> dict[str, os.stat_resu
             on_dir(root_fd, "")
         try:
             st = os.stat(MEMORY_FILE, dir_fd=root_fd, follow_symlinks=False)
-            if stat.S_ISREG(st.st_mode):
+            if _servable(st):
                 found[MEMORY_FILE] = st
         except OSError:
             pass

@@ -28,6 +28,10 @@ def farm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     (field / "memory" / "other.md").symlink_to(main / "MEMORY.md")
     os.symlink(main, field / "memory" / "linked")
     (field / "memory" / "empty.md").write_text("")
+    (field / "memory" / "50%.md").write_text("# Fertiliser\n\nHalf-strength zymurgite for seedlings.\n")
+    (field / "memory" / "a\\b.md").write_text("# Backslash\n\nquokkaberry notes.\n")
+    (field / "memory" / "%41.md").write_text("# Escaped\n\nquokkaberry notes.\n")
+    (field / "memory" / "huge.md").write_text("# Huge\n\nquokkaberry\n" + "x" * (4 * 1024 * 1024))
     with running_daemon(root):
         yield root
 
@@ -72,11 +76,14 @@ def test_main_reads_any_registered_group_and_others_only_their_own(farm: Path) -
 @pytest.mark.parametrize(
     ("path", "code", "words"),
     [
-        ("../main/MEMORY.md", "invalid_request", ("'..'",)),
-        ("/etc/passwd", "invalid_request", ("absolute",)),
-        ("memory/../../main/MEMORY.md", "invalid_request", ("'..'",)),
-        ("memory/%2e%2e/%2e%2e/main/MEMORY.md", "invalid_request", ("URL-encoded",)),
-        ("memory\\..\\..\\main\\MEMORY.md", "invalid_request", ("backslash",)),
+        # SPEC: "only MEMORY.md or memory/**/*.md inside the workspace ...; anything else not_allowed"
+        ("../main/MEMORY.md", "not_allowed", ("'..'", "only MEMORY.md")),
+        ("/etc/passwd", "not_allowed", ("absolute",)),
+        ("memory/../../main/MEMORY.md", "not_allowed", ("'..'",)),
+        ("memory/%2e%2e/%2e%2e/main/MEMORY.md", "not_allowed", ("URL-encoded",)),
+        ("memory\\..\\..\\main\\MEMORY.md", "not_allowed", ("backslash",)),
+        ("memory/a\\b.md", "not_allowed", ("backslash",)),
+        ("memory/huge.md", "not_allowed", ("over the 4194304-byte limit",)),
         ("MEMORY.md\u0000.txt", "invalid_request", ("NUL character",)),  # refused with the request itself
         ("memory/passwd.md", "not_allowed", ("symlink",)),
         ("memory/other.md", "not_allowed", ("symlink",)),
@@ -103,6 +110,14 @@ def test_refusals(farm: Path, path: str, code: str, words: tuple[str, ...]) -> N
 )
 def test_bad_params(farm: Path, params: dict[str, Any], words: tuple[str, ...]) -> None:
     refused(get(farm, "field", params), "invalid_request", *words)
+
+
+def test_every_file_search_cites_is_one_memory_get_opens(farm: Path) -> None:
+    """A name with a bare `%` is a plain name; names and sizes memory_get refuses are never cited by the search."""
+    (hit,) = ok(search(farm, "field", {"query": "zymurgite"}))["hits"]
+    assert hit["path"] == "memory/50%.md"
+    assert "zymurgite" in ok(get(farm, "field", {"path": hit["path"]}))["text"]
+    assert ok(search(farm, "field", {"query": "quokkaberry"}))["hits"] == []  # a\b.md, %41.md, huge.md skipped
 
 
 def search(data_dir: Path, folder: str, params: dict[str, Any]) -> dict[str, Any]:
