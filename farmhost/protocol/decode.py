@@ -68,7 +68,8 @@ def _explain(queue: Queue, raw: bytes, stem: str, err: ValidationError) -> Reque
     raw_id = data.get("requestId")
     if raw_id is not None and not (isinstance(raw_id, str) and REQUEST_ID_RE.fullmatch(raw_id)):
         return RequestRejected(
-            "requestId must match ^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$ (letters, digits, '_', '.', '-')"
+            "requestId must match ^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$ (letters, digits, '_', '.', '-')",
+            request_id=stem_id,
         )
     request_id = raw_id if isinstance(raw_id, str) else stem_id
     allowed = QUEUE_TYPES[queue]

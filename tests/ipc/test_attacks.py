@@ -71,7 +71,7 @@ BAD_IDS = {
 # What the daemon may add anywhere under the test's tmp dir while refusing a bad id.
 _ALLOWED_NEW = re.compile(
     r"data/ipc/errors/field(/.*)?|data/logs(/.*)?|data/farmhost\.db.*|data/ipc/field/action_results/alive-\w+\.json"
-    r"|daemon\.log|.*/\.[^/]*\.tmp"
+    r"|data/ipc/field/action_results/trav-\w+\.json|daemon\.log|.*/\.[^/]*\.tmp"
 )
 
 
@@ -86,6 +86,8 @@ def test_bad_request_id_is_quarantined_and_writes_nothing_outside(env: Env, bad:
     note = wait_note(env.data_dir, "field", name)
     assert note["errorCode"] == "invalid_request"
     assert "requestId must match" in note["reason"], note
+    # The file's stem is a valid id: the agent is answered under it (SPEC §4), with the same reason.
+    _assert_error_result(env, "field", name[: -len(".json")], note["reason"])
     assert quarantined_entry(env.data_dir, "field", "actions", name).read_bytes() == raw, "quarantine keeps the bytes"
     _assert_logged_quarantine(env, "field", "actions", name, note["reason"])
     ping_ok(env.data_dir, "field")
@@ -94,8 +96,6 @@ def test_bad_request_id_is_quarantined_and_writes_nothing_outside(env: Env, bad:
     assert new == set(), f"files created outside the quarantine: {sorted(new)}"
     for escaped in (Path("/etc/passwd.json"), Path("/tmp/owned.json"), root / "x.json", root / "data" / "x.json"):
         assert not escaped.exists()
-    stem_result = read_result(env.data_dir, "field", name[: -len(".json")])
-    assert stem_result is None or stem_result["status"] == "error"
     assert not (_queue(env) / name).exists()
 
 
