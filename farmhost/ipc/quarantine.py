@@ -1,5 +1,8 @@
 """Quarantine: refused request files go to `ipc/errors/<folder>/` with a `.reason.json`, never overwriting, capped.
 
+The note is the SPEC's six fields (`folder, queue, file, reason, errorCode, receivedAt`); when an entry is not kept
+whole its `reason` ends in "; kept: ..." saying what is, and so does the log line.
+
 What the host keeps for a group is bounded, whatever the group sends: a refused file over KEEP_BYTES is kept as its
 first KEEP_BYTES (the note says how long it was), and each group's quarantine holds at most MAX_ENTRIES entries and
 MAX_BYTES of their content. The first ones are kept, being the evidence of how an attack began: past the byte cap a
@@ -40,6 +43,8 @@ MAX_ENTRIES: Final = 1000
 # (under 1 KiB each) at most ~33 MiB.
 MAX_BYTES: Final = 32 * 1024 * 1024
 NOTE_SUFFIX: Final = ".reason.json"
+# What `_keep` says of an entry kept as it came: the normal case, which the reason does not mention.
+_WHOLE: Final = "whole"
 # Where a refused directory too big to keep goes, in `ipc/errors/`, to be emptied off the event loop (the service's
 # trash drain): an agent can fill a directory in its queue with a million files, and the host moves it in one rename.
 TRASH: Final = ".trash"
@@ -101,7 +106,7 @@ class Quarantine:
             os.rename(src_name, target, src_dir_fd=src_dir_fd, dst_dir_fd=dir_fd)
             kept = self._keep(dir_fd, target, folder, held)
             if kept is not None:
-                self._write_note(dir_fd, target, folder, queue, original_name, reason, code, at, kept=kept)
+                self._write_note(dir_fd, target, folder, queue, original_name, _said(reason, kept), code, at)
         finally:
             os.close(dir_fd)
         self._log(folder, queue, original_name, reason, code, request_id, kept=kept)
@@ -131,14 +136,14 @@ class Quarantine:
             kept = self._keep(errors_fd, target, folder, held)
             if kept is not None:
                 code = ErrorCode.INVALID_REQUEST
-                self._write_note(errors_fd, target, folder, queue, name, reason, code, at, kept=kept)
+                self._write_note(errors_fd, target, folder, queue, name, _said(reason, kept), code, at)
         finally:
             os.close(errors_fd)
         self._log(folder, queue, name, reason, ErrorCode.INVALID_REQUEST, None, kept=kept)
         return True
 
     def _keep(self, dir_fd: int, target: str, folder: str, held: _Held) -> str | None:
-        """Fit the entry just moved to `target` into the group's caps; what was kept, for its note (None: nothing).
+        """Fit the entry just moved to `target` into the group's caps; what was kept (_WHOLE, a phrase, None: nothing).
 
         A regular file over KEEP_BYTES is replaced by a copy of its first KEEP_BYTES (a new file: the agent may
         hold a link to the one it sent). A directory is kept whole if its entries fit in what the caps leave (they
@@ -156,20 +161,20 @@ class Quarantine:
                 self._to_trash(dir_fd, target)
                 held.entries += 1
                 return (
-                    f"the reason only: a directory of more than {room} entries, more than {folder}'s quarantine holds"
+                    f"this note only (a directory of more than {room} entries, more than {folder}'s quarantine holds)"
                 )
             held.entries += 1 + inside
-            return "whole"
+            return _WHOLE
         held.entries += 1
         size = info.st_size if stat.S_ISREG(info.st_mode) else 0
         kept_size = min(size, KEEP_BYTES)
         if held.bytes + kept_size > self._max_bytes:
             self._drop(dir_fd, target)
             self._full(folder, held)
-            return f"the reason only: {folder}'s quarantine holds its limit of {self._max_bytes} bytes"
+            return f"this note only ({folder}'s quarantine holds its limit of {self._max_bytes} bytes)"
         held.bytes += kept_size
         if size <= KEEP_BYTES:
-            return "whole"
+            return _WHOLE
         self._cut(dir_fd, target)
         return f"the first {KEEP_BYTES} of {size} bytes"
 
@@ -263,7 +268,7 @@ class Quarantine:
                 return
             self.evict(dir_fd, name, occupant, folder=folder, queue=queue, reason=_REPLANTED, at=at)
         reason = f"{name} was caught while the agent swapped it and could not be put back; it is kept here"
-        self._write_note(errors_fd, target, folder, queue, name, reason, ErrorCode.INTERNAL, at, kept="whole")
+        self._write_note(errors_fd, target, folder, queue, name, reason, ErrorCode.INTERNAL, at)
         logger.error("group %s: %s", folder, reason)
 
     def _merge(
@@ -287,7 +292,7 @@ class Quarantine:
             os.close(dst)
         if kept:
             reason = f"{kept} entries of {name}/ could not be put back next to newer ones of the same name"
-            self._write_note(errors_fd, target, folder, queue, name, reason, ErrorCode.CONFLICT, at, kept="whole")
+            self._write_note(errors_fd, target, folder, queue, name, reason, ErrorCode.CONFLICT, at)
             return
         os.rmdir(target, dir_fd=errors_fd)
 
@@ -304,8 +309,6 @@ class Quarantine:
         reason: str,
         code: ErrorCode,
         at: datetime,
-        *,
-        kept: str,
     ) -> None:
         note = {
             "folder": folder,
@@ -314,7 +317,6 @@ class Quarantine:
             "reason": reason,
             "errorCode": code.value,
             "receivedAt": utc_stamp(at),
-            "kept": kept,
         }
         # Whole under its name or not there (a reader never opens it empty), and never in place of another file.
         tmp = prepare_atomic(dir_fd, f"{target}{NOTE_SUFFIX}", dump_json(note), durable=False)
@@ -329,12 +331,11 @@ class Quarantine:
         folder: str, queue: str, name: str, reason: str, code: ErrorCode, request_id: str | None, *, kept: str | None
     ) -> None:
         logger.warning(
-            "quarantined %s/%s/%s: %s (kept: %s)",
+            "quarantined %s/%s/%s: %s",
             folder,
             queue,
             name,
-            reason,
-            kept or "nothing, the quarantine is full",
+            _said(reason, kept or "nothing, the quarantine is full"),
             extra={"group": folder, "queue": queue, "requestId": request_id, "errorCode": code.value},
         )
 
@@ -396,3 +397,8 @@ def _exists(dir_fd: int, name: str) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+def _said(reason: str, kept: str) -> str:
+    """The reason as the note and the log give it: with what was kept of the entry, unless it was kept whole."""
+    return reason if kept == _WHOLE else f"{reason}; kept: {kept}"

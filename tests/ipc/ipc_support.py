@@ -100,7 +100,7 @@ def wait_quarantined(
     entry = path.with_name(path.name[: -len(".reason.json")])
     assert re.fullmatch(rf"{STAMP}-{re.escape(queue)}-.+", entry.name), entry.name
     assert os.path.lexists(entry), f"quarantined entry {entry} is missing next to its note"
-    assert set(note) == {"folder", "queue", "file", "reason", "errorCode", "receivedAt", "kept"}, note
+    assert set(note) == {"folder", "queue", "file", "reason", "errorCode", "receivedAt"}, note  # SPEC §4, exactly
     assert note["folder"] == folder
     assert isinstance(note["reason"], str) and note["reason"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", note["receivedAt"]), note

@@ -246,11 +246,11 @@ def test_huge_file_is_quarantined_unread_and_quickly(env: Env) -> None:
     # And quickly: not a wait as long as reading and parsing 50 MiB on a loaded machine.
     assert read_so_far() - before < 4 * LIMIT, f"the daemon read {read_so_far() - before} bytes"
     assert time.monotonic() - started < scaled(10)
-    assert note["reason"] == f"request file is {size} bytes, over the {LIMIT}-byte limit"
+    refused = f"request file is {size} bytes, over the {LIMIT}-byte limit"
     # Kept as its first 64 KiB, not whole: what a group sends cannot fill the host's disk through its quarantine.
     assert quarantined_entry(env.data_dir, "field", "actions", f"{rid}.json").stat().st_size == KEEP_BYTES
-    assert note["kept"] == f"the first {KEEP_BYTES} of {size} bytes"
-    _assert_error_result(env, "field", rid, note["reason"])
+    assert note["reason"] == f"{refused}; kept: the first {KEEP_BYTES} of {size} bytes"
+    _assert_error_result(env, "field", rid, refused)
     ping_ok(env.data_dir, "field")
 
 
@@ -265,8 +265,9 @@ def test_size_limit_is_inclusive(env: Env) -> None:
     write_raw(_queue(env), f"{over}.json", _padded_ping(over, LIMIT + 1))
     assert wait_result(env.data_dir, "field", at_limit)["status"] == "success"
     note = wait_note(env.data_dir, "field", f"{over}.json")
-    assert note["reason"] == f"request file is {LIMIT + 1} bytes, over the {LIMIT}-byte limit"
-    _assert_error_result(env, "field", over, note["reason"])
+    refused = f"request file is {LIMIT + 1} bytes, over the {LIMIT}-byte limit"
+    assert note["reason"] == f"{refused}; kept: the first {KEEP_BYTES} of {LIMIT + 1} bytes"
+    _assert_error_result(env, "field", over, refused)
 
 
 # malformed and mistyped JSON ----------------------------------------------------------------------------------
@@ -341,8 +342,10 @@ def test_malformed_request_is_quarantined_with_a_specific_reason(
     assert reason in note["reason"], note
     assert note["errorCode"] == "invalid_request" and note["queue"] == queue
     assert quarantined_entry(env.data_dir, "field", queue, name).read_bytes() == raw[:KEEP_BYTES]
-    assert note["kept"] == ("whole" if len(raw) <= KEEP_BYTES else f"the first {KEEP_BYTES} of {len(raw)} bytes")
-    _assert_error_result(env, "field", rid, note["reason"])
+    # What was kept is said in the reason, unless the file was kept whole; the agent gets the reason itself.
+    kept = "" if len(raw) <= KEEP_BYTES else f"; kept: the first {KEEP_BYTES} of {len(raw)} bytes"
+    assert note["reason"].endswith(kept) and ("; kept: " in note["reason"]) == bool(kept), note
+    _assert_error_result(env, "field", rid, note["reason"].removesuffix(kept))
     if rid != stem:
         assert read_result(env.data_dir, "field", stem) is None
     _assert_logged_quarantine(env, "field", queue, name, note["reason"])

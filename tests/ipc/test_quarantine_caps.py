@@ -3,7 +3,7 @@
 A group once kept 600 MB in `ipc/errors/` by sending oversized "requests" the host moved there whole and kept for
 30 days. Now each is kept as its first 64 KiB, and past the group's caps (FARMHOST_QUARANTINE_MAX_MB of content,
 FARMHOST_QUARANTINE_MAX_FILES entries) new ones are kept as their reason only, then not at all; the answer to the
-agent and the log line are the same either way.
+agent is the same either way, and each refused file has its log line.
 """
 
 from __future__ import annotations
@@ -32,6 +32,14 @@ def capped(data_dir: Path) -> Iterator[Daemon]:
     assert daemon.stop() == 0, daemon.log()
 
 
+def _kept(note: Path) -> str | None:
+    """What the note's reason says was kept of its entry (None: nothing said, the entry is whole)."""
+    document = json.loads(note.read_bytes())
+    assert set(document) == {"folder", "queue", "file", "reason", "errorCode", "receivedAt"}, document
+    _, said, kept = document["reason"].partition("; kept: ")
+    return kept if said else None
+
+
 def _oversized(rid: str) -> bytes:
     body = json.dumps({"type": "ping", "requestId": rid}).encode()
     return body + b" " * (LIMIT + 512 * 1024 - len(body))
@@ -49,16 +57,19 @@ def test_oversized_requests_are_kept_cut_and_capped_per_group(data_dir: Path, ca
     wait_for(lambda: "its quarantine is full" in capped.log(), what="the full quarantine to be logged")
     notes = sorted(errors.glob(f"*{NOTE_SUFFIX}"))
     entries = sorted(p for p in errors.iterdir() if not p.name.endswith(NOTE_SUFFIX))
-    kept = [json.loads(note.read_bytes())["kept"] for note in notes]
-    # The first ones whole up to the byte cap, then reasons only up to the entry cap, then nothing.
+    kept = [_kept(note) for note in notes]
+    # The first ones cut up to the byte cap, then reasons only up to the entry cap, then nothing.
     assert kept == [f"the first {KEEP_BYTES} of {LIMIT + 512 * 1024} bytes"] * KEPT_WHOLE + [
-        f"the reason only: field's quarantine holds its limit of {MAX_MB * 2**20} bytes"
+        f"this note only (field's quarantine holds its limit of {MAX_MB * 2**20} bytes)"
     ] * (MAX_FILES - KEPT_WHOLE)
     assert len(entries) == KEPT_WHOLE and all(p.stat().st_size == KEEP_BYTES for p in entries)
     assert sum(p.stat().st_size for p in errors.iterdir()) < MAX_MB * 2**20 + MAX_FILES * 1024
     log = capped.log()
     for rid in sent[MAX_FILES:]:
-        assert f"quarantined field/actions/{rid}.json: " in log and "(kept: nothing, the quarantine is full)" in log
+        assert (
+            f"quarantined field/actions/{rid}.json: request file is {LIMIT + 512 * 1024} bytes, over the "
+            f"{LIMIT}-byte limit; kept: nothing, the quarantine is full"
+        ) in log
     assert "delete files from ipc/errors/field/ to keep them again" in log
     # The cap is the group's: main's refused file is kept.
     rid = uid("main-big")
@@ -68,7 +79,7 @@ def test_oversized_requests_are_kept_cut_and_capped_per_group(data_dir: Path, ca
     (note,) = wait_for(
         lambda: list((data_dir / "ipc" / "errors" / "main").glob(f"*{NOTE_SUFFIX}")), what="main's quarantine note"
     )
-    assert json.loads(note.read_bytes())["kept"].startswith("the first ")
+    assert _kept(note).startswith("the first ")
 
 
 def test_a_refused_directory_is_kept_only_if_it_fits_and_a_big_one_is_emptied(data_dir: Path, capped: Daemon) -> None:
@@ -85,12 +96,12 @@ def test_a_refused_directory_is_kept_only_if_it_fits_and_a_big_one_is_emptied(da
         made.rename(queue / f"{rid}.json")
         wait_for(lambda rid=rid: any(errors.glob(f"*{rid}.json{NOTE_SUFFIX}")), what=f"{rid} to be quarantined")
         (note,) = errors.glob(f"*{rid}.json{NOTE_SUFFIX}")
-        kept[rid] = json.loads(note.read_bytes())["kept"]
+        kept[rid] = _kept(note)
     # The small one took 5 entries (itself, inner/ and 3 files); the big one's own takes 1.
-    assert kept[small] == "whole"
+    assert kept[small] is None  # kept whole: the reason says nothing of it
     assert (
         kept[big]
-        == f"the reason only: a directory of more than {MAX_FILES - 6} entries, more than field's quarantine holds"
+        == f"this note only (a directory of more than {MAX_FILES - 6} entries, more than field's quarantine holds)"
     )
     (entry,) = (p for p in errors.iterdir() if small in p.name and not p.name.endswith(NOTE_SUFFIX))
     assert sorted(p.name for p in (entry / "inner").iterdir()) == ["f0", "f1", "f2"]
