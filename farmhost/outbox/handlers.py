@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import partial
 from io import FileIO
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Final
+from typing import Final
 
 from farmhost.config import OutboxSettings
 from farmhost.errors import InvalidRequest, NotAllowed, RateLimited, Unauthorized
@@ -116,10 +116,17 @@ def _unsent_bytes(folder: Path) -> int:
         return 0
 
 
-def _copy_paced(src: BinaryIO, dst: FileIO, bytes_per_second: float) -> None:
-    while chunk := src.read(_COPY_CHUNK):
+def _copy_paced(source_fd: int, dst: FileIO, size: int, bytes_per_second: float) -> int:
+    """Copy at most `size` bytes, the size checked against the caps: the agent may append while this runs.
+
+    Returns the bytes copied, fewer than `size` when the agent truncated its file meanwhile.
+    """
+    copied = 0
+    while copied < size and (chunk := os.read(source_fd, min(_COPY_CHUNK, size - copied))):
         _COPIES.take(len(chunk), bytes_per_second)
         dst.write(chunk)
+        copied += len(chunk)
+    return copied
 
 
 def _copy_sync(workspace: Path, path: str, target: Path, limit: int, rate: float) -> _FileCopy:
@@ -138,12 +145,19 @@ def _copy_sync(workspace: Path, path: str, target: Path, limit: int, rate: float
             )
         # A private copy: the agent may change or delete its file before delivery.
         target.parent.mkdir(parents=True, exist_ok=True)
-        with os.fdopen(os.dup(source_fd), "rb") as src, open(target, "wb", buffering=0) as dst:
-            _copy_paced(src, dst, rate)
-            os.fsync(dst.fileno())
+        try:
+            with open(target, "wb", buffering=0) as dst:
+                copied = _copy_paced(source_fd, dst, size, rate)
+                os.fsync(dst.fileno())
+            if copied == 0:
+                raise InvalidRequest(f"{path!r} was emptied while it was copied; nothing to send")
+        except BaseException:
+            target.unlink(missing_ok=True)  # a partial copy would hold the group's outbox budget
+            raise
     finally:
         os.close(source_fd)
-    return _FileCopy(path=target, size=size)
+    # What was copied, not what was measured: the result and the budget count the bytes Telegram will get.
+    return _FileCopy(path=target, size=copied)
 
 
 def outbox_handlers(settings: OutboxSettings) -> Handlers:

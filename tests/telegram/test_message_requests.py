@@ -261,3 +261,46 @@ def test_file_copies_are_paced_so_they_never_saturate_the_disk(tmp_path: Path) -
         assert elapsed >= 1.5, f"a 4 MiB copy took {elapsed:.2f} s at 2 MiB/s"
         [row] = outbox_rows(data_dir, "field", rid)
         assert Path(row["file_path"]).read_bytes() == content
+
+
+def _copy_begun(copies: Path) -> bool:
+    return copies.is_dir() and any(p.stat().st_size > 0 for p in copies.iterdir())
+
+
+@pytest.mark.parametrize("change", ["grows", "shrinks"])
+def test_a_file_changed_while_it_is_copied_is_counted_as_copied(tmp_path: Path, change: str) -> None:
+    """The size is measured once: bytes appended during the copy are never taken, and the result counts the copy.
+
+    A red-team once sent a 49 MiB file and appended 20 MiB while the paced copy ran: the outbox got 69 MiB, past
+    Telegram's 50 MB cap, and the result said 49 MiB. At 1 MiB/s a 3 MiB copy takes two seconds after its first MiB.
+    """
+    data_dir = init_data_dir(tmp_path / "data")
+    mib = 1024 * 1024
+    content = os.urandom(3 * mib)
+    source = data_dir / "groups" / "field" / "growing.bin"
+    source.write_bytes(content)
+    with running_daemon(data_dir, env=clean_env(FARMHOST_FILE_COPY_BYTES_PER_SECOND=str(mib))):
+        rid = f"msg-{next(_ids)}"
+        drop(
+            data_dir,
+            "field",
+            "messages",
+            {"type": "file", "chatJid": FIELD_JID, "path": "growing.bin", "requestId": rid},
+        )
+        wait_for(lambda: _copy_begun(data_dir / "outbox-files" / "field"), what="the copy to begin")
+        if change == "grows":
+            with open(source, "ab") as grow:
+                grow.write(os.urandom(5 * mib))
+        else:
+            os.truncate(source, 3 * mib // 2)
+        result = wait_result(data_dir, "field", rid)
+    assert result["status"] == "success", result
+    [row] = outbox_rows(data_dir, "field", rid)
+    copy = Path(row["file_path"]).read_bytes()
+    copied = len(copy)
+    assert result["result"]["bytes"] == copied, "the result counts what was copied"
+    assert copy == content[:copied]
+    if change == "grows":
+        assert copied == len(content), "nothing appended after the size was measured is copied"
+    # The group's outbox budget is counted from the copies on disk: it holds exactly what the result says.
+    assert sum(p.stat().st_size for p in (data_dir / "outbox-files" / "field").iterdir()) == copied
