@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
 from farmhost.farm.control.safe_state import UNKNOWN_STATES
 from farmhost.farm.state.alerts import Rule
+from farmhost.protocol.codes import ENTITY_ID_RE
 
 # The SPEC's default: a farm event wakes the agent at most once an hour unless the task asks otherwise.
 DEFAULT_COOLDOWN: Final = 3600.0
@@ -27,8 +27,6 @@ MIN_COOLDOWN: Final = 5.0
 MAX_COOLDOWN: Final = 30 * 86400.0
 # A week: a condition that must hold longer is a report, not an event (and a week of hold survives restarts).
 MAX_HOLD: Final = 7 * 86400.0
-# HA's entity id shape (domain.object_id, lower case); anything else can never match a state.
-_ENTITY_ID: Final = re.compile(r"^[a-z0-9_]+\.[a-z0-9_]+$")
 _MAX_STATE_CHARS: Final = 255  # HA's own limit on a state string
 _ENTITY_FIELDS: Final = ("entity", "above", "below", "state", "for")
 _FIELDS: Final = (*_ENTITY_FIELDS, "alert", "cooldown")
@@ -152,7 +150,7 @@ def _entity_condition(value: Mapping[str, object], cooldown: float) -> Condition
     if "entity" not in value:
         raise ConditionError(f"schedule_value.entity (or schedule_value.alert) is required: {EXAMPLE}")
     entity = value["entity"]
-    if not isinstance(entity, str) or not _ENTITY_ID.match(entity):
+    if not isinstance(entity, str) or not ENTITY_ID_RE.fullmatch(entity):  # anything else never matches a state
         raise ConditionError(
             f"schedule_value.entity must be a Home Assistant entity id such as 'sensor.field_1_soil_moisture'; "
             f"got {entity!r}"

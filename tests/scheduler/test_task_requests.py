@@ -34,7 +34,9 @@ def ask(data_dir: Path, folder: str, payload: dict[str, Any]) -> dict[str, Any]:
     return wait_result(data_dir, folder, rid)
 
 
-def schedule(data_dir: Path, folder: str, schedule_type: str, value: str | int, **extra: Any) -> dict[str, Any]:
+def schedule(
+    data_dir: Path, folder: str, schedule_type: str, value: str | int | dict[str, Any], **extra: Any
+) -> dict[str, Any]:
     payload = {"type": "schedule_task", "prompt": "check the water tank", "schedule_type": schedule_type}
     return ask(data_dir, folder, {**payload, "schedule_value": value, **extra})
 
@@ -131,6 +133,18 @@ def test_invalid_schedules_say_what_is_wrong(farm: Path, schedule_type: str, val
     before = snapshot(farm, "main")
     assert sentence in failed(schedule(farm, "main", schedule_type, value), "invalid_request")
     assert snapshot(farm, "main").keys() == before.keys()
+
+
+@pytest.mark.parametrize("entity", ["sensor.tank_level\n", "\nsensor.tank_level", "sensor.tank level"])
+def test_a_when_entity_that_is_not_an_entity_id_is_refused_and_not_stored(farm: Path, entity: str) -> None:
+    """A trailing newline too: an id stored with one never matches a state, and the task would count for nothing."""
+    before = snapshot(farm, "field")
+    error = failed(schedule(farm, "field", "when", {"entity": entity, "below": 2}), "invalid_request")
+    assert (
+        f"schedule_value.entity must be a Home Assistant entity id such as 'sensor.field_1_soil_moisture'; got {entity!r}"
+        in error
+    )
+    assert snapshot(farm, "field").keys() == before.keys()
 
 
 def test_unknown_schedule_type_is_refused(farm: Path) -> None:

@@ -23,6 +23,7 @@ INVALID: list[tuple[object, str, str]] = [
     ({"entity": SOIL}, "schedule_value.below", "required"),
     ({"entity": "Sensor.Field 1", "below": 25}, "schedule_value.entity", "entity id"),
     ({"entity": 7, "below": 25}, "schedule_value.entity", "entity id"),
+    ({"entity": f"{SOIL}\n", "below": 25}, "schedule_value.entity", "entity id"),
     ({"entity": SOIL, "below": "25"}, "schedule_value.below", "number"),
     ({"entity": SOIL, "below": True}, "schedule_value.below", "number"),
     ({"entity": SOIL, "above": float("nan")}, "schedule_value.above", "number"),
