@@ -8,6 +8,7 @@ from typing import Any, Final
 from pydantic import TypeAdapter, ValidationError
 
 from farmhost.protocol.codes import REQUEST_ID_RE, Queue
+from farmhost.protocol.field_errors import expectation, field_path
 from farmhost.protocol.requests import QUEUE_TYPES, ActionsRequest, AnyRequest, MessagesRequest, TasksRequest
 
 _ADAPTERS: Final[dict[Queue, TypeAdapter[Any]]] = {
@@ -90,11 +91,13 @@ def _explain(queue: Queue, raw: bytes, stem: str, err: ValidationError) -> Reque
 
 
 def _first_error(err: ValidationError) -> str:
-    first = err.errors(include_url=False)[0]
+    errors = err.errors(include_url=False)
+    first = errors[0]
     # The discriminator tag is the first element of the location; it tells nothing to the agent.
-    loc = [str(part) for part in first["loc"][1:]] or [str(part) for part in first["loc"]]
-    where = ".".join(loc)
-    message = str(first["msg"]).removeprefix("Value error, ")  # pydantic's prefix for a validator's own sentence
+    skip = 1 if len(first["loc"]) > 1 else 0
+    where = field_path(first, skip=skip)
+    # "Value error, " is pydantic's prefix for a validator's own sentence.
+    message = expectation(errors, skip=skip).removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         return f"unknown field {where!r}"
     if first["type"] == "missing":

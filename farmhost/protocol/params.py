@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from farmhost.errors import InvalidRequest
 from farmhost.protocol.codes import DASHBOARD_RE, ENTITY_ID_RE, FOLDER_RE
+from farmhost.protocol.field_errors import field_path
 
 MAX_ENTITY_IDS: Final = 500
 MAX_DOMAINS: Final = 100
@@ -312,7 +313,7 @@ def parse_params(model: type[P], params: dict[str, Any], action: str) -> P:
 def _sentence(err: ValidationError, model: type[ActionParams], action: str) -> str:
     first = err.errors(include_url=False)[0]
     kind, ctx = first["type"], first.get("ctx", {})
-    where = ".".join(str(part) for part in first["loc"] if not _is_union_branch(str(part)))
+    where = field_path(first)
     takes = ", ".join(field.alias or name for name, field in model.model_fields.items()) or "no params"
     if kind == "extra_forbidden":
         return f"{action}: unknown param {where!r} ({action} takes {takes})"
@@ -340,15 +341,6 @@ _TYPE_WORDS: Final = {
     "list_type": "a list",
     "dict_type": "an object",
 }
-
-
-def _is_union_branch(part: str) -> bool:
-    return part.startswith(("function-", "list[", "dict[", "constrained-str")) or part in (
-        "str",
-        "int",
-        "float",
-        "bool",
-    )
 
 
 def _bound(kind: str, ctx: dict[str, Any]) -> str:

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from farmhost.protocol.codes import ErrorCode
 from farmhost.protocol.envelope import Outcome, envelope, utc_stamp
+from farmhost.protocol.field_errors import expectation, field_path
 from farmhost.protocol.requests import FarmActionRequest
 from farmhost.sites import wire
 from farmhost.store.db import now_utc
@@ -167,10 +168,10 @@ class SiteServer:
         try:
             request = FarmActionRequest.model_validate({**call.request, "expiresAt": call.deadline})
         except ValidationError as err:
-            first = err.errors()[0]
-            where = ".".join(str(part) for part in first["loc"]) or "request"
+            errors = err.errors(include_url=False)
+            where = field_path(errors[0]) or "request"
             return Outcome.failure(
-                ErrorCode.INVALID_REQUEST, f"the request is not a farm action: {where}: {first['msg']}"
+                ErrorCode.INVALID_REQUEST, f"the request is not a farm action: {where}: {expectation(errors)}"
             )
         if request.site is not None and request.site != self.site:
             return Outcome.failure(ErrorCode.NOT_ALLOWED, "a call is run where it is sent; it cannot be passed on")

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, StringConstraints, ValidationError
 
 from farmhost.protocol.codes import SITE_RE, ErrorCode, Status
+from farmhost.protocol.field_errors import expectation, field_path
 
 VERSION: Final = 1
 # A call carries one IPC request (at most FARMHOST_IPC_MAX_REQUEST_BYTES, 1 MiB by default); an answer one
@@ -174,6 +175,5 @@ def _call_id(document: dict[str, Any]) -> str | None:
 
 
 def _first_error(err: ValidationError) -> str:
-    first = err.errors()[0]
-    where = ".".join(str(part) for part in first["loc"]) or "message"
-    return f"{where}: {first['msg']}"
+    errors = err.errors(include_url=False)
+    return f"{field_path(errors[0]) or 'message'}: {expectation(errors)}"

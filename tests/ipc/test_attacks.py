@@ -274,6 +274,7 @@ def test_size_limit_is_inclusive(env: Env) -> None:
 
 SCHEDULE = {"type": "schedule_task", "prompt": "p", "schedule_type": "interval", "schedule_value": 60000}
 REGISTER = {"type": "register_group", "jid": "telegram:-5", "name": "n", "folder": "f5"}
+_ANY_VALUE = "Input should be a valid string, a valid integer or an object"
 MALFORMED: dict[str, tuple[str, bytes | dict[str, Any], str]] = {
     # label: (queue, file content (a dict gets a requestId added and is dumped), reason substring)
     "truncated": ("actions", b'{"type": "ping", "requestId": "', "not valid JSON: Unterminated string"),
@@ -321,7 +322,18 @@ MALFORMED: dict[str, tuple[str, bytes | dict[str, Any], str]] = {
     "missing-prompt": ("tasks", {**SCHEDULE, "prompt": None}, "field 'prompt'"),
     "bad-schedule-type": ("tasks", {**SCHEDULE, "schedule_type": "hourly"}, "field 'schedule_type'"),
     "bad-group-folder": ("tasks", {**SCHEDULE, "groupFolder": "../main"}, "field 'groupFolder'"),
+    # A field that takes several types names them all, in the agent's own field names (no pydantic internals).
+    "interval-as-float": ("tasks", {**SCHEDULE, "schedule_value": 1.5}, f"field 'schedule_value': {_ANY_VALUE}"),
+    "interval-as-bool": ("tasks", {**SCHEDULE, "schedule_value": True}, f"field 'schedule_value': {_ANY_VALUE}"),
+    "schedule-as-list": ("tasks", {**SCHEDULE, "schedule_value": [60000]}, f"field 'schedule_value': {_ANY_VALUE}"),
+    "timestamp-as-list": (
+        "actions",
+        {"type": "ping", "timestamp": [1]},
+        "field 'timestamp': Input should be a valid string or a valid number",
+    ),
 }
+# pydantic's names for the validators and union branches of a field, which mean nothing to an agent.
+_INTERNALS = re.compile(r"function-(after|before|wrap|plain)|constrained-|tagged-union|'[^']*\.(str|int|float|dict)'")
 
 
 @pytest.mark.parametrize(("queue", "content", "reason"), list(MALFORMED.values()), ids=list(MALFORMED))
@@ -340,6 +352,7 @@ def test_malformed_request_is_quarantined_with_a_specific_reason(
 
     note = wait_note(env.data_dir, "field", name, queue=queue)
     assert reason in note["reason"], note
+    assert not _INTERNALS.search(note["reason"]), note
     assert note["errorCode"] == "invalid_request" and note["queue"] == queue
     assert quarantined_entry(env.data_dir, "field", queue, name).read_bytes() == raw[:KEEP_BYTES]
     # What was kept is said in the reason, unless the file was kept whole; the agent gets the reason itself.

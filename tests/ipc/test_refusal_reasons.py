@@ -154,6 +154,24 @@ def test_params_with_nul_characters_are_refused(env: Env, payload: dict[str, Any
     _refused(_ask(env, "main", "actions", payload), "NUL")
 
 
+@pytest.mark.parametrize(
+    ("params", "sentence"),
+    [
+        ({"query": "pump", "topK": 1.5}, "memory_search: param 'topK' must be a whole number (got 1.5)"),
+        (
+            {"query": "pump", "sources": 5},
+            "memory_search: param 'sources' must be 'memory', 'sessions' or 'all' (got 5)",
+        ),
+        ({"query": 5}, "memory_search: param 'query' must be text (got 5)"),
+        ({"query": "pump", "groupFolder": "field\n"}, "memory_search: param 'groupFolder' must be a group folder name"),
+    ],
+)
+def test_params_refusals_name_the_param_as_the_agent_wrote_it(env: Env, params: dict[str, Any], sentence: str) -> None:
+    """The sentence names the param, never pydantic's names for its validators or union branches."""
+    payload = {"type": "memory_action", "action": "memory_search", "params": params}
+    _refused(_ask(env, "field", "actions", payload), sentence)
+
+
 # the reason note appears whole -----------------------------------------------------------------------------------
 
 
