@@ -44,7 +44,7 @@ def sweep_host_temp(dir_fd: int, *, older_than: float, pending: Callable[[str], 
     `pending(name)` says a temp file is a prepared result a restart may still publish: it stays.
     """
     return _sweep(
-        dir_fd, lambda name, info: not HOST_TEMP_RE.match(name) or info.st_mtime >= older_than or pending(name)
+        dir_fd, lambda name, info: not HOST_TEMP_RE.fullmatch(name) or info.st_mtime >= older_than or pending(name)
     )
 
 

@@ -28,6 +28,10 @@ def test_start_up_sweep_removes_only_what_is_old_and_ours(data_dir: Path) -> Non
     host_temp = ipc / ".host_status.json.deadbeef.tmp"
     host_temp.write_text("{")
     _age(host_temp, 2 * 3600)
+    # An agent's file that only looks like the host's: the name goes on past ".tmp" (a newline).
+    lookalike = ipc / ".host_status.json.deadbeef.tmp\n"
+    lookalike.write_text("{")
+    _age(lookalike, 2 * 3600)
     agent_temp = ipc / "actions" / ".a-1.json.tmp"
     agent_temp.write_text("{")
     _age(agent_temp, 2 * 3600)
@@ -50,6 +54,7 @@ def test_start_up_sweep_removes_only_what_is_old_and_ours(data_dir: Path) -> Non
     assert not old_quarantine.exists()
     assert fresh_result.exists()
     assert agent_temp.exists(), "an agent's own temp file in its queue is never touched"
+    assert lookalike.exists(), "only the host's own temp names are swept"
     assert recent_quarantine.exists()
     assert "swept 1 uncollected results, 1 abandoned temp files, 1 old quarantined files" in daemon.log()
 

@@ -72,7 +72,7 @@ def prune_sync(dir_fd: int, *, today: date, keep_days: int) -> list[str]:
     cutoff = today - timedelta(days=keep_days)
     deleted: list[str] = []
     for name in sorted(os.listdir(dir_fd)):
-        match = TELEMETRY_RE.match(name)
+        match = TELEMETRY_RE.fullmatch(name)
         if match is None:
             continue
         try:
