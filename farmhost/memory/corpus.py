@@ -18,7 +18,7 @@ from typing import Final
 from farmhost.memory.bm25 import Bm25Index, SegmentKey
 from farmhost.memory.chunker import DEFAULT_MAX_CHARS, Chunk, chunk_markdown
 from farmhost.memory.files import Signature, read_memory_file
-from farmhost.memory.indexer_process import BUILD_TIMEOUT_SECONDS, BuildError, run_builder
+from farmhost.memory.indexer_process import BUILD_TIMEOUT_SECONDS, BuildError, BuildStop, BuildStopped, run_builder
 from farmhost.memory.progress import PROGRESS_AFTER_SECONDS, PROGRESS_EVERY_SECONDS, PROGRESS_FILES, IndexProgress
 from farmhost.memory.snapshot import Snapshot, SnapshotError, identity, open_snapshot, write_snapshot
 from farmhost.memory.snippet import snippet
@@ -147,6 +147,7 @@ class MemoryCorpus:
         progress_every: float = PROGRESS_EVERY_SECONDS,
         snapshot: Path | None = None,
         build_timeout: float = BUILD_TIMEOUT_SECONDS,
+        build_stop: BuildStop | None = None,
         inotify: bool = True,
     ) -> None:
         """Create an empty corpus; nothing is read until the first search.
@@ -160,6 +161,7 @@ class MemoryCorpus:
             progress_every: At most one progress line per this many seconds (then one summary line).
             snapshot: The persisted index file to start from and to have built; None: always built in this thread.
             build_timeout: Seconds the builder process may take before this thread builds the index itself.
+            build_stop: The daemon's stop: it ends the builder process, and a refresh gives up between two files.
             inotify: False for a corpus listed once (the builder's): every search re-lists every root.
         """
         self._roots = dict(roots)
@@ -175,6 +177,7 @@ class MemoryCorpus:
         self.stats = CorpusStats()
         self._snapshot_path = snapshot
         self._build_timeout = build_timeout
+        self._build_stop = build_stop
         self._snapshot: list[Snapshot] = []  # the one loaded, while its chunks are in use
         self._started = False  # the first refresh (the one that may load a snapshot) is done
         self._watch = MemoryWatch(self._name, inotify=inotify)
@@ -273,6 +276,9 @@ class MemoryCorpus:
 
         Returns:
             (files read, chunks they hold).
+
+        Raises:
+            BuildStopped: the daemon is stopping (`build_stop`); the index is left part-built.
         """
         self._watch.poll()
         changed = [(number, label, self._changed_files(number, label)) for number, label in enumerate(self._labels)]
@@ -290,6 +296,8 @@ class MemoryCorpus:
         done = chunks = 0
         for number, label, files in changed:
             for rel, sig in files:
+                if self._build_stop is not None and self._build_stop.requested:
+                    raise BuildStopped(f"indexing the memory of group {self._name} was stopped with the daemon")
                 chunks += self._index_file(number, label, rel, sig)
                 done += 1
                 progress.step(done)
@@ -362,6 +370,7 @@ class MemoryCorpus:
                 name=self._name,
                 timeout=self._build_timeout,
                 on_progress=progress.step,
+                stop=self._build_stop,
             )
         except BuildError as exc:
             logger.warning(

@@ -1,6 +1,6 @@
 """`python -m farmhost.memory.indexer`: read, chunk and index a group's memory, and write it as a snapshot.
 
-The daemon runs this (`builder.run_builder`) for a first index too big to build beside its event loop, and
+The daemon runs this (`indexer_process.run_builder`) for a first index too big to build beside its event loop, and
 loads the snapshot it writes (`snapshot.py`). It runs with the daemon's interpreter and code, as the daemon's
 user, reading the workspaces the same symlink-safe way (it is the same `MemoryCorpus`). Output, on stdout:
 `{"done": <files read>}` now and then, `{"files": <n>, "chunks": <n>}` at the end; anything else is an error.

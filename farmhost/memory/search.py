@@ -12,7 +12,7 @@ from farmhost.layout import GLOBAL_MEMORY_FOLDER, DataLayout
 from farmhost.memory.access import target_folder
 from farmhost.memory.corpus import CorpusStats, MemoryCorpus, MemoryHit, SessionHit
 from farmhost.memory.get import memory_get
-from farmhost.memory.indexer_process import BUILD_TIMEOUT_SECONDS
+from farmhost.memory.indexer_process import BUILD_TIMEOUT_SECONDS, BuildStop
 from farmhost.memory.sessions import SessionUpdate, SessionWindow, WindowStats
 from farmhost.memory.snapshot import SUFFIX
 from farmhost.protocol.envelope import Outcome, utc_stamp
@@ -63,9 +63,16 @@ class MemoryService:
         self._session_limit = session_limit
         self._build_timeout = build_timeout
         self._folders: dict[str, _Folder] = {}
+        self._build_stop = BuildStop()
 
     async def close(self) -> None:
-        """Release every corpus's inotify instance, each after its running search; a later search starts afresh."""
+        """Release every corpus's inotify instance, each after its running search; a later search starts afresh.
+
+        A running first build is ended first (its builder process killed, an index being read in a thread given up),
+        so the search holding the corpus returns at once instead of holding the daemon's stop for minutes.
+        """
+        self._build_stop.stop()
+        self._build_stop = BuildStop()
         folders, self._folders = self._folders, {}
         for entry in folders.values():
             async with entry.lock:
@@ -128,7 +135,13 @@ class MemoryService:
                 roots[GLOBAL_MEMORY_FOLDER] = self._layout.workspace(GLOBAL_MEMORY_FOLDER)
             window = SessionWindow(folder, limit=self._session_limit)
             snapshot = self._layout.create_memory_index() / f"{folder}{SUFFIX}"
-            corpus = MemoryCorpus(roots, name=folder, snapshot=snapshot, build_timeout=self._build_timeout)
+            corpus = MemoryCorpus(
+                roots,
+                name=folder,
+                snapshot=snapshot,
+                build_timeout=self._build_timeout,
+                build_stop=self._build_stop,
+            )
             self._folders[folder] = _Folder(corpus, window, asyncio.Lock())
         return self._folders[folder]
 

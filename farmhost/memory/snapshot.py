@@ -92,6 +92,11 @@ def identity(roots: Mapping[str, Path], max_chunk_chars: int) -> dict[str, str]:
     }
 
 
+def temp_path(path: Path, pid: int) -> Path:
+    """Where process `pid` writes the snapshot of `path` before renaming it into place."""
+    return path.with_name(f".{path.name}.{pid}.tmp")
+
+
 def write_snapshot(
     path: Path,
     ident: Mapping[str, str],
@@ -110,7 +115,7 @@ def write_snapshot(
         raise ValueError("the files are not the frozen index's segments")
     if any("\n" in term for term in frozen.terms):
         raise ValueError("a term holds a newline")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = temp_path(path, os.getpid())
     tmp.unlink(missing_ok=True)
     try:
         with closing(sqlite3.connect(tmp)) as db:
