@@ -31,10 +31,14 @@ class Settings(BaseSettings):
     """Every setting of the appliance; names match the environment variables of the contract.
 
     Precedence: command-line option (applied by the CLI with `model_copy`) > environment > `.env` > default.
-    A missing optional setting (HA, Telegram, LLM) switches its part off; `farmhost doctor` says so.
+    A missing optional setting (HA, Telegram, LLM) switches its part off; `farmhost doctor` says so. An empty value
+    (`FARMHOST_IPC_MODE=` in a shell, a compose file or `.env`) is a missing one: the default holds, or the part
+    is off, for every setting alike.
     """
 
-    model_config = SettingsConfigDict(env_file=".env", extra="ignore", frozen=True, populate_by_name=True)
+    model_config = SettingsConfigDict(
+        env_file=".env", env_ignore_empty=True, extra="ignore", frozen=True, populate_by_name=True
+    )
 
     data_dir: Path = Field(default=Path("./data"), validation_alias="FARMHOST_DATA_DIR")
     tz: str | None = Field(default=None, validation_alias="TZ")
@@ -255,7 +259,7 @@ class Settings(BaseSettings):
     @field_validator("llm_context_tokens", mode="before")
     @classmethod
     def _context_tokens(cls, value: object) -> object:
-        return None if isinstance(value, str) and not value.strip() else value  # empty: unset
+        return None if isinstance(value, str) and not value.strip() else value  # blank: unset (an empty one is, for every setting)
 
     @field_validator("quiet_hours")
     @classmethod

@@ -127,3 +127,36 @@ def test_fallback_llm_endpoints_must_be_complete_and_in_order(tmp_path: Path) ->
     for (_, words), done in zip(cases, runs, strict=True):
         assert done.returncode == 2 and words in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+# Every setting set to the empty string, as `FOO=` in a shell, a compose file or .env writes it.
+EMPTY = [
+    "FARMHOST_DATA_DIR",
+    "FARMHOST_IPC_MODE",
+    "FARM_MODE",
+    "FARMHOST_MAX_AGENTS",
+    "FARMHOST_AGENT_RUNTIME",
+    "FARMHOST_AGENT_KIND",
+    "FARMHOST_LLM_VISION",
+    "TZ",
+    "HA_URL",
+    "FARMHOST_QUIET_HOURS",
+]
+
+
+def test_an_empty_value_is_the_same_as_unset(tmp_path: Path) -> None:
+    env = clean_env(**dict.fromkeys(EMPTY, ""))
+    made = _raw("init", cwd=tmp_path, env=env)
+    assert made.returncode == 0, made.stderr
+    assert (tmp_path / "data" / "farmhost.db").is_file(), "the default ./data, not the current directory"
+    assert not (tmp_path / "farmhost.db").exists()
+    listed = _raw("group", "list", "--json", cwd=tmp_path, env=env)
+    assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
+    # The defaults of the contract's table, as `doctor` reports them.
+    checks = _doctor(tmp_path / "data", **dict.fromkeys(EMPTY, ""))
+    assert "poll" not in checks["inotify"]["detail"]
+    assert checks["home assistant"]["state"] == "off"
+    # The same empty values from .env.
+    (tmp_path / ".env").write_text("".join(f"{name}=\n" for name in EMPTY))
+    again = _raw("group", "list", "--json", cwd=tmp_path, env=clean_env())
+    assert again.returncode == 0 and json.loads(again.stdout) == [], again.stderr
