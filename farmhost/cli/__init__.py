@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Final
 
 from farmhost import __version__
 from farmhost.addon.options import OPTIONS_PATH
@@ -138,4 +139,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `farmhost group list | head`: the reader left, which is not an error worth a traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except OSError as err:
+        if err.filename is None:  # not about a path the operator gave: a bug or the system's, its traceback helps
+            raise
+        print(f"farmhost: error: {path_error(err)}", file=sys.stderr)
+        return 2
     return code
+
+
+# What to do about a path, by what is wrong with it; the operator gave the path (--data-dir, -o, a variable).
+_PATH_ADVICE: Final[dict[type[OSError], str]] = {
+    NotADirectoryError: "a part of it is not a directory; give a directory path",
+    FileNotFoundError: "it or its directory does not exist; create the directory or give another path",
+    IsADirectoryError: "is a directory; give a file name",
+    PermissionError: "permission denied; fix its permissions or give another path",
+    FileExistsError: "something else is in the way; move it or give another path",
+}
+
+
+def path_error(err: OSError) -> str:
+    """One line for an OSError about a path: the path, what is wrong with it and what to do."""
+    advice = _PATH_ADVICE.get(type(err)) or f"{err.strerror or err}; check the path or give another one"
+    return f"{err.filename}: {advice}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,8 +47,19 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     body = p.add_mutually_exclusive_group(required=True)
     body.add_argument("--json", dest="payload", help="the request as a JSON object")
     body.add_argument("--file", type=argparse.FileType("r"), help="a file holding the request ('-' for stdin)")
-    p.add_argument("--timeout", type=float, default=40.0, help="seconds to wait for the result (default 40)")
+    p.add_argument("--timeout", type=_seconds, default=40.0, help="seconds to wait for the result (default 40)")
     p.set_defaults(func=send)
+
+
+def _seconds(text: str) -> float:
+    """A wait in seconds: a finite number above 0 (nan, inf, 0 and negatives would never or at once give up)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, e.g. 40 (got {text!r})")
+    return value
 
 
 def send(args: argparse.Namespace, settings: Settings) -> int:
