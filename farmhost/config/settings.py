@@ -259,9 +259,8 @@ class Settings(BaseSettings):
     @field_validator("llm_context_tokens", mode="before")
     @classmethod
     def _context_tokens(cls, value: object) -> object:
-        return (
-            None if isinstance(value, str) and not value.strip() else value
-        )  # blank: unset (an empty one is, for every setting)
+        # blank (spaces only): unset, as an empty value is for every setting
+        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("quiet_hours")
     @classmethod
