@@ -159,8 +159,11 @@ async def _guarded(deps: FarmDeps, ctx: RequestContext, name: str, spec: FarmAct
     call = gate.describe(name, checked)
     if call is not None:
         asked = checked.model_dump(mode="json", exclude_none=True)
-        stopped.refuse_while_paused(ctx.db, call, asked, loaded.rules)  # before anyone is asked for approval
-        await gate.admit(deps, ctx, call, asked, loaded)
+        attributes = await gate.attributes_of(deps, call, loaded.rules)
+        stopped.refuse_while_paused(
+            ctx.db, call, asked, loaded.rules, attributes
+        )  # before anyone is asked for approval
+        await gate.admit(deps, ctx, call, asked, loaded, attributes)
         if ctx.approved is not None and deps.effects is not None:
             deps.effects.permit(call.entities, permit_target(call))  # before HA is called: its effect is approved
     try:

@@ -207,12 +207,22 @@ NOT_SAFE = [
 
 @pytest.mark.parametrize(("action", "params"), SAFE)
 def test_a_call_to_the_safe_state_is_the_safe_direction(action: str, params: dict[str, Any]) -> None:
-    assert gate.only_safe(*_described(action, params), GUARDS)
+    assert gate.only_safe(*_described(action, params), GUARDS, {})
 
 
 @pytest.mark.parametrize(("action", "params"), NOT_SAFE)
 def test_anything_else_is_not_the_safe_direction(action: str, params: dict[str, Any]) -> None:
-    assert not gate.only_safe(*_described(action, params), GUARDS)
+    assert not gate.only_safe(*_described(action, params), GUARDS, {})
+
+
+def test_a_number_without_a_range_is_safe_at_the_min_ha_reports_for_it() -> None:
+    under = parsed({"entities": ["input_number.air_humidity_raw"], "requireApproval": True})
+    low = _described("ha_set_entity", {"entityId": "input_number.air_humidity_raw", "value": 0})
+    higher = _described("ha_set_entity", {"entityId": "input_number.air_humidity_raw", "value": 1})
+    reported = {"input_number.air_humidity_raw": {"min": 0, "max": 100}}
+    assert gate.only_safe(*low, under, reported)
+    assert not gate.only_safe(*higher, under, reported)
+    assert not gate.only_safe(*low, under, {})  # HA could not say: its low end is unknown, so the rule holds
 
 
 PUMP_ON = [

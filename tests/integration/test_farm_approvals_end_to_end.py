@@ -44,6 +44,7 @@ PUMP = "switch.irrigation_pump"
 VALVE_1 = "switch.field_1_valve"
 VALVE_2 = "switch.field_2_valve"
 DURATION = "number.irrigation_duration"
+HUMIDITY_RAW = "input_number.air_humidity_raw"
 ANA = PRESSER
 BEA = 4242
 # Both groups may switch things; everything else stays main only.
@@ -489,6 +490,44 @@ def test_value_range_refuses_a_number_outside_it_and_lets_one_inside_through(
     refused(by_area, "not_allowed", "target.entity_id", DURATION)
     assert unchanged == before
     assert inside["status"] == "success" and float(_state(ha_reset, DURATION)) == 60
+
+
+def test_a_number_to_the_low_end_of_its_own_range_is_never_held_by_approval(
+    data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str]
+) -> None:
+    # No valueRange: the safe state is the low end of the entity's own range (HA's `min`, 0 here).
+    _profile(data_dir, [{"entities": [HUMIDITY_RAW], "requireApproval": True}])
+    assert ha_reset.get_state(HUMIDITY_RAW)["attributes"]["min"] == 0
+    set_value = {"domain": "input_number", "service": "set_value", "target": {"entity_id": HUMIDITY_RAW}}
+    with farm_daemon(data_dir, ha_env, fake_telegram):
+        by_entity = _act(data_dir, "r-humidity-low", {"entityId": HUMIDITY_RAW, "value": 0})
+        low = _state(ha_reset, HUMIDITY_RAW)
+        ha_reset.set_number(HUMIDITY_RAW, 65)  # by a person
+        by_service = _act(data_dir, "r-humidity-low-2", {**set_value, "data": {"value": 0}}, action="ha_call_service")
+        again = _state(ha_reset, HUMIDITY_RAW)
+        up = _act(data_dir, "r-humidity-up", {"entityId": HUMIDITY_RAW, "value": 50})
+
+    assert by_entity["status"] == "success" and float(low) == 0, by_entity
+    assert by_service["status"] == "success" and float(again) == 0, by_service
+    _pending(up)  # the rule itself holds
+    assert float(_state(ha_reset, HUMIDITY_RAW)) == 0
+    assert len(_approval_notices(data_dir)) == 1  # only the raise asked anyone
+
+
+def test_a_number_to_the_low_end_of_its_own_range_is_never_held_by_rate(
+    data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str]
+) -> None:
+    _profile(data_dir, [{"entities": [HUMIDITY_RAW], "maxCallsPerHour": 1}])
+    with farm_daemon(data_dir, ha_env, fake_telegram):
+        assert _act(data_dir, "r-humidity-50", {"entityId": HUMIDITY_RAW, "value": 50})["status"] == "success"
+        wait_counted(data_dir, HUMIDITY_RAW, 1)
+        low = _act(data_dir, "r-humidity-0", {"entityId": HUMIDITY_RAW, "value": 0})
+        at_low = _state(ha_reset, HUMIDITY_RAW)
+        up = _act(data_dir, "r-humidity-40", {"entityId": HUMIDITY_RAW, "value": 40})
+
+    assert low["status"] == "success" and float(at_low) == 0, low
+    refused(up, "rate_limited", "the limit is 1")
+    assert float(_state(ha_reset, HUMIDITY_RAW)) == 0
 
 
 # ---------------------------------------------------------------------------------------------- scheduled runs

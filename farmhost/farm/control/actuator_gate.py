@@ -15,8 +15,9 @@ The safe direction is always open: a call that only puts the entities it names i
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from pydantic import BaseModel
 
@@ -42,6 +43,8 @@ if TYPE_CHECKING:
     from farmhost.handling import RequestContext
 
 HOUR: Final = timedelta(hours=1)
+# entity id -> its attributes as HA reports them (only the guarded numbers a call names)
+Attributes: TypeAlias = Mapping[str, Mapping[str, Any]]
 ON_SERVICES: Final = frozenset({"turn_on", "toggle"})
 ALL_ENTITIES: Final = "all"  # Home Assistant's entity_id for every entity a service's domain has
 # The state a service puts its entities in, for the services whose effect is one state (the approval's identity).
@@ -88,10 +91,35 @@ def describe(action: str, params: BaseModel) -> ControlCall | None:
     return ControlCall(action=action)
 
 
+async def attributes_of(deps: FarmDeps, call: ControlCall, under: tuple[ActuatorRule, ...]) -> Attributes:
+    """The attributes HA reports for the guarded numbers `call` names: their `min` is the safe state no rule names.
+
+    An entity HA cannot report is left out: its safe state is then unknown, and the call is held as any other.
+    """
+    found: dict[str, Mapping[str, Any]] = {}
+    if deps.ha is None:
+        return found
+    for entity in call.entities:
+        if safe_state.domain_of(entity) not in safe_state.NUMBER_DOMAINS or not safe_state.rules_of(under, entity):
+            continue
+        try:
+            found[entity] = (await deps.ha.get_state(entity)).get("attributes") or {}
+        except HaError:
+            continue
+    return found
+
+
 async def admit(
-    deps: FarmDeps, ctx: RequestContext, call: ControlCall, params: dict[str, Any], loaded: LoadedProfile
+    deps: FarmDeps,
+    ctx: RequestContext,
+    call: ControlCall,
+    params: dict[str, Any],
+    loaded: LoadedProfile,
+    attributes: Attributes,
 ) -> None:
     """Hold `call` to the rules that cover it: targets, range, the rates counted so far, approval.
+
+    `attributes` are the named entities' attributes (attributes_of), for the safe state of a number.
 
     Raises:
         NotAllowed: a target the rules cannot see, or a value outside a range.
@@ -101,7 +129,7 @@ async def admit(
     matched = rules.matching(loaded.rules, call)
     if not matched:
         return
-    if only_safe(call, params, loaded.rules):
+    if only_safe(call, params, loaded.rules, attributes):
         return  # the safe direction: never held, and not counted against a rate
     rules.check_targets(matched, call)
     rules.check_value_range(matched, call)
@@ -140,8 +168,12 @@ async def admit(
         raise RateLimited(await _named(deps, *problem))
 
 
-def only_safe(call: ControlCall, params: dict[str, Any], under: tuple[rules.ActuatorRule, ...]) -> bool:
+def only_safe(
+    call: ControlCall, params: dict[str, Any], under: tuple[rules.ActuatorRule, ...], attributes: Attributes
+) -> bool:
     """The call does nothing but put each entity it names in its safe state (off, closed, the low end, safeState).
+
+    `attributes` are the entities' attributes as HA reports them (attributes_of): a number's `min` is its low end.
 
     A call that also reaches devices/areas/labels or `all`, names no entity, or calls a service of another domain
     than an entity's is not: what it does to them cannot be stated.
@@ -150,10 +182,10 @@ def only_safe(call: ControlCall, params: dict[str, Any], under: tuple[rules.Actu
         return False
     domain, service = call.service.split(".", 1)
     for entity in call.entities:
-        target = safe_state.safe_target(entity, under)
+        target = safe_state.safe_target(entity, under, attributes.get(entity))
         if target is None or target.domain != domain or target.service != service:
             return False
-        if target.data and not safe_state.is_safe_state(entity, _asked(call, params), under):
+        if target.data and not safe_state.is_safe_state(entity, _asked(call, params), under, attributes.get(entity)):
             return False
     return True
 

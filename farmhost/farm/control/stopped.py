@@ -21,15 +21,19 @@ if TYPE_CHECKING:
 
 
 def refuse_while_paused(
-    db: Database, call: ControlCall, params: dict[str, Any], rules: tuple[ActuatorRule, ...]
+    db: Database,
+    call: ControlCall,
+    params: dict[str, Any],
+    rules: tuple[ActuatorRule, ...],
+    attributes: gate.Attributes,
 ) -> None:
-    """Refuse `call` while agent runs are paused, unless it only makes things safe.
+    """Refuse `call` while agent runs are paused, unless it only makes things safe (`attributes`: gate.attributes_of).
 
     Raises:
         NotAllowed: agents are paused, with why (who stopped them, when) and what is still allowed.
     """
     reason = host_state.get(db.conn, host_state.AGENTS_PAUSED)
-    if reason is None or gate.only_safe(call, params, rules):
+    if reason is None or gate.only_safe(call, params, rules, attributes):
         return
     raise NotAllowed(
         f"{call.action} is refused: agents are paused ({reason}): until /resume only turning devices to their safe "
