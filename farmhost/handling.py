@@ -7,12 +7,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from farmhost.protocol.envelope import Outcome
 
 if TYPE_CHECKING:
     from farmhost.layout import DataLayout
+    from farmhost.protocol.codes import ErrorCode
     from farmhost.protocol.requests import AnyRequest
     from farmhost.store.db import Database
     from farmhost.store.groups import Group
@@ -67,7 +68,21 @@ class RequestContext:
     approved: Approved | None = None  # a control action run because an approver approved it in the chat
 
 
+@dataclass(frozen=True, kw_only=True)
+class Refusal:
+    """A request of a handler's row answered without running the handler: expired, or not a valid request."""
+
+    group: str
+    request_id: str | None  # None: no id could be recovered from the file
+    params: Any  # the request's params as written (not validated)
+    code: ErrorCode
+    at: datetime  # when the host received it
+    duration_ms: int
+
+
 AsyncHandler = Callable[[RequestContext, "AnyRequest"], Awaitable[Outcome]]
+# What a row does with a refusal the router answered for it (the farm actions audit it, as every other refusal).
+RefusalHandler = Callable[[Refusal], None]
 # A STATE handler is synchronous on purpose: it runs inside the ledger's transaction and must not yield
 # to the event loop, or another group's writes would land in the same transaction.
 StateHandler = Callable[[RequestContext, "AnyRequest", sqlite3.Connection], Outcome]
@@ -87,6 +102,7 @@ class HandlerSpec:
     prepare: Preparer | None = None
     main_only: bool = False
     timeout: float = DEFAULT_HANDLER_TIMEOUT
+    on_refused: RefusalHandler | None = None  # told of each request of this row refused before its handler ran
 
     def __post_init__(self) -> None:
         if (self.effect is Effect.STATE) != (self.apply is not None) or (self.run is None) == (self.apply is None):

@@ -30,6 +30,8 @@ from farmhost.handling import (
     Effect,
     Handlers,
     HandlerSpec,
+    Refusal,
+    RefusalHandler,
     RequestContext,
 )
 from farmhost.protocol.catalog import FARM_ACTIONS, FARM_ROWS, ActionEffect, ActionRow
@@ -99,10 +101,30 @@ def farm_handlers(deps: FarmDeps, *, audit: AuditLog | None = None) -> Handlers:
     log = audit or AuditLog(deps.layout.farm_state, max_bytes=deps.settings.audit_max_bytes)
     return {
         f"farm_action:{name}": HandlerSpec(
-            effect=spec.effect, run=_handler(deps, log, name, spec), timeout=spec.timeout + ROUTER_MARGIN
+            effect=spec.effect,
+            run=_handler(deps, log, name, spec),
+            timeout=spec.timeout + ROUTER_MARGIN,
+            on_refused=_refused(log, name),
         )
         for name, spec in ACTIONS.items()
     }
+
+
+def _refused(audit: AuditLog, name: str) -> RefusalHandler:
+    """A farm action refused before its handler (expired, not valid) is audited like one its handler refused."""
+
+    def record(refusal: Refusal) -> None:
+        audit.record(
+            at=refusal.at,
+            group=refusal.group,
+            request_id=refusal.request_id,
+            action=name,
+            params=refusal.params,
+            error_code=refusal.code,
+            duration_ms=refusal.duration_ms,
+        )
+
+    return record
 
 
 def _handler(deps: FarmDeps, audit: AuditLog, name: str, spec: FarmActionSpec) -> AsyncHandler:

@@ -40,7 +40,7 @@ class AuditLog:
         *,
         at: datetime,
         group: str,
-        request_id: str,
+        request_id: str | None,
         action: str,
         params: Any,
         error_code: ErrorCode | None,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from farmhost.handling import Effect
+from farmhost.handling import Effect, Refusal
 from farmhost.ipc.groupdir import GroupDir
 from farmhost.ipc.phases import CLAIM, DECODE, LEDGER, LOG, READ, RESULT, SETTLE, RequestPhases
 from farmhost.ipc.quarantine import Quarantine
@@ -136,7 +136,14 @@ class RequestProcessor:
                 request = decode_request(item.queue, raw, stem=stem)
         except RequestRejected as rejected:
             await self._refuse(
-                item, rejected.reason, ErrorCode.INVALID_REQUEST, rejected.request_id, rejected.kind, received, started
+                item,
+                rejected.reason,
+                ErrorCode.INVALID_REQUEST,
+                rejected.request_id,
+                rejected.kind,
+                received,
+                started,
+                rejected=rejected,
             )
             return None
         phases.lap(DECODE)
@@ -289,13 +296,30 @@ class RequestProcessor:
         kind: str | None,
         received: datetime,
         started: float,
+        *,
+        rejected: RequestRejected | None = None,
     ) -> None:
+        """Answer a request that cannot run (unless its id was answered already) and quarantine its file.
+
+        A request of a known type told apart by `rejected` is told to its handler's row too (a farm action's
+        audit line), before the answer.
+        """
         answered = False
         # Answer before moving the file out of the spool: a crash in between re-runs this refusal (same answer)
         # instead of leaving the agent without one.
         # An id already answered keeps its stored result (SPEC: the same id gets the earlier answer back); a bad
         # file must not overwrite it, but the agent, who may have collected it already, gets it again.
         entry = ledger.get_entry(self._db.conn, item.group.folder, request_id) if request_id else None
+        if entry is None and rejected is not None and rejected.kind is not None:
+            refusal = Refusal(
+                group=item.group.folder,
+                request_id=request_id,
+                params=rejected.params,
+                code=code,
+                at=received,
+                duration_ms=round((time.perf_counter() - started) * 1000),
+            )
+            self._router.refused((rejected.kind, rejected.action), refusal)
         if request_id and entry is None:
             document = envelope(
                 request_id=request_id,

@@ -20,6 +20,7 @@ from farmhost.handling import (
     Handlers,
     HandlerSpec,
     Preparer,
+    Refusal,
     RequestContext,
     handler_key,
 )
@@ -137,6 +138,12 @@ class Router:
         if site is not None and site != self._site:
             return self._handlers.get(SITE_HANDLER)
         return self._handlers.get(handler_key(request.type, request.action_name)) or self._handlers.get(request.type)
+
+    def refused(self, key: tuple[str, str | None], refusal: Refusal) -> None:
+        """Tell the row of `key` (type, action) of a request refused before it could be routed (not valid)."""
+        spec = self._handlers.get(handler_key(*key))
+        if spec is not None:
+            _tell(spec, refusal)
 
     def runs_elsewhere(self, request: AnyRequest) -> bool:
         """True for a request another site runs (its answer may take minutes)."""
@@ -297,6 +304,16 @@ class Router:
             )
         else:
             early = self._precheck(group, request, spec, received_at=received_at, now=ctx.now, stale=stale)
+            if early is not None and early.error_code is not None and spec is not None:
+                refusal = Refusal(
+                    group=group.folder,
+                    request_id=request_id,
+                    params=request.__dict__.get("params"),  # only some request types have params
+                    code=early.error_code,
+                    at=ctx.now,
+                    duration_ms=round((time.perf_counter() - started) * 1000),
+                )
+                _tell(spec, refusal)
         phases.lap(HANDLER)
         if early is not None or spec is None:
             outcome = early or _no_handler(request)
@@ -539,3 +556,13 @@ def _internal() -> Outcome:
 def _no_handler(request: AnyRequest) -> Outcome:
     what = request.action_name or request.type
     return Outcome.failure(ErrorCode.UPSTREAM_UNAVAILABLE, f"{what} is not available on this host")
+
+
+def _tell(spec: HandlerSpec, refusal: Refusal) -> None:
+    """The row's own record of a refusal (the farm actions' audit line), written before the agent's answer."""
+    if spec.on_refused is None:
+        return
+    try:
+        spec.on_refused(refusal)
+    except Exception:  # a record that fails must not keep the agent from its answer
+        logger.exception("recording a refusal in group %s failed", refusal.group)

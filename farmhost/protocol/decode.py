@@ -21,11 +21,21 @@ _ADAPTERS: Final[dict[Queue, TypeAdapter[Any]]] = {
 class RequestRejected(ValueError):
     """A request file that cannot be executed; `request_id` is set when one could be recovered."""
 
-    def __init__(self, reason: str, *, request_id: str | None = None, kind: str | None = None) -> None:
+    def __init__(
+        self,
+        reason: str,
+        *,
+        request_id: str | None = None,
+        kind: str | None = None,
+        action: str | None = None,
+        params: Any = None,
+    ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.request_id = request_id
         self.kind = kind
+        self.action = action  # the `action` written, when it is text (the row told of the refusal)
+        self.params = params  # the `params` written, as they are
 
 
 def decode_request(queue: Queue, raw: bytes, *, stem: str) -> AnyRequest:
@@ -87,7 +97,14 @@ def _explain(queue: Queue, raw: bytes, stem: str, err: ValidationError) -> Reque
             request_id=request_id,
             kind=kind,
         )
-    return RequestRejected(_first_error(err), request_id=request_id, kind=kind)
+    action = data.get("action")
+    return RequestRejected(
+        _first_error(err),
+        request_id=request_id,
+        kind=kind,
+        action=action if isinstance(action, str) else None,
+        params=data.get("params"),
+    )
 
 
 def _first_error(err: ValidationError) -> str:
