@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from farmhost.errors import NotAllowed
 from farmhost.farm.control import actuator_gate as gate
-from farmhost.farm.control import rules
+from farmhost.farm.control import effects, rules
 from farmhost.farm.control.approval_requests import callback_data, parse_callback
 from farmhost.farm.control.policy import ProfileInvalid, parse_profile
 from farmhost.farm.control.rules import ActuatorRule, ControlCall
@@ -110,6 +110,24 @@ def test_rules_cover_calls_by_entity_glob_service_glob_or_action() -> None:
     assert rules.matching(every, by_area) == [by_entity, by_service, both]  # it may reach them
 
 
+def test_a_rule_written_by_service_covers_every_call_and_change_with_that_effect() -> None:
+    light_on, ranged = parsed(
+        {"services": ["light.turn_on"], "requireApproval": True},
+        {"services": ["number.set_value"], "valueRange": [0, 100]},
+    )
+    every = (light_on, ranged)
+    toggle = gate.describe("ha_call_service", HaCallServiceParams.model_validate(
+        {"domain": "light", "service": "toggle", "target": {"entity_id": "light.barn_light"}}
+    ))  # fmt: skip
+    assert toggle is not None and rules.matching(every, toggle) == [light_on]
+    assert effects.services_leading_to("light.barn_light", "on") == ["light.turn_on", "light.toggle"]
+    assert effects.rules_of_change(every, "light.barn_light", "on") == [light_on]
+    assert effects.rules_of_change(every, "light.barn_light", "off") == []
+    assert effects.rules_of_change(every, "number.irrigation_duration", "110.0") == [ranged]
+    assert effects.rules_of_change(every, "input_number.irrigation_duration_raw", "110.0") == []
+    assert effects.rules_of_change(every, "input_boolean.barn_light_relay", "on") == []
+
+
 def test_approval_for_intersects_approvers_and_takes_the_shortest_wait() -> None:
     one, two, anyone = parsed(
         {"entities": [PUMP], "requireApproval": {"approvers": [1, 2], "expiresMinutes": 5}},
@@ -150,7 +168,12 @@ def test_entity_id_all_is_an_indirect_target_for_the_rules() -> None:
 def test_describe_ha_set_entity() -> None:
     call = gate.describe("ha_set_entity", HaSetEntityParams.model_validate({"entityId": PUMP, "value": "ON"}))
     assert call == ControlCall(
-        action="ha_set_entity", service="switch.turn_on", entities=(PUMP,), value="ON", turns_on=True
+        action="ha_set_entity",
+        service="switch.turn_on",
+        entities=(PUMP,),
+        value="ON",
+        turns_on=True,
+        effect_services=("switch.turn_on", "switch.toggle"),  # a rule on either holds the pump going on
     )
     assert gate.describe("ha_get_status", HaSetEntityParams.model_validate({"entityId": PUMP, "value": 1})) is None
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from farm_daemon import assert_off_in_time, audit, db_rows, farm_daemon, sent_with, wait_state
-from farmhost_testing import MAIN_JID, Daemon, drop, hold_for, scaled, wait_for, wait_result
+from farmhost_testing import MAIN_JID, Daemon, drop, hold_for, refused, scaled, wait_for, wait_result
 from ha_fixture import HaInstance, WsSession
 from tcp_relay import TcpRelay
 from telegram_stub import FakeTelegram
@@ -39,6 +39,8 @@ VALVE_RELAY = "input_boolean.field_1_valve_relay"
 DURATION = "number.irrigation_duration"
 DURATION_RAW = "input_number.irrigation_duration_raw"
 FAN = "fan.greenhouse_fan"
+LIGHT = "light.barn_light"
+LIGHT_RELAY = "input_boolean.barn_light_relay"
 GROUPS = {"ha_call_service": ["main", "field"], "ha_set_entity": ["main", "field"]}
 # What these attacks need opened once the closed service surface lands (issue 32, point 4); accepted today.
 ALLOW = ["scene.*", "input_boolean.*", "input_number.*", "template.reload"]
@@ -232,6 +234,48 @@ def test_a_ranged_number_set_through_its_raw_helper_or_a_scene_is_set_back(
     _assert_undone(scene, ha_reset, rule="valueRange", back_to=before)
     assert float(raw["params"]["to"]) == 240 and float(scene["params"]["to"]) == 230
     assert float(ha_reset.get_state(DURATION_RAW)["state"]) == before
+
+
+def test_a_rule_written_by_service_holds_its_effect_whatever_the_call(
+    data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str]
+) -> None:
+    # The light going on is light.turn_on's effect: a toggle asks for approval, the relay behind it is undone.
+    _profile(data_dir, [{"services": ["light.turn_on"], "requireApproval": True}])
+    with farm_daemon(data_dir, ha_env, fake_telegram) as daemon:
+        _following(daemon)
+        toggled = _call(data_dir, "r-light-toggle", "light.toggle", {"entity_id": LIGHT})
+        after_toggle = ha_reset.get_state(LIGHT)["state"]
+        _call(data_dir, "r-light-relay", "input_boolean.turn_on", {"entity_id": LIGHT_RELAY})
+        (line,) = _wait_violations(data_dir, LIGHT)
+        wait_state(ha_reset, LIGHT, "off")
+        wait_state(ha_reset, LIGHT_RELAY, "off")
+        _told(fake_telegram, "farmhost undid a change of Barn light")
+
+    refused(toggled, "pending_approval", "needs an approval in the farm's main chat")
+    assert after_toggle == "off"
+    _assert_undone(line, ha_reset, rule="requireApproval", back_to="off")
+
+
+def test_a_range_written_by_service_holds_the_number_set_through_its_raw_helper(
+    data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str]
+) -> None:
+    # number.irrigation_duration taking a value is number.set_value's effect, whichever service the agent called.
+    _profile(data_dir, [{"services": ["number.set_value"], "valueRange": [0, 100]}])
+    before = float(ha_reset.get_state(DURATION)["state"])
+    with farm_daemon(data_dir, ha_env, fake_telegram) as daemon:
+        _following(daemon)
+        _call(data_dir, "r-raw-110", "input_number.set_value", {"entity_id": DURATION_RAW, "value": 110})
+        (line,) = _wait_violations(data_dir, DURATION)
+        wait_for(
+            lambda: float(ha_reset.get_state(DURATION)["state"]) == before,
+            timeout=scaled(10),
+            what="set back",
+            seen=lambda: (ha_reset.get_state(DURATION)["state"], audit(data_dir)[-2:]),
+        )
+        _told(fake_telegram, "outside the farm profile's range 0..100")
+
+    _assert_undone(line, ha_reset, rule="valueRange", back_to=before)
+    assert float(line["params"]["to"]) == 110
 
 
 # ---------------------------------------------------------------------------------------------- people, time

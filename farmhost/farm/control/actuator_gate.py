@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from farmhost.errors import PendingApproval, RateLimited
 from farmhost.farm.control import approval_requests as asking
-from farmhost.farm.control import rules, safe_state
+from farmhost.farm.control import effects, rules, safe_state
 from farmhost.farm.control.policy import INDIRECT_TARGETS
 from farmhost.farm.control.rules import ActuatorRule, ControlCall
 from farmhost.farm.core_actions import SWITCH_DOMAINS, service_targets, set_entity_service
@@ -77,6 +77,7 @@ def describe(action: str, params: BaseModel) -> ControlCall | None:
             indirect=indirect or ALL_ENTITIES in entities,
             value=value,
             turns_on=params.service in ON_SERVICES,
+            effect_services=tuple(effects.same_effect(f"{params.domain}.{params.service}")),
         )
     if isinstance(params, HaSetEntityParams):
         service = set_entity_service(params)
@@ -87,6 +88,7 @@ def describe(action: str, params: BaseModel) -> ControlCall | None:
             entities=(params.entityId,),
             value=params.value,
             turns_on=service == "turn_on",
+            effect_services=tuple(effects.same_effect(f"{domain}.{service}")),
         )
     return ControlCall(action=action)
 

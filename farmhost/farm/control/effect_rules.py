@@ -2,7 +2,8 @@
 
 The gate (farm/control/actuator_gate.py) checks a call's shape before it runs; this checks what actually happened, whatever the
 route (a scene, a script, Assist, the helper behind a template switch). It follows the live view: for each
-change the view attributes to the agents (farmhost's HA user, or caused by it) of an entity a rule names, the
+change the view attributes to the agents (farmhost's HA user, or caused by it) of an entity a rule covers (one
+naming it, or one written by a service whose effect the change is: farm/control/effects.py), the
 change is held when it needs an approval none was given for (an approved run registers a short permit for its
 entity and target before it calls HA), when it breaks the rate (counted here, on effects: a call HA refused
 counts nothing) or when it leaves the range. A held change is undone at once (the entity set back: off,
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from farmhost.farm.audit import AuditLog
+from farmhost.farm.control.effects import rules_of_change
 from farmhost.farm.control.profile_rules import ProfileRules
 from farmhost.farm.control.rules import ActuatorRule
 from farmhost.farm.control.safe_state import (
@@ -38,7 +40,6 @@ from farmhost.farm.control.safe_state import (
     domain_of,
     is_on,
     is_safe_state,
-    rules_of,
     safe_target,
 )
 from farmhost.farm.homeassistant.client import HAClient
@@ -158,7 +159,7 @@ class EffectRules:
             return  # a blip (a reload, a restart) that ends where it began is no change
         if new.state in UNKNOWN_STATES:
             return
-        mine = rules_of(self._rules.current(), change.entity_id)
+        mine = rules_of_change(self._rules.current(), change.entity_id, new.state)
         if not mine or is_safe_state(change.entity_id, new.state, mine, new.attributes):
             return
         if self._is_undo(change.entity_id, new.state):

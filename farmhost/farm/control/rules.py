@@ -93,6 +93,9 @@ class ControlCall:
     indirect: bool = False  # also targets devices/areas/floors/labels or `all`, which HA resolves on its side
     value: Any = None  # the value a set_value-like call sets (ha_set_entity's value, data.value)
     turns_on: bool = False  # a turn_on/toggle/set-to-on of `entities` (what maxOnSeconds cares about)
+    # Every `domain.service` whose effect the call may have (farm/control/effects.py; a toggle: turn_on and
+    # turn_off too): a rule written by service holds that effect. Empty: `service` alone.
+    effect_services: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,7 +112,7 @@ def covers_entity(rule: ActuatorRule, entity_id: str) -> bool:
 
 
 def matching(rules: tuple[ActuatorRule, ...], call: ControlCall) -> list[ActuatorRule]:
-    """The rules that cover `call`: by its action, or by its service and/or one of its entities."""
+    """The rules that cover `call`: by its action, or by its service (or one of the same effect) and/or entity."""
     return [rule for rule in rules if _covers(rule, call)]
 
 
@@ -118,7 +121,8 @@ def _covers(rule: ActuatorRule, call: ControlCall) -> bool:
         return True
     if call.service is None or (rule.entities is None and rule.services is None):
         return False
-    if rule.services is not None and not _matches(call.service, rule.services):
+    services = call.effect_services or (call.service,)
+    if rule.services is not None and not any(_matches(service, rule.services) for service in services):
         return False
     if rule.entities is None:
         return True
