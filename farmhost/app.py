@@ -221,7 +221,7 @@ class App:
             )
             self.effects.start()
             receipts.follow(self.live_view)
-            farm = replace(farm, effects=self.effects)
+            farm = replace(farm, effects=self.effects, view=self.live_view)
         self.sites = SiteCaller(db=self.db, settings=self.config.site, audit=audit)
         handlers = build_handlers(self.config, self.identity, farm, memory, audit, self.sites)
         # The watcher knows each when task before its schedule_task is answered (and before the live view's first

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from farmhost.config import FarmSettings
     from farmhost.farm.control.effect_rules import EffectRules
     from farmhost.farm.homeassistant.client import HAClient
+    from farmhost.farm.homeassistant.live_view import LiveView
     from farmhost.farm.state.collector import StateCollector
     from farmhost.farm.state.receipts import ReceiptBook
     from farmhost.handling import RequestContext
@@ -31,6 +32,7 @@ class FarmDeps:
     screenshot_user: ScreenshotUser = field(default_factory=ScreenshotUser)  # the browser's read-only HA user
     effects: EffectRules | None = None  # the rules on effects: an approved run registers its permit there
     receipts: ReceiptBook | None = None  # each control action's outcome, for the receipt under a run's reply
+    view: LiveView | None = None  # the live view of HA (which entity drives which, for the dashboard policy)
 
 
 # One farm action: validated params in, a JSON-able result out; raises FarmhostError subclasses for failures.

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 from dashboard_attacks import GUARDED_SHAPES, PROFILE, SHAPES
-from farmhost_testing import Daemon, clean_env, drop, ok, refused, wait_result
+from farmhost_testing import Daemon, clean_env, drop, ok, refused, wait_for, wait_result
 from ha_core_support import FarmHost, farm_host, make_data_dir
 from ha_fixture import HaInstance
 
 from farmhost.farm.dashboards import lovelace as dash
 
+PUMP_RELAY = "input_boolean.pump_relay"
 BASE = "title: Base\nviews:\n  - title: Field\n    path: field\n    cards:\n      - type: tile\n        entity: switch.irrigation_pump\n"
 # What must never be stored in HA, in any dashboard, after the attacks.
 MARKERS = ("javascript", "vbscript", "data:text", "custom:evil", "onerror", "<script", "evil.example", "fire-dom-event")
@@ -186,3 +187,30 @@ def test_through_the_daemon_the_reported_attack_is_refused(
     finally:
         daemon.stop()
     assert "javascript" not in stored_in_ha(ha)
+
+
+def test_a_button_on_the_helper_that_drives_a_guarded_entity_is_refused(
+    tmp_path: Path, ha_env: dict[str, str], ha_reset: HaInstance
+) -> None:
+    # input_boolean.pump_relay drives the approval-guarded pump (its template switch follows it): a tap on a
+    # button acting on the relay would turn the pump on with no approval.
+    data_dir = make_data_dir(tmp_path / "data")
+    (data_dir / "farm-profile.json").write_text(
+        json.dumps({"policy": {"rules": [{"entities": ["switch.irrigation_pump"], "requireApproval": True}]}})
+    )
+    relay_on = {"action": "perform-action", "perform_action": "input_boolean.turn_on"}
+    card = {"type": "button", "name": "Check status", "tap_action": {**relay_on, "target": {"entity_id": PUMP_RELAY}}}
+    operations = [{"op": "add_card", "viewPath": "overview", "card": card}]
+    daemon = Daemon(data_dir, env=clean_env(**ha_env)).start()
+    try:
+        wait_for(lambda: "following Home Assistant" in daemon.log(), timeout=20, what="the live view")
+        ha_reset.call_service("input_boolean", "turn_on", {"entity_id": PUMP_RELAY})  # the farmer, at the farm
+        wait_for(lambda: ha_reset.get_state("switch.irrigation_pump")["state"] == "on", timeout=10, what="pump on")
+        ha_reset.call_service("input_boolean", "turn_off", {"entity_id": PUMP_RELAY})
+        request = {"type": "farm_action", "requestId": "p-relay", "action": "ha_dashboard_patch"}
+        drop(data_dir, "main", "actions", {**request, "params": {"operations": operations}})
+        result = wait_result(data_dir, "main", "p-relay", timeout=30)
+    finally:
+        daemon.stop()
+    refused(result, "not_allowed", "input_boolean.pump_relay, which drives switch.irrigation_pump")
+    assert "pump_relay" not in (data_dir / "dashboards" / "farm.yaml").read_text()

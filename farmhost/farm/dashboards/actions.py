@@ -117,7 +117,8 @@ async def ha_apply_dashboard(deps: FarmDeps, ctx: RequestContext, p: HaApplyDash
 
 
 def _rules(deps: FarmDeps) -> dashboard_policy.ContentRules:
-    return dashboard_policy.rules_for(policy.load_profile(deps.settings.profile_path))
+    drives = deps.view.drives() if deps.view is not None else {}
+    return dashboard_policy.rules_for(policy.load_profile(deps.settings.profile_path), drives=drives)
 
 
 def _what(name: str | None) -> str:

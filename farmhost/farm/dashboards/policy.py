@@ -12,8 +12,8 @@ loading of staged copies and the screenshot action (on what HA currently holds).
 - no text anywhere carries a script scheme or script-bearing HTML (markdown content, titles, styles);
 - a button that performs an action (any `*_action`, in any card, nested) passes the same service policy as
   `ha_call_service` (denied domains, the closed service surface, the profile's narrowing), because whoever taps
-  it in HA calls that service with their own rights, and may not act on an entity a profile rule guards (nor on
-  a device/area that may hold one); `fire-dom-event` and dashboard strategies (code that builds cards in the
+  it in HA calls that service with their own rights, and may not act on an entity a profile rule guards, nor on
+  one seen driving a guarded entity (`ContentRules.drives`), nor on a device/area that may hold one; `fire-dom-event` and dashboard strategies (code that builds cards in the
   browser) are refused.
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import html
 import re
 import unicodedata
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -95,6 +96,8 @@ class ContentRules:
     iframe_origins: frozenset[str] = frozenset()
     custom_cards: frozenset[str] = frozenset()
     profile: LoadedProfile | None = field(default=None, compare=False)
+    # entity -> the entities it was seen driving (LiveView.drives): a button on a helper acts on what it drives
+    drives: Mapping[str, frozenset[str]] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
@@ -108,12 +111,19 @@ class Violation:
         return f"{self.where}: {self.rule}"
 
 
-def rules_for(loaded: LoadedProfile) -> ContentRules:
-    """The content rules of the farm profile as loaded (the defaults when there is none or it is broken)."""
+def rules_for(loaded: LoadedProfile, *, drives: Mapping[str, frozenset[str]] | None = None) -> ContentRules:
+    """The content rules of the farm profile as loaded (the defaults when there is none or it is broken).
+
+    `drives` is which entity drives which (LiveView.drives), so a button on a helper behind a guarded entity is
+    refused as one on the entity.
+    """
     profile = loaded.profile
+    seen = drives or {}
     if profile is None:
-        return ContentRules(profile=loaded)
-    return ContentRules(iframe_origins=profile.iframe_origins, custom_cards=profile.custom_cards, profile=loaded)
+        return ContentRules(profile=loaded, drives=seen)
+    return ContentRules(
+        iframe_origins=profile.iframe_origins, custom_cards=profile.custom_cards, profile=loaded, drives=seen
+    )
 
 
 def violations(config: Any, rules: ContentRules) -> list[Violation]:
@@ -328,11 +338,21 @@ class _Walker:
         except NotAllowed as err:
             self.refuse(where, f"whoever taps this calls {service}: {err.message}")
             return
-        named = guarded(loaded.rules, [entity.strip().lower() for entity in entities])
-        if named:
+        named = [entity.strip().lower() for entity in entities]
+        guards = guarded(loaded.rules, named)
+        driving = [e for e in named if e not in guards and guarded(loaded.rules, self.rules.drives.get(e, ()))]
+        if driving:
+            driven = guarded(loaded.rules, [d for e in driving for d in self.rules.drives[e]])
             self.refuse(
                 where,
-                f"whoever taps this calls {service} on {', '.join(named)}, which the farm profile's rules guard "
+                f"whoever taps this calls {service} on {', '.join(driving)}, which drives {', '.join(driven)} "
+                "(seen in Home Assistant: it changes when they do), which the farm profile's rules guard; an agent "
+                "may not stage a button that acts on a guarded entity: show it with a tile or entity card instead",
+            )
+        elif guards:
+            self.refuse(
+                where,
+                f"whoever taps this calls {service} on {', '.join(guards)}, which the farm profile's rules guard "
                 "(approval, a rate, a range or a time limit that a tap in Home Assistant would skip); an agent may "
                 "not stage a button that acts on a guarded entity: show it with a tile or entity card instead",
             )

@@ -126,6 +126,8 @@ class LiveView:
         self._backoff = (backoff_first, backoff_max)
         self._entities: dict[str, EntityView] = {}
         self._contexts: OrderedDict[str, bool] = OrderedDict()
+        self._origins: OrderedDict[str, str] = OrderedDict()  # context id -> the entity whose change first carried it
+        self._drives: dict[str, set[str]] = {}  # entity -> the entities seen changing in its change's context
         self._listeners: list[Listener] = []
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -188,6 +190,13 @@ class LiveView:
     def entities(self) -> dict[str, EntityView]:
         """Every entity as last seen (a copy)."""
         return dict(self._entities)
+
+    def drives(self) -> dict[str, frozenset[str]]:
+        """Each entity seen driving others: their change came in its change's context (a template, an automation).
+
+        Learned from the changes seen since farmhost started (HA does not say which helper a template follows).
+        """
+        return {entity: frozenset(driven) for entity, driven in self._drives.items()}
 
     def add_listener(self, listener: Listener) -> None:
         """Call `listener` with every change from now on (it must not block: it runs on the reader)."""
@@ -395,6 +404,7 @@ class LiveView:
         self._entities[entity_id] = new
         if old is not None and old.state == state:
             return  # attributes only, or a re-stamp (reload, restart): not a change of state
+        self._learn(entity_id, context)
         change = StateChange(
             entity_id=entity_id,
             old=old,
@@ -409,6 +419,18 @@ class LiveView:
                 listener(change)
             except Exception:  # one listener's bug must not stop the others or the stream
                 logger.exception("live view: a listener failed on %s", entity_id)
+
+    def _learn(self, entity_id: str, context: Context) -> None:
+        """A change in the context of another entity's change (or caused by it): that entity drives this one."""
+        for known in (context.id, context.parent_id):
+            origin = self._origins.get(known) if known else None
+            if origin is not None and origin != entity_id:
+                self._drives.setdefault(origin, set()).add(entity_id)
+                return
+        if context.id and context.id not in self._origins:
+            self._origins[context.id] = entity_id
+            while len(self._origins) > CONTEXTS_KEPT:
+                self._origins.popitem(last=False)
 
 
 class _Broken(Exception):
