@@ -324,7 +324,7 @@ class RequestProcessor:
             document = envelope(
                 request_id=request_id,
                 kind=kind or "unknown",
-                action=None,
+                action=rejected.action if rejected is not None and kind is not None else None,
                 outcome=Outcome.failure(code, f"request refused: {reason}"),
                 executed_at=received,
                 duration_ms=round((time.perf_counter() - started) * 1000),

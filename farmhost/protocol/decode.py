@@ -7,9 +7,20 @@ from typing import Any, Final
 
 from pydantic import TypeAdapter, ValidationError
 
+from farmhost.errors import InvalidRequest
+from farmhost.protocol.catalog import ACTION_PARAMS
 from farmhost.protocol.codes import REQUEST_ID_RE, Queue
 from farmhost.protocol.field_errors import expectation, field_path
-from farmhost.protocol.requests import QUEUE_TYPES, ActionsRequest, AnyRequest, MessagesRequest, TasksRequest
+from farmhost.protocol.params import parse_params
+from farmhost.protocol.requests import (
+    QUEUE_TYPES,
+    ActionsRequest,
+    AnyRequest,
+    FarmActionRequest,
+    MemoryActionRequest,
+    MessagesRequest,
+    TasksRequest,
+)
 
 _ADAPTERS: Final[dict[Queue, TypeAdapter[Any]]] = {
     Queue.MESSAGES: TypeAdapter(MessagesRequest),
@@ -59,7 +70,27 @@ def decode_request(queue: Queue, raw: bytes, *, stem: str) -> AnyRequest:
     if request.requestId is None:
         fallback = stem if REQUEST_ID_RE.fullmatch(stem) else None
         request = request.model_copy(update={"requestId": fallback})
+    _check_params(request)
     return request
+
+
+def _check_params(request: AnyRequest) -> None:
+    """Refuse an action whose params do not fit its model: a malformed file, quarantined (SPEC: wrong types).
+
+    The same check as a wrong field of the request itself; the handler parses the params again into its model.
+    """
+    if not isinstance(request, FarmActionRequest | MemoryActionRequest):
+        return
+    try:
+        parse_params(ACTION_PARAMS[request.action], request.params, request.action)
+    except InvalidRequest as err:
+        raise RequestRejected(
+            err.message,
+            request_id=request.requestId,
+            kind=request.type,
+            action=request.action,
+            params=request.params,
+        ) from None
 
 
 def _explain(queue: Queue, raw: bytes, stem: str, err: ValidationError) -> RequestRejected:
@@ -102,7 +133,7 @@ def _explain(queue: Queue, raw: bytes, stem: str, err: ValidationError) -> Reque
         _first_error(err),
         request_id=request_id,
         kind=kind,
-        action=action if isinstance(action, str) else None,
+        action=action if isinstance(action, str) and action in ACTION_PARAMS else None,
         params=data.get("params"),
     )
 

@@ -25,6 +25,7 @@ from ipc_support import (
 )
 
 from farmhost.ipc.quarantine import KEEP_BYTES
+from farmhost.protocol.catalog import ACTION_PARAMS
 
 LIMIT = 1024 * 1024  # FARMHOST_IPC_MAX_REQUEST_BYTES default
 
@@ -304,6 +305,22 @@ MALFORMED: dict[str, tuple[str, bytes | dict[str, Any], str]] = {
     "taskid-as-int": ("tasks", {"type": "pause_task", "taskId": 5}, "field 'taskId'"),
     "text-as-list": ("messages", {"type": "message", "chatJid": "telegram:200", "text": ["hi"]}, "field 'text'"),
     "params-as-list": ("actions", {"type": "farm_action", "action": "ha_get_status", "params": []}, "field 'params'"),
+    # An action's params of the wrong type or shape make the file malformed too (SPEC §4: "wrong types").
+    "param-of-wrong-type": (
+        "actions",
+        {"type": "memory_action", "action": "memory_search", "params": {"query": "x", "topK": "8"}},
+        "memory_search: param 'topK' must be a whole number (got '8')",
+    ),
+    "param-unknown": (
+        "actions",
+        {"type": "memory_action", "action": "memory_get", "params": {"path": "MEMORY.md", "offset": 3}},
+        "memory_get: unknown param 'offset'",
+    ),
+    "farm-param-of-wrong-type": (
+        "actions",
+        {"type": "farm_action", "action": "ha_call_service", "params": {"domain": 5, "service": "turn_on"}},
+        "ha_call_service: param 'domain' must be text (got 5)",
+    ),
     "bad-expiresAt": ("actions", {"type": "ping", "expiresAt": "tomorrow"}, "field 'expiresAt'"),
     "naive-expiresAt": ("actions", {"type": "ping", "expiresAt": "2030-01-01T00:00:00"}, "field 'expiresAt'"),
     "unknown-type": ("actions", {"type": "launch_missiles"}, "unknown type 'launch_missiles' for the actions queue"),
@@ -358,7 +375,9 @@ def test_malformed_request_is_quarantined_with_a_specific_reason(
     # What was kept is said in the reason, unless the file was kept whole; the agent gets the reason itself.
     kept = "" if len(raw) <= KEEP_BYTES else f"; kept: the first {KEEP_BYTES} of {len(raw)} bytes"
     assert note["reason"].endswith(kept) and ("; kept: " in note["reason"]) == bool(kept), note
-    _assert_error_result(env, "field", rid, note["reason"].removesuffix(kept))
+    result = _assert_error_result(env, "field", rid, note["reason"].removesuffix(kept))
+    named = content.get("action") if isinstance(content, dict) else None
+    assert result["action"] == (named if named in ACTION_PARAMS else None)  # a known action is named, no other
     if rid != stem:
         assert read_result(env.data_dir, "field", stem) is None
     _assert_logged_quarantine(env, "field", queue, name, note["reason"])
