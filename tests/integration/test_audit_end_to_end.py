@@ -1,7 +1,7 @@
 """SPEC section 5: every farm action, accepted or refused, appends one line to farm-state/audit.ndjson.
 
 The real daemon and Home Assistant's test instance; requests are dropped into the main group's queue the way the
-in-sandbox client writes them. A request refused before its handler runs (expired, params that are no object) is
+in-sandbox client writes them. A request refused before its handler runs (expired, params that are no object or of the wrong type) is
 a farm action refused all the same: it is audited with its code, and nothing reaches Home Assistant.
 """
 
@@ -24,6 +24,7 @@ REFUSED_EARLY = [
     ("r-past", VALVE_ON, {"expiresAt": "2020-01-01T00:00:00Z"}, "expired"),
     ("r-ttl", VALVE_ON, {"ttl": 0.0001}, "expired"),
     ("r-list", [], {}, "invalid_request"),
+    ("r-type", {**VALVE_ON, "domain": 5}, {}, "invalid_request"),  # a param of the wrong type: quarantined too
 ]
 
 
