@@ -121,8 +121,13 @@ def _soon() -> str:
 
 
 def _calls_run_at(data_dir: Path, origin: str = A) -> list[str]:
-    """The request ids of the calls a site ran for `origin` (its audit: one line per execution)."""
-    return [line["requestId"] for line in audit(data_dir) if line["requestId"].startswith(f"{origin}.")]
+    """The request ids of the calls a site ran for `origin` (its audit: a line per call, `expired` if not run)."""
+    lines = audit(data_dir)
+    return [
+        line["requestId"]
+        for line in lines
+        if line["requestId"].startswith(f"{origin}.") and line["errorCode"] != "expired"
+    ]
 
 
 def _results(data_dir: Path, rids: list[str], timeout: float) -> list[dict[str, Any]]:
