@@ -305,7 +305,7 @@ class AgentRuntime:
             identity = await self._ids.identity(job.folder) if self._ids is not None else None
             plan = for_identity(self._backend, identity).plan(spec)
             ensure_no_secrets(plan, self._secrets())
-            await asyncio.to_thread(self.trees.prepare_sync, self._layout, spec, identity)
+            await asyncio.to_thread(self.trees.prepare_sync, spec, identity)
             allow = self._settings.unenforced_limits == "allow"
             cgroup = await asyncio.to_thread(
                 open_run_cgroup_sync, self._cgroups, job.run_id, limits, allow_without=allow

@@ -8,8 +8,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
-from farmhost_testing import group_lookup, register_in_process
+from farmhost_testing import drop, group_lookup, ok, once_time, register_in_process, wait_result
 
 from farmhost.agents.jobs import AgentJob, AgentOutcome
 from farmhost.agents.runtime import AgentRuntime
@@ -431,3 +432,26 @@ class Sandbox:
     def runtime(self, settings: Settings, **options: Any) -> AgentRuntime:
         """`make_runtime` running the probe in this sandbox."""
         return make_runtime(settings, command=self.command, **options)
+
+
+def schedule_run(data_dir: Path, prompt: str, *, folder: str = "field", zone: str = "Europe/Lisbon") -> None:
+    """A once task of `folder` with `prompt`, due as soon as the running daemon surely has it."""
+    due = once_time(data_dir, folder, ZoneInfo(zone))
+    task = {"type": "schedule_task", "prompt": prompt, "schedule_type": "once"}
+    rid = drop(data_dir, folder, "tasks", {**task, "schedule_value": due.strftime("%Y-%m-%dT%H:%M:%S")})
+    ok(wait_result(data_dir, folder, rid))
+
+
+def run_logs(data_dir: Path, count: int, folder: str = "field") -> list[Path]:
+    """The group's run logs, oldest first, once there are `count` of them (written when each run has ended)."""
+    found = sorted((data_dir / "logs" / "runs" / folder).glob("run-*.log"), key=lambda p: p.stat().st_mtime_ns)
+    return found if len(found) >= count else []
+
+
+def logged_answer(log: Path) -> dict[str, Any]:
+    """The agent's report, from the AgentResult line of the run's stdout in its log (the run must have ended ok)."""
+    text = log.read_text()
+    assert "status: ok, exit code 0" in text, text[-3000:]
+    line = text.split("--- stdout ---", 1)[1].split("--- stderr ---", 1)[0].strip().splitlines()[-1]
+    report: dict[str, Any] = json.loads(json.loads(line)["answer"])
+    return report

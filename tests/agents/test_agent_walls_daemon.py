@@ -7,48 +7,13 @@ import os
 import shlex
 import stat
 from pathlib import Path
-from typing import Any
-from zoneinfo import ZoneInfo
 
-from farmhost_testing import (
-    clean_env,
-    drop,
-    init_data_dir_in_process,
-    ok,
-    once_time,
-    running_daemon,
-    scaled,
-    wait_for,
-    wait_result,
-)
-from runtime_support import SOCKETS, Sandbox
+from farmhost_testing import clean_env, init_data_dir_in_process, running_daemon, scaled, wait_for
+from runtime_support import SOCKETS, Sandbox, logged_answer, run_logs, schedule_run
 
 from farmhost.agents.sandbox.mounts import GROUP_DIR
 
 ZONE = "Europe/Lisbon"
-
-
-def _schedule(data_dir: Path, todo: dict[str, Any]) -> None:
-    """A once task of group field, due as soon as the daemon surely has it, whose prompt tells the probe what to do."""
-    due = once_time(data_dir, "field", ZoneInfo(ZONE))
-    task = {"type": "schedule_task", "prompt": json.dumps(todo), "schedule_type": "once"}
-    rid = drop(data_dir, "field", "tasks", {**task, "schedule_value": due.strftime("%Y-%m-%dT%H:%M:%S")})
-    ok(wait_result(data_dir, "field", rid))
-
-
-def _logs(data_dir: Path, count: int) -> list[Path]:
-    """The group's run logs once there are `count` of them (written when each run has ended)."""
-    found = sorted((data_dir / "logs" / "runs" / "field").glob("run-*.log"), key=lambda p: p.stat().st_mtime_ns)
-    return found if len(found) >= count else []
-
-
-def _answer(log: Path) -> dict[str, Any]:
-    """The probe's report, from the AgentResult line of the run's stdout in its log."""
-    text = log.read_text()
-    assert "status: ok, exit code 0" in text, text[-3000:]
-    line = text.split("--- stdout ---", 1)[1].split("--- stderr ---", 1)[0].strip().splitlines()[-1]
-    report: dict[str, Any] = json.loads(json.loads(line)["answer"])
-    return report
 
 
 def test_the_daemon_holds_the_walls_around_a_command_agent(tmp_path: Path, sandbox: Sandbox) -> None:
@@ -64,12 +29,12 @@ def test_the_daemon_holds_the_walls_around_a_command_agent(tmp_path: Path, sandb
     )
     workspace = data_dir / "groups" / "field"
     with running_daemon(data_dir, env=env) as daemon:
-        _schedule(data_dir, {"sockets": SOCKETS, "threads": 100, "deep_setid": {GROUP_DIR: 8192}})
-        [first] = wait_for(lambda: _logs(data_dir, 1), timeout=scaled(60), what="the first run's log")
-        seen = _answer(first)
-        _schedule(data_dir, {"write": [f"{GROUP_DIR}/logs/{first.name}"], "list": [GROUP_DIR]})
-        [_, second] = wait_for(lambda: _logs(data_dir, 2), timeout=scaled(60), what="the second run's log")
-        later = _answer(second)
+        schedule_run(data_dir, json.dumps({"sockets": SOCKETS, "threads": 100, "deep_setid": {GROUP_DIR: 8192}}))
+        [first] = wait_for(lambda: run_logs(data_dir, 1), timeout=scaled(60), what="the first run's log")
+        seen = logged_answer(first)
+        schedule_run(data_dir, json.dumps({"write": [f"{GROUP_DIR}/logs/{first.name}"], "list": [GROUP_DIR]}))
+        [_, second] = wait_for(lambda: run_logs(data_dir, 2), timeout=scaled(60), what="the second run's log")
+        later = logged_answer(second)
         assert "Traceback" not in daemon.log()
     assert seen["sockets"] == {
         **dict.fromkeys(SOCKETS, "error:EAFNOSUPPORT"),
@@ -90,4 +55,4 @@ def test_the_daemon_holds_the_walls_around_a_command_agent(tmp_path: Path, sandb
     assert stat.S_IMODE(mode) & (stat.S_ISUID | stat.S_ISGID) == 0, oct(mode)
     # The second run started (the deep tree locked nobody out) and found no log of the first to rewrite.
     assert "logs" not in later["list"][GROUP_DIR]
-    assert _answer(first) == seen
+    assert logged_answer(first) == seen

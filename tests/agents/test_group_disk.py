@@ -1,20 +1,24 @@
-"""A group's limit on disk covers its workspace and its IPC directory, in bytes and in files (issue 33, finding 2).
+"""A group's limit on disk covers every directory its runs can write into, in bytes and in files (issue 33, finding 2).
 
-Real runs in bwrap (and a container of the agent image where an engine runs): a group over its limit is refused
-before its run with what to delete, and runs again once it is deleted.
+The workspace and the IPC directory, and for the main group the dashboards. Real runs in bwrap (and a container of
+the agent image where an engine runs): a group over its limit is refused before its run with what to delete, and
+runs again once it is deleted.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import shutil
 from pathlib import Path
 
 import pytest
-from farmhost_testing import init_data_dir_in_process
-from runtime_support import Sandbox, probe_job
+from farmhost_testing import clean_env, init_data_dir_in_process, running_daemon, scaled, wait_for
+from runtime_support import Sandbox, logged_answer, probe_job, run_logs, schedule_run
 
 from farmhost.agents.sandbox.group_disk import FILES_PER_MB, MAX_DEPTH
+from farmhost.agents.sandbox.mounts import DASHBOARD_DIR
 
 
 @pytest.fixture
@@ -78,3 +82,26 @@ async def test_a_tree_too_deep_to_walk_is_refused_with_where_it_is(root: Path, s
     status, error = await _run(root, sandbox)
     assert status == "error" and error is not None, (status, error)
     assert f"hold a tree nested deeper than {MAX_DEPTH} directories in {top}; delete it before the next run" in error
+
+
+def test_what_a_main_run_writes_into_the_dashboards_counts_against_its_limit(root: Path, sandbox: Sandbox) -> None:
+    """Through the daemon: a main run fills /workspace/dashboard past workspaceMb; the next run is refused."""
+    (root / "agent-limits.json").write_text('{"groups": {"main": {"workspaceMb": 2}}}')
+    env = clean_env(TZ="Europe/Lisbon", **sandbox.values, **sandbox.env, FARMHOST_AGENT_KIND="command",
+                    FARMHOST_AGENT_COMMAND=shlex.join(sandbox.command))  # fmt: skip
+    big = root / "dashboards" / "big.bin"
+    with running_daemon(root, env=env):
+        schedule_run(root, json.dumps({"grow": {f"{DASHBOARD_DIR}/big.bin": 3}}), folder="main")
+        [first] = wait_for(lambda: run_logs(root, 1, "main"), timeout=scaled(60), what="the first run's log")
+        logged_answer(first)
+        assert big.stat().st_size == 3 * 2**20
+        schedule_run(root, "{}", folder="main")
+        [_, second] = wait_for(lambda: run_logs(root, 2, "main"), timeout=scaled(60), what="the second run's log")
+        refusal = second.read_text()
+        assert "status: error" in refusal, refusal[-3000:]
+        assert f"{root / 'dashboards'}/ hold at least 3 MiB, over its limit of 2 MiB" in refusal, refusal[-3000:]
+        assert f"are in {big} (3 MiB)" in refusal
+        big.unlink()
+        schedule_run(root, "{}", folder="main")
+        [*_, third] = wait_for(lambda: run_logs(root, 3, "main"), timeout=scaled(60), what="the third run's log")
+        logged_answer(third)

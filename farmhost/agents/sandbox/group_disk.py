@@ -1,9 +1,11 @@
-"""GroupDisk: what one group holds on disk (its workspace and its IPC directory), in bytes and files, up to its limit.
+"""GroupDisk: what one group holds on disk (every directory its runs can write into), in bytes and files, up to its limit.
 
 The workspace limit (agent-limits.json `workspaceMb`) once covered only the workspace's bytes: a group kept 400 MB
 in the root of its IPC directory, which no one measured, and 300,000 empty files that counted 7 MB but stretched
-every later run's set-up and clean-up to seconds. Both directories now count against one limit in bytes and one in
-files (FILES_PER_MB for each MB of the byte limit), measured before each run. The walk is descriptor-relative (no
+every later run's set-up and clean-up to seconds; the main group filled the dashboards directory its runs see at
+/workspace/dashboard. Every writable mount of a run (`SandboxSpec.writable`: the workspace, the IPC directory, and
+for main the dashboards) now counts against one limit in bytes and one in files (FILES_PER_MB for each MB of the
+byte limit), measured before each run. The walk is descriptor-relative (no
 path is ever built, so no depth is too long), never follows a link, and stops as soon as either limit is passed:
 a group over its limit costs the host what the limit allows, not what the group piled up.
 """
@@ -19,9 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from farmhost.agents.sandbox.backends.base import SandboxError
+from farmhost.agents.sandbox.backends.base import SandboxError, SandboxSpec
 from farmhost.files import DIR_FLAGS
-from farmhost.layout import DataLayout
 
 # Files (any entry: file, directory, link) a group may hold per MB of its workspace limit: 1,024 MB allow 65,536,
 # far above a workspace of notes, logs and a checked-out repository, and a walk of that many takes about 0.2 s.
@@ -147,7 +148,8 @@ def check_sync(roots: dict[str, Path], limit: DiskLimit, *, where: str) -> DiskU
             heaviest entries, to delete before the next run.
     """
     use = measure_sync(roots, limit)
-    names = " and ".join(f"{label}/" for label in roots)
+    labels = [f"{label}/" for label in roots]
+    names = " and ".join([", ".join(labels[:-1]), labels[-1]] if len(labels) > 2 else labels)
     at_least = "" if use.complete else "at least "
     most = "the most are in " if use.complete else "the most (counted up to the limit) are in "
     if use.too_deep is not None:
@@ -170,14 +172,12 @@ def check_sync(roots: dict[str, Path], limit: DiskLimit, *, where: str) -> DiskU
     return use
 
 
-def check_group_sync(layout: DataLayout, folder: str, workspace_mb: int) -> DiskUse:
-    """`check_sync` on a group's workspace and IPC directory against its `workspaceMb` (blocking: in a thread).
+def check_group_sync(spec: SandboxSpec) -> DiskUse:
+    """`check_sync` on every directory the run can write into against its `workspaceMb` (blocking: in a thread).
 
     Raises:
         OverLimit: what the group holds over its limit, and what to delete.
     """
-    roots = {
-        str(layout.workspace(folder)): layout.workspace(folder),
-        str(layout.group_ipc(folder)): layout.group_ipc(folder),
-    }
-    return check_sync(roots, DiskLimit.of_workspace_mb(workspace_mb), where="agent-limits.json workspaceMb")
+    roots = {str(mount.source): mount.source for mount in spec.writable}
+    limit = DiskLimit.of_workspace_mb(spec.limits.workspace_mb)
+    return check_sync(roots, limit, where="agent-limits.json workspaceMb")

@@ -1,7 +1,7 @@
 """GroupTrees: a run's set-up and clean-up of its writable trees, costing what changed since the last run.
 
-Before each run the host hands the group's writable trees to its uid, clears setuid/setgid bits and counts the
-workspace and IPC directory against the group's limit; after it, it clears the bits again. Done by full walks
+Before each run the host hands the group's writable trees to its uid, clears setuid/setgid bits and counts them
+all against the group's limit (group_disk.py); after it, it clears the bits again. Done by full walks
 that cost seconds at hundreds of thousands of files (issue 33). A root daemon keeps a TreeJournal per tree
 (`farmhost/agents/sandbox/tree_journal.py`) and re-walks only the directories the kernel saw change, with everything the
 full walk does on each of their entries. A daemon that is not root shares its uid with the agents (whose runs could
@@ -24,7 +24,6 @@ from farmhost.agents.sandbox.identity import AgentIdentity, clear_setid_sync, ow
 from farmhost.agents.sandbox.mounts import IPC_DIR, after_run_sync, prepare_mounts_sync
 from farmhost.agents.sandbox.tree_journal import JournalLost, JournalVisit, TreeJournal
 from farmhost.agents.sandbox.treewalk import clear_setid_at
-from farmhost.layout import DataLayout
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +48,7 @@ class GroupTrees:
             journal.close()
         self._journals.clear()
 
-    def prepare_sync(self, layout: DataLayout, spec: SandboxSpec, identity: AgentIdentity | None) -> None:
+    def prepare_sync(self, spec: SandboxSpec, identity: AgentIdentity | None) -> None:
         """Check the group's limit on disk, create its mounts' directories, hand them over, clear setid bits.
 
         Blocking: call it in a thread, while no run of the group is active.
@@ -59,39 +58,35 @@ class GroupTrees:
         """
         if identity is None or not identity.switch or not self._journal_ok:
             self.setup_walked = -1
-            check_group_sync(layout, spec.folder, spec.limits.workspace_mb)
+            check_group_sync(spec)
             prepare_mounts_sync(spec, identity)
             return
         limit = DiskLimit.of_workspace_mb(spec.limits.workspace_mb)
         for mount in spec.mounts:
             mount.source.mkdir(parents=True, exist_ok=True)
-        counted = {layout.workspace(spec.folder), layout.group_ipc(spec.folder)}
         used_bytes = used_files = 0
         self.setup_walked = 0
         try:
-            for mount in spec.mounts:
-                if mount.read_only:
-                    continue
+            for mount in spec.writable:
                 with contextlib.suppress(FileNotFoundError):
                     own_at(identity, None, str(mount.source), os.lstat(mount.source))
                 journal = self._journal(mount.source, limit)
                 journal.sync(_hand_over(identity, mount.source, whole=mount.target != IPC_DIR))
                 self.setup_walked += journal.walked
-                if mount.source in counted:
-                    used_bytes += journal.bytes
-                    used_files += journal.files
+                used_bytes += journal.bytes
+                used_files += journal.files
         except JournalLost as err:
             logger.info("group %s: walking its trees whole (%s)", spec.folder, err)
             self.setup_walked = -1
-            check_group_sync(layout, spec.folder, spec.limits.workspace_mb)
+            check_group_sync(spec)
             prepare_mounts_sync(spec, identity)
             return
         if used_bytes > limit.bytes or used_files > limit.files:
-            check_group_sync(layout, spec.folder, spec.limits.workspace_mb)  # the walk that names what to delete
+            check_group_sync(spec)  # the walk that names what to delete
 
     def after_run_sync(self, spec: SandboxSpec) -> int:
         """Clear setuid/setgid bits the run set in its writable trees; returns how many. Never raises."""
-        journals = [self._journals.get(m.source) for m in spec.mounts if not m.read_only]
+        journals = [self._journals.get(m.source) for m in spec.writable]
         if not all(journal is not None and journal.kept for journal in journals):
             self.cleanup_walked = -1
             return after_run_sync(spec)

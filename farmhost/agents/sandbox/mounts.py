@@ -97,9 +97,8 @@ def prepare_mounts_sync(spec: SandboxSpec, identity: AgentIdentity | None) -> No
     """
     for mount in spec.mounts:
         mount.source.mkdir(parents=True, exist_ok=True)
-    writable = [m for m in spec.mounts if not m.read_only]
-    trees = [m.source for m in writable if m.target != IPC_DIR]  # the workspace first
-    tops = [m.source for m in writable if m.target == IPC_DIR]  # the host's own files in it stay the host's
+    trees = [m.source for m in spec.writable if m.target != IPC_DIR]  # the workspace first
+    tops = [m.source for m in spec.writable if m.target == IPC_DIR]  # the host's own files in it stay the host's
     sizes = hand_over_sync(identity, trees, tops)
     used_mb, limit_mb = sizes[0] / 2**20, spec.limits.workspace_mb
     if used_mb > limit_mb:
@@ -115,7 +114,7 @@ def after_run_sync(spec: SandboxSpec) -> int:
     Never raises: what it could not walk is logged, and the next run's set-up walks (and clears) it again.
     """
     try:
-        return clear_setid_sync([m.source for m in spec.mounts if not m.read_only])
+        return clear_setid_sync([m.source for m in spec.writable])
     except OSError as err:
         logger.error("run %s of %s: the clean-up after it could not walk its directories: %s", spec.run_id,
                      spec.folder, err)  # fmt: skip

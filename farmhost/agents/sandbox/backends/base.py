@@ -63,6 +63,11 @@ class SandboxSpec:
     address_limit: bool = True  # RLIMIT_AS per process (off under a memory cgroup and for OpenCode: rlimits_for)
     socket_families: tuple[int, ...] = UNIX_ONLY  # one of SOCKET_FAMILY_SETS
 
+    @property
+    def writable(self) -> tuple[Mount, ...]:
+        """The mounts the run can write into; what they hold is the group's on disk (sandbox/group_disk.py)."""
+        return tuple(mount for mount in self.mounts if not mount.read_only)
+
     def host_path(self, sandbox_path: str) -> str | None:
         """The host path behind a sandbox path, through the most specific mount (None when unmounted)."""
         for mount in sorted(self.mounts, key=lambda m: len(m.target), reverse=True):
