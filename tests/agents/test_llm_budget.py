@@ -42,7 +42,7 @@ def test_the_daily_budget_resets_at_the_farms_midnight_and_says_when(db: Databas
     rations = budgets(db, clock)
     run = ProxyUsage(max_requests=10)
     for _ in range(2):
-        rations.commit(rations.reserve("field", run))
+        rations.commit(rations.reserve("field", run), prompt=0, completion=0)
     with pytest.raises(BudgetExceeded) as caught:
         rations.reserve("field", run)
     assert caught.value.kind == "daily_request_limit"
@@ -61,15 +61,15 @@ def test_a_restart_keeps_the_days_count_and_a_released_request_gives_its_place_b
     first = budgets(db, clock, requests=3, tokens=50)
     run = ProxyUsage(max_requests=10)
     sent = first.reserve("field", run)
-    first.commit(sent)
-    first.add_tokens(sent, 30, 10)
+    first.commit(sent, prompt=20, completion=20)
+    first.settle(sent, (30, 10))
     first.release(first.reserve("field", run))  # a bad body: never sent
     assert run.requests == 1 and (run.prompt_tokens, run.completion_tokens) == (30, 10)
     again = budgets(db, clock, requests=3, tokens=50)  # the daemon started again
-    again.commit(again.reserve("field", ProxyUsage(max_requests=10)))
+    again.commit(again.reserve("field", ProxyUsage(max_requests=10)), prompt=0, completion=0)
     crossing = again.reserve("field", ProxyUsage(max_requests=10))
-    again.commit(crossing)
-    again.add_tokens(crossing, 15, 0)  # crosses 50: it went through, the next one is refused
+    again.commit(crossing, prompt=5, completion=5)
+    again.settle(crossing, (15, 0))  # it used more than its bound and crossed 50: the next one is refused
     with pytest.raises(BudgetExceeded) as caught:
         again.reserve("field", ProxyUsage(max_requests=10))
     assert caught.value.kind == "daily_request_limit"  # the first one counts: the day survived the restart
@@ -82,10 +82,33 @@ def test_the_token_budget_refuses_once_it_is_reached(db: Database) -> None:
     rations = budgets(db, clock, requests=100, tokens=50)
     run = ProxyUsage(max_requests=10)
     sent = rations.reserve("field", run)
-    rations.commit(sent)
-    rations.add_tokens(sent, 40, 10)
+    rations.commit(sent, prompt=10, completion=10)
+    rations.settle(sent, (40, 10))
     with pytest.raises(BudgetExceeded) as caught:
         rations.reserve("field", run)
     assert caught.value.kind == "daily_token_limit"
     assert "daily budget of 50 LLM tokens (50 used); it resets at midnight Europe/Lisbon" in caught.value.message
     assert run.refused == 1
+
+
+def test_requests_in_flight_hold_their_bound_until_their_usage_settles_it(db: Database) -> None:
+    clock = Clock(datetime(2026, 12, 2, 10, 0, tzinfo=UTC))
+    rations = budgets(db, clock, requests=100, tokens=100)
+    run = ProxyUsage(max_requests=10)
+    first, second, third = (rations.reserve("field", run) for _ in range(3))
+    rations.commit(first, prompt=30, completion=10)
+    rations.commit(second, prompt=30, completion=10)
+    with pytest.raises(BudgetExceeded) as caught:
+        rations.commit(third, prompt=30, completion=10)  # 80 held, 40 more does not fit in 100
+    assert caught.value.kind == "daily_token_limit"
+    assert caught.value.message.startswith(
+        "this request may use up to 40 LLM tokens (30 for its prompt, a token a byte of its body, and 10 of "
+        "max_tokens), more than group field has left of its daily budget of 100 LLM tokens (0 used, 80 held by "
+        "requests under way)"
+    )
+    rations.release(third)
+    rations.settle(first, (5, 1))  # its answer's usage replaces its bound
+    rations.commit(rations.reserve("field", run), prompt=30, completion=10)  # 6 used, 40 + 40 held
+    rations.release(second)  # ended without usage (a cut stream): charged its bound
+    assert (run.requests, run.refused, run.prompt_tokens, run.completion_tokens) == (3, 1, 35, 11)
+    assert day_usage(db.conn, "field", "2026-12-02").tokens == 46

@@ -363,15 +363,20 @@ async def test_a_groups_daily_request_budget_holds_across_runs_and_restarts(root
 
 
 async def test_a_groups_daily_token_budget_counts_the_upstreams_usage(root: Path, llm: ScriptedLLM) -> None:
-    llm.script(then=Reply("ok"))
-    limits_file(root, {"groups": {"field": {"llmTokensPerDay": 10}}})
-    settings = configured(root, llm)
+    answer = (
+        b'{"id": "c1", "object": "chat.completion", "created": 1, "model": "m", "choices": [{"index": 0, '
+        b'"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}], '
+        b'"usage": {"prompt_tokens": 500, "completion_tokens": 3, "total_tokens": 503}}'
+    )
+    llm.script(Raw(answer), then=Reply("ok"))
+    limits_file(root, {"groups": {"field": {"llmTokensPerDay": 200}}})
+    settings = configured(root, llm, FARMHOST_LLM_MAX_TOKENS="16")
     async with proxied(settings) as (client, usage, _):
-        await ask(client)  # the stub reports more than 10 tokens for it
-        assert usage.prompt_tokens + usage.completion_tokens > 10
+        await ask(client)  # its bound (a token a byte of the body, and 16) fits; the upstream reports 503
+        assert (usage.prompt_tokens, usage.completion_tokens) == (500, 3)
         with pytest.raises(openai.RateLimitError) as caught:
             await ask(client)
-    assert "group field has used its daily budget of 10 LLM tokens" in caught.value.message
+    assert "group field has used its daily budget of 200 LLM tokens (503 used)" in caught.value.message
     async with proxied(settings) as (client, _, _):
         with pytest.raises(openai.RateLimitError):
             await ask(client)
@@ -489,7 +494,9 @@ async def test_an_upstream_usage_figure_that_is_no_count_costs_neither_the_answe
             model="x", messages=[{"role": "user", "content": "how are the pumps?"}]
         )
         assert first.status_code == 200 and b"The pumps are fine." in first.content
-        assert usage.requests == 1 and usage.prompt_tokens == 0 and usage.completion_tokens == 0
+        sent = llm.requests[0].body  # charged its bound: a token a byte of the body forwarded, and its max_tokens
+        bound = (len(json.dumps({k: v for k, v in sent.items() if k != "model"})), sent["max_tokens"])
+        assert usage.requests == 1 and (usage.prompt_tokens, usage.completion_tokens) == bound
         second = await ask(client)  # the proxy still serves the run
     assert second.choices[0].message.content == "and again"
     assert usage.requests == 2 and usage.prompt_tokens > 0

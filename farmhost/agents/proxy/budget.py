@@ -1,10 +1,13 @@
 """LlmBudgets: the LLM proxy's rations, a run's requests and a group's requests and tokens per day, persisted.
 
 A request is reserved before its body is read, in one step on the event loop (check and count together), so any
-number of concurrent requests with slow bodies cannot get past a budget; a request that turns out to be bad gives its
-reservation back. The daily counts live in `llm_usage` (store/llm_usage.py) so a restart does not reset them; the day
-is the farm's calendar day (TZ). Tokens are the upstream's own `usage` figures, known only after an answer: the
-request that crosses the token budget completes, the next one is refused.
+number of concurrent requests with slow bodies cannot get past a request budget; a request that turns out to be bad
+gives its reservation back. Once its body is known and before it goes upstream, it is committed: its bound in tokens
+(proxy/tokens.py: a token a byte of its body, and its max_tokens) must fit in what the group's day has left beside
+what requests in flight already hold, again in one step, else it is refused. The answer's `usage` settles the hold to
+the real figures; an answer without one keeps the bound. So concurrent requests overrun the day only by what each one
+in flight uses beyond its bound. The daily counts live in `llm_usage` (store/llm_usage.py) so a restart does not reset
+them; holds live in memory, as their requests do. The day is the farm's calendar day (TZ).
 """
 
 from __future__ import annotations
@@ -58,18 +61,22 @@ class BudgetExceeded(Exception):
 class _Day:
     day: str
     requests: int  # forwarded and reserved ones
-    tokens: int
+    tokens: int  # settled ones
+    held: int = 0  # the bounds of requests sent and not settled yet
 
 
 @dataclass
 class Reservation:
-    """One request's place in its run's and its group's budgets, until it is sent or given back."""
+    """One request's place in its run's and its group's budgets, until it is settled or given back."""
 
     folder: str
     day: str
     usage: ProxyUsage
     committed: bool = False
     released: bool = field(default=False, repr=False)
+    prompt: int = 0  # the bound held while it is upstream (commit)
+    completion: int = 0
+    settled: bool = False
 
 
 class LlmBudgets:
@@ -133,8 +140,11 @@ class LlmBudgets:
         return Reservation(folder=folder, day=today.day, usage=usage)
 
     def release(self, reservation: Reservation) -> None:
-        """Give back a reservation whose request was never sent (a bad body, a body that did not arrive)."""
-        if reservation.committed or reservation.released:
+        """The exchange is over: give back a request never sent; one sent and not settled is charged its bound."""
+        if reservation.committed:
+            self.settle(reservation, None)
+            return
+        if reservation.released:
             return
         reservation.released = True
         reservation.usage.requests -= 1
@@ -142,18 +152,50 @@ class LlmBudgets:
         if day is not None and day.day == reservation.day:
             day.requests -= 1
 
-    def commit(self, reservation: Reservation) -> None:
-        """The request is being sent upstream: count it in the group's day for good."""
+    def commit(self, reservation: Reservation, *, prompt: int, completion: int) -> None:
+        """The request is being sent upstream: hold its bound in tokens and count it in the group's day for good.
+
+        Args:
+            reservation: the request's place, from `reserve`.
+            prompt: the most prompt tokens it may cost (proxy/tokens.py).
+            completion: its max_tokens.
+
+        Raises:
+            BudgetExceeded: the bound does not fit in what the day has left beside what requests in flight hold.
+        """
+        now = self._clock()
+        today = self._today(reservation.folder, now)
+        budget = self._budget(reservation.folder)
+        if today.tokens + today.held + prompt + completion > budget.tokens_per_day:
+            reservation.usage.refused += 1
+            raise BudgetExceeded(
+                f"this request may use up to {prompt + completion} LLM tokens ({prompt} for its prompt, a token a "
+                f"byte of its body, and {completion} of max_tokens), more than group {reservation.folder} has left "
+                f"of its daily budget of {budget.tokens_per_day} LLM tokens ({today.tokens} used, {today.held} held "
+                "by requests under way); send a shorter conversation or a lower max_tokens, or stop calling tools "
+                f"and give your final answer. It resets {self._reset_text(now)}",
+                "daily_token_limit",
+            )
+        if reservation.day != today.day:  # midnight passed while its body arrived: it is the new day's request
+            reservation.day = today.day
+            today.requests += 1
         reservation.committed = True
+        reservation.prompt, reservation.completion = prompt, completion
+        today.held += prompt + completion
         self._record(reservation, requests=1)
 
-    def add_tokens(self, reservation: Reservation, prompt: int, completion: int) -> None:
-        """Count the tokens the upstream reported for a request."""
+    def settle(self, reservation: Reservation, used: tuple[int, int] | None) -> None:
+        """Replace a sent request's hold by what it used: the upstream's prompt and completion tokens, else its bound."""
+        if not reservation.committed or reservation.settled:
+            return
+        reservation.settled = True
+        prompt, completion = used if used is not None else (reservation.prompt, reservation.completion)
         usage = reservation.usage
         usage.prompt_tokens += prompt
         usage.completion_tokens += completion
         day = self._days.get(reservation.folder)
         if day is not None and day.day == reservation.day:
+            day.held -= reservation.prompt + reservation.completion
             day.tokens += prompt + completion
         self._record(reservation, prompt_tokens=prompt, completion_tokens=completion)
 

@@ -1,7 +1,7 @@
 """RunHandler: one run's exchanges with its agent: the budget reserved, the body read and prepared, an answer given.
 
-An answer is buffered (UpstreamClient.forward) or streamed (proxy/stream.py), and counted against the run's and the
-group's budgets (proxy/budget.py) however it ends. Every answer the proxy makes itself is OpenAI-shaped
+Before a request goes upstream its bound in tokens is held against the group's day (proxy/budget.py); its answer,
+buffered (UpstreamClient.forward) or streamed (proxy/stream.py), settles it however it ends. Every answer the proxy makes itself is OpenAI-shaped
 (proxy/errors.py); the upstream's own answers pass through redacted. What every run shares (the upstream client, the
 body parser, the budgets, the rules) is handed in by LlmProxy (proxy/server.py), which owns their lifetimes.
 """
@@ -135,13 +135,16 @@ class RunHandler:
         except BodyRefused as err:
             return self._refused(str(err))
         del raw  # only the prepared bytes are held while the upstream answers
-        self._budgets.commit(reservation)
+        try:
+            self._budgets.commit(reservation, prompt=body.prompt_bound, completion=body.completion_bound)
+        except BudgetExceeded as refused:
+            return _error(429, refused.message, refused.kind)
         if body.stream:
             return await self._stream(request, body, reservation, StreamTally(relay_usage=body.relay_usage))
         try:
             status, data, content_type, endpoint = await self._upstream.forward(body)
         except (TimeoutError, aiohttp.ClientError) as err:
-            return self._unreachable(err, self._rules.request_timeout)
+            return self._unreachable(reservation, err, self._rules.request_timeout)
         return self._answer(reservation, status, data, content_type, endpoint, body)
 
     async def _stream(
@@ -154,7 +157,7 @@ class RunHandler:
         try:
             opened = await self._upstream.open(body, stream=True, headers_within=headers_within)
         except (TimeoutError, aiohttp.ClientError) as err:
-            return self._unreachable(err, headers_within)
+            return self._unreachable(reservation, err, headers_within)
         endpoint = opened.endpoint
         async with opened.response as upstream:
             if upstream.status != 200 or upstream.content_type != "text/event-stream":
@@ -162,7 +165,7 @@ class RunHandler:
                     async with asyncio.timeout_at(deadline):
                         data = await self._upstream.read(upstream)
                 except (TimeoutError, aiohttp.ClientError) as err:
-                    return self._unreachable(err, self._rules.request_timeout)
+                    return self._unreachable(reservation, err, self._rules.request_timeout)
                 return self._answer(reservation, upstream.status, data, upstream.content_type, endpoint, body)
             self._answered(endpoint, body)
             extra = {"group": self._folder, "runId": self._run_id}
@@ -181,13 +184,13 @@ class RunHandler:
             finally:
                 if tally.done and tally.reported is None and self._notice.first():
                     logger.warning(
-                        "llm %s run %s: the stream reported no usage; counting tokens as an estimate "
-                        "(4 characters a token) for this and later streams without usage",
+                        "llm %s run %s: the stream reported no usage; charging its bound (a token a byte of the "
+                        "request, and its max_tokens) for this and later streams without usage",
                         self._folder,
                         self._run_id,
                         extra=extra,
                     )
-                self._budgets.add_tokens(reservation, *tally.tokens(body.prompt_estimate))
+                self._budgets.settle(reservation, tally.reported)
 
     def _answer(
         self,
@@ -200,9 +203,11 @@ class RunHandler:
     ) -> web.Response:
         if 200 <= status < 300:
             self._answered(endpoint, body)
-            self._budgets.add_tokens(reservation, *answer_tokens(data))
-        elif status >= 500:
-            self._usage.upstream_failures += 1
+            self._budgets.settle(reservation, answer_tokens(data))
+        else:
+            self._budgets.settle(reservation, (0, 0))  # the endpoint said it did not do it
+            if status >= 500:
+                self._usage.upstream_failures += 1
         return web.Response(status=status, body=data, content_type=content_type or "application/json")
 
     def _answered(self, endpoint: LlmEndpoint, body: PreparedBody) -> None:
@@ -218,8 +223,13 @@ class RunHandler:
         logger.warning("llm %s run %s: request refused: %s", self._folder, self._run_id, message, extra=extra)
         return _error(400, message, "invalid_request")
 
-    def _unreachable(self, err: BaseException, timeout: float) -> web.Response:
-        """The 502 for an upstream that did not answer in time or could not be reached, logged."""
+    def _unreachable(self, reservation: Reservation, err: BaseException, timeout: float) -> web.Response:
+        """The 502 for an upstream that did not answer in time or could not be reached, logged.
+
+        A request that timed out keeps its bound (the endpoint may have done the work); one that reached no endpoint
+        costs nothing.
+        """
+        self._budgets.settle(reservation, None if isinstance(err, TimeoutError) else (0, 0))
         self._usage.upstream_failures += 1
         extra = {"group": self._folder, "runId": self._run_id}
         several = len(self._upstream.endpoints) > 1

@@ -14,9 +14,10 @@ from typing import Any, Final
 
 from farmhost.agents.proxy.body import BodyRefused
 
-# What one image costs in prompt tokens when a stream reports no usage: OpenAI counts 765 for a 1024 px photo at
-# high detail; other providers a few hundred to about a thousand.
-IMAGE_TOKENS: Final = 1000
+# The most one image may cost in prompt tokens (the budgets hold it before an answer says): a photo is at most
+# 1024 px a side (agents/photos.py), which OpenAI counts as 765 at high detail, Qwen2-VL about 1,340 and Anthropic
+# about 1,400 (width x height / 750, at most about 1,600).
+IMAGE_TOKENS: Final = 1600
 
 
 def unseen_text(path: str) -> str:

@@ -23,9 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final
 
-from farmhost.agents.proxy.body import BodyRefused, rewrite, wants_usage
-from farmhost.agents.proxy.images import IMAGE_TOKENS, checked_images, without_images
-from farmhost.agents.proxy.tokens import estimate_prompt_tokens
+from farmhost.agents.proxy.body import TOKEN_FIELDS, BodyRefused, rewrite, wants_usage
+from farmhost.agents.proxy.images import checked_images, without_images
+from farmhost.agents.proxy.tokens import prompt_bound
 from farmhost.config import LlmEndpoint
 
 # JSON values (strings and object keys included) one body may hold. A long conversation with large tool schemas
@@ -57,7 +57,8 @@ class PreparedBody:
     without_model: bytes  # a JSON object with at least `messages`, serialised
     stream: bool
     relay_usage: bool  # the agent asked for a stream's usage chunk itself
-    prompt_estimate: int  # prompt tokens by characters, for a stream that reports no usage
+    prompt_bound: int  # the most prompt tokens it may cost (proxy/tokens.py), held until its usage is known
+    completion_bound: int  # its max_tokens (capped): the most the answer may cost
     images: int = 0  # image parts (each one of the run's photos)
     text_only: bytes | None = None  # with images: the same body, each image part a text part saying what it was
 
@@ -125,17 +126,17 @@ def prepare(raw: bytes, *, max_tokens: int, photos: Mapping[str, str] | None = N
     del body["model"]
     images = checked_images(body, photos or {})
     text_only = without_images(body, photos or {}) if images else None
-    stream = bool(body.get("stream"))
-    estimate = 0
-    if stream:  # an image counts as its tokens, not as the characters of its base64
-        estimate = estimate_prompt_tokens(text_only if text_only is not None else body) + images * IMAGE_TOKENS
+    without_model = json.dumps(body).encode()
+    text_bytes = json.dumps(text_only).encode() if text_only is not None else None
     return PreparedBody(
-        without_model=json.dumps(body).encode(),
-        stream=stream,
+        without_model=without_model,
+        stream=bool(body.get("stream")),
         relay_usage=relay_usage,
-        prompt_estimate=estimate,
+        # an image counts as its tokens, not as the bytes of its base64
+        prompt_bound=prompt_bound(text_bytes if text_bytes is not None else without_model, images),
+        completion_bound=max(body.get(name) or 0 for name in TOKEN_FIELDS),
         images=images,
-        text_only=json.dumps(text_only).encode() if text_only is not None else None,
+        text_only=text_bytes,
     )
 
 

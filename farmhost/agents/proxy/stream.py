@@ -2,9 +2,9 @@
 
 The upstream's `text/event-stream` is cut into events at blank lines. Each whole event is redacted (the key never
 reaches the agent, as in a buffered answer) and written at once; nothing waits for the end. The tally reads each
-event's `usage` (the proxy always asks for it with `stream_options.include_usage`) and counts the characters of the
-deltas, so a stream that is cut, or an upstream that reports no usage, is still counted: an estimate by characters
-(proxy/tokens.py). An upstream that dies mid-stream (cut, idle for too long, over its deadline, over the size cap) ends
+event's `usage` (the proxy always asks for it with `stream_options.include_usage`); a stream that is cut, or an
+upstream that reports no usage, is charged the bound the budgets held for it (proxy/tokens.py). An upstream that
+dies mid-stream (cut, idle for too long, over its deadline, over the size cap) ends
 the agent's stream with an OpenAI-style error event, `data: {"error": {...}}`, and the response closes.
 """
 
@@ -16,13 +16,13 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 import aiohttp
 from aiohttp import web
 
 from farmhost.agents.proxy.errors import error_json
-from farmhost.agents.proxy.tokens import estimate_completion_tokens, reported_tokens
+from farmhost.agents.proxy.tokens import reported_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -75,32 +75,14 @@ def _data_of(event: bytes) -> bytes | None:
     return b"\n".join(line[5:].removeprefix(b" ") for line in lines)
 
 
-def _delta_chars(choices: Any) -> int:
-    """The characters of text, reasoning and tool calls in a chunk's deltas."""
-    count = 0
-    for choice in choices if isinstance(choices, list) else []:
-        delta = choice.get("delta") if isinstance(choice, dict) else None
-        if not isinstance(delta, dict):
-            continue
-        for name in ("content", "reasoning", "reasoning_content", "refusal"):
-            if isinstance(delta.get(name), str):
-                count += len(delta[name])
-        for call in delta.get("tool_calls") or []:
-            function = call.get("function") if isinstance(call, dict) else None
-            if isinstance(function, dict):
-                count += sum(len(v) for v in (function.get("name"), function.get("arguments")) if isinstance(v, str))
-    return count
-
-
 @dataclass
 class StreamTally:
-    """What one stream said about itself: its reported usage, whether it finished, the delta characters that came."""
+    """What one stream said about itself: its reported usage, whether it finished."""
 
     relay_usage: bool  # the agent asked for the usage chunk; otherwise a usage-only chunk is not passed on
     reported: tuple[int, int] | None = None
     done: bool = False
     errored: bool = False
-    completion_chars: int = 0
 
     def see(self, event: bytes) -> bool:
         """Take one event into account; returns whether it is passed on to the agent."""
@@ -118,19 +100,12 @@ class StreamTally:
             return True
         if chunk.get("error"):
             self.errored = True
-        self.completion_chars += _delta_chars(chunk.get("choices"))
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             self.reported = reported_tokens(usage) or self.reported
             if not self.relay_usage and not chunk.get("choices"):
                 return False  # the agent did not ask for it, and a client that did not may choke on empty choices
         return True
-
-    def tokens(self, prompt_estimate: int) -> tuple[int, int]:
-        """Prompt and completion tokens: as reported, else estimated from the prompt and what arrived."""
-        if self.reported is not None:
-            return self.reported
-        return prompt_estimate, estimate_completion_tokens(self.completion_chars)
 
 
 def error_event(message: str, kind: str) -> bytes:

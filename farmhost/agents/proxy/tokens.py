@@ -1,17 +1,19 @@
-"""What a request used in tokens: the upstream's own `usage` figures read, or an estimate by characters without them.
+"""What a request costs in tokens: a bound held before it goes upstream, settled to the upstream's own `usage`.
 
-The budgets (proxy/budget.py) count what an answer's `usage` reports; a stream that is cut or reports nothing is
-counted by CHARS_PER_TOKEN over the prompt and the deltas that arrived (proxy/stream.py).
+The bound (`prompt_bound` + the request's capped max_tokens) is one token per byte of the JSON body forwarded, each
+image part counted as IMAGE_TOKENS rather than its base64, plus what the answer may add. No byte-level tokenizer
+(GPT's, Llama 3's, Qwen's; SentencePiece with byte fallback) makes more tokens of a text than it has UTF-8 bytes, and
+the body's quotes, keys and escapes outweigh a chat template's few tokens a message; a request goes past its bound
+only by what a template adds beyond that (a default system prompt of a few dozen tokens) or an image that costs an
+endpoint more than IMAGE_TOKENS. The budgets (proxy/budget.py) hold the bound until the answer's `usage` replaces it;
+an answer without one (a stream cut or left, an upstream that reports none) is charged the bound.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from typing import Any, Final
 
-# A common rule of thumb for English text and JSON with the usual tokenizers; used only when no usage is reported.
-CHARS_PER_TOKEN: Final = 4
+from farmhost.agents.proxy.images import IMAGE_TOKENS
 
 
 def reported_tokens(usage: object) -> tuple[int, int] | None:
@@ -24,23 +26,17 @@ def reported_tokens(usage: object) -> tuple[int, int] | None:
         return None
 
 
-def answer_tokens(data: bytes) -> tuple[int, int]:
-    """The prompt and completion tokens a buffered answer's `usage` reports (0, 0 when it reports none)."""
+def answer_tokens(data: bytes) -> tuple[int, int] | None:
+    """The prompt and completion tokens a buffered answer's `usage` reports (None when it reports none)."""
     try:
         answer = json.loads(data)
     except ValueError:
-        return 0, 0
+        return None
     if not isinstance(answer, dict):
-        return 0, 0
-    return reported_tokens(answer.get("usage")) or (0, 0)
+        return None
+    return reported_tokens(answer.get("usage"))
 
 
-def estimate_prompt_tokens(body: dict[str, Any]) -> int:
-    """A request's prompt tokens by CHARS_PER_TOKEN over its messages and tools, for a stream without usage."""
-    text = json.dumps([body.get("messages"), body.get("tools")], ensure_ascii=False)
-    return math.ceil(len(text) / CHARS_PER_TOKEN)
-
-
-def estimate_completion_tokens(chars: int) -> int:
-    """The completion tokens of `chars` characters of deltas, by CHARS_PER_TOKEN."""
-    return math.ceil(chars / CHARS_PER_TOKEN)
+def prompt_bound(forwarded: bytes, images: int) -> int:
+    """The most prompt tokens a body may cost: a token a byte of `forwarded` (without images) and IMAGE_TOKENS each."""
+    return len(forwarded) + images * IMAGE_TOKENS
