@@ -20,6 +20,8 @@ from ha_fixture import HaInstance
 from farmhost.farm.dashboards import lovelace as dash
 
 PUMP_RELAY = "input_boolean.pump_relay"
+BARN_LIGHT = "light.barn_light"
+BARN_RELAY = "input_boolean.barn_light_relay"
 BASE = "title: Base\nviews:\n  - title: Field\n    path: field\n    cards:\n      - type: tile\n        entity: switch.irrigation_pump\n"
 # What must never be stored in HA, in any dashboard, after the attacks.
 MARKERS = ("javascript", "vbscript", "data:text", "custom:evil", "onerror", "<script", "evil.example", "fire-dom-event")
@@ -214,3 +216,48 @@ def test_a_button_on_the_helper_that_drives_a_guarded_entity_is_refused(
         daemon.stop()
     refused(result, "not_allowed", "input_boolean.pump_relay, which drives switch.irrigation_pump")
     assert "pump_relay" not in (data_dir / "dashboards" / "farm.yaml").read_text()
+
+
+def test_a_button_whose_call_a_rule_written_by_service_holds_is_refused(
+    tmp_path: Path, ha_env: dict[str, str], ha_reset: HaInstance
+) -> None:
+    # The rule names no entity, only light.turn_on: the gate holds a light.toggle as a light.turn_on (the same
+    # effect), and so does the dashboard policy; a light.turn_off button (the safe direction) stays allowed.
+    data_dir = make_data_dir(tmp_path / "data")
+    rule = {"services": ["light.turn_on"], "requireApproval": True}
+    (data_dir / "farm-profile.json").write_text(json.dumps({"policy": {"rules": [rule]}}))
+
+    def button(service: str, target: dict[str, str]) -> list[dict[str, object]]:
+        tap = {"action": "perform-action", "perform_action": service, "target": target}
+        card = {"type": "button", "name": "Barn", "tap_action": tap}
+        return [{"op": "add_card", "viewPath": "overview", "card": card}]
+
+    barn = {"entity_id": BARN_LIGHT}
+    asked = {
+        "toggle": button("light.toggle", barn),
+        "turn-on": button("light.turn_on", barn),
+        "all": button("light.turn_on", {"entity_id": "all"}),
+        "relay": button("input_boolean.turn_on", {"entity_id": BARN_RELAY}),
+        "turn-off": button("light.turn_off", barn),
+    }
+    daemon = Daemon(data_dir, env=clean_env(**ha_env)).start()
+    try:
+        wait_for(lambda: "following Home Assistant" in daemon.log(), timeout=20, what="the live view")
+        ha_reset.call_service("input_boolean", "turn_on", {"entity_id": BARN_RELAY})  # the farmer, at the farm
+        wait_for(lambda: ha_reset.get_state(BARN_LIGHT)["state"] == "on", timeout=10, what="barn light on")
+        ha_reset.call_service("input_boolean", "turn_off", {"entity_id": BARN_RELAY})
+        results = {}
+        for label, operations in asked.items():
+            request = {"type": "farm_action", "requestId": f"b-{label}", "action": "ha_dashboard_patch"}
+            drop(data_dir, "main", "actions", {**request, "params": {"operations": operations}})
+            results[label] = wait_result(data_dir, "main", f"b-{label}", timeout=30)
+    finally:
+        daemon.stop()
+    refused(results["toggle"], "not_allowed", f"light.toggle on {BARN_LIGHT}, which the farm profile's rules guard")
+    refused(results["turn-on"], "not_allowed", f"light.turn_on on {BARN_LIGHT}, which the farm profile's rules guard")
+    refused(results["all"], "not_allowed", "light.turn_on on a device, area, floor or label")
+    refused(results["relay"], "not_allowed", f"{BARN_RELAY}, which drives {BARN_LIGHT}")
+    ok(results["turn-off"])
+    staged = (data_dir / "dashboards" / "farm.yaml").read_text()
+    assert "light.turn_off" in staged
+    assert "light.toggle" not in staged and "light.turn_on" not in staged and BARN_RELAY not in staged

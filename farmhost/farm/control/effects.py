@@ -4,13 +4,15 @@ A rule written by service (`"services": ["light.turn_on"]`) holds the service's 
 `light.toggle` may have the effect of `light.turn_on`, and a light seen going on (whatever route: the relay
 behind it, a scene) is what `light.turn_on` does. One table says which states each service of a domain leads
 to; the gate reads it from a call's service (farm/control/actuator_gate.py), the rules on effects from an
-observed state (farm/control/effect_rules.py), and both then match the rules the same way (rules.matching).
+observed state (farm/control/effect_rules.py), the dashboard policy from a button's call, and all of them then
+match the rules the same way (rules.matching). An entity is guarded when a rule names it or covers a service of
+its domain's table (`guarding`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Final
+from typing import Any, Final
 
 from farmhost.farm.control.rules import ActuatorRule, ControlCall, matching
 from farmhost.farm.control.safe_state import (
@@ -22,7 +24,11 @@ from farmhost.farm.control.safe_state import (
     rules_of,
 )
 
-EFFECT: Final = "(effect)"  # the action of a change seen in HA, as the rules match it: no farm action's name
+# The action of what no farm action does (a change seen in HA, a dashboard button's call): no farm action's name,
+# so only the rules written by service or entity match it.
+EFFECT: Final = "(effect)"
+ALL_ENTITIES: Final = "all"  # Home Assistant's entity_id for every entity a service's domain has
+ON_SERVICES: Final = frozenset({"turn_on", "toggle"})
 ON: Final = "on"
 OFF: Final = "off"
 OPEN: Final = "open"
@@ -105,12 +111,50 @@ def same_effect(service: str) -> list[str]:
     return [service, *(f"{domain}.{other}" for other, led in table.items() if other != name and led & kinds)]
 
 
+def service_call(
+    action: str, service: str, entities: Iterable[str], *, indirect: bool = False, value: Any = None
+) -> ControlCall:
+    """A call of `domain.service` on `entities` as the rules see it: covered by any service of the same effect.
+
+    `all` (every entity of the domain, resolved by HA) is as unseen by the rules as an area target (`indirect`).
+    """
+    named = tuple(entities)
+    return ControlCall(
+        action=action,
+        service=service,
+        entities=tuple(entity for entity in named if entity != ALL_ENTITIES),
+        indirect=indirect or ALL_ENTITIES in named,
+        value=value,
+        turns_on=service.split(".", 1)[1] in ON_SERVICES,
+        effect_services=tuple(same_effect(service)),
+    )
+
+
 def rules_of_change(rules: Iterable[ActuatorRule], entity_id: str, state: str) -> list[ActuatorRule]:
     """The rules that hold the entity reaching `state`: those naming it, and those written by a service leading there."""
+    return _rules_by(tuple(rules), entity_id, services_leading_to(entity_id, state))
+
+
+def guarding(rules: Iterable[ActuatorRule], entity_id: str) -> list[ActuatorRule]:
+    """The rules that guard the entity: those naming it, and those written by any service of its domain's table.
+
+    `{"services": ["light.*"]}` guards every light, `{"services": ["switch.turn_on"]}` every switch: what /stop
+    puts in its safe state and a dashboard button may not act on through a helper.
+    """
+    domain = entity_id.split(".", 1)[0]
+    return _rules_by(tuple(rules), entity_id, [f"{domain}.{service}" for service in _LEADS_TO.get(domain, {})])
+
+
+def guarded(rules: Iterable[ActuatorRule], entity_ids: Iterable[str]) -> list[str]:
+    """The entities among `entity_ids` that some rule guards (guarding), sorted."""
     kept = tuple(rules)
-    found = rules_of(kept, entity_id)
-    services = tuple(services_leading_to(entity_id, state))
+    return sorted({entity for entity in entity_ids if guarding(kept, entity)})
+
+
+def _rules_by(rules: tuple[ActuatorRule, ...], entity_id: str, services: list[str]) -> list[ActuatorRule]:
+    """The rules naming the entity, then those covering it by one of `services` (its effects)."""
+    found = rules_of(rules, entity_id)
     if services:
-        call = ControlCall(action=EFFECT, service=services[0], entities=(entity_id,), effect_services=services)
-        found += [rule for rule in matching(kept, call) if rule not in found]
+        call = ControlCall(action=EFFECT, service=services[0], entities=(entity_id,), effect_services=tuple(services))
+        found += [rule for rule in matching(rules, call) if rule not in found]
     return found

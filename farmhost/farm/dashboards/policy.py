@@ -12,9 +12,10 @@ loading of staged copies and the screenshot action (on what HA currently holds).
 - no text anywhere carries a script scheme or script-bearing HTML (markdown content, titles, styles);
 - a button that performs an action (any `*_action`, in any card, nested) passes the same service policy as
   `ha_call_service` (denied domains, the closed service surface, the profile's narrowing), because whoever taps
-  it in HA calls that service with their own rights, and may not act on an entity a profile rule guards, nor on
-  one seen driving a guarded entity (`ContentRules.drives`), nor on a device/area that may hold one; `fire-dom-event` and dashboard strategies (code that builds cards in the
-  browser) are refused.
+  it in HA calls that service with their own rights, and may not act on an entity a profile rule holds that call
+  for (matched as the gate matches a call: by entity, or by a service of the same effect, farm/control/effects.py),
+  nor on one seen driving a guarded entity (`ContentRules.drives`), nor on a device/area (or `all`) that may hold
+  one; `fire-dom-event` and dashboard strategies (code that builds cards in the browser) are refused.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ from typing import Any, Final
 from urllib.parse import unquote
 
 from farmhost.errors import NotAllowed
+from farmhost.farm.control import effects
 from farmhost.farm.control.policy import LoadedProfile, check_service, origin_of
-from farmhost.farm.control.safe_state import guarded, guarded_patterns
+from farmhost.farm.control.rules import entities_under, matching
+from farmhost.farm.control.safe_state import guarded_patterns
 
 # Home Assistant's own card types (frontend 2025.4, create-card-element.ts): nothing here loads outside code.
 BUILTIN_CARDS: Final = frozenset(
@@ -338,11 +341,15 @@ class _Walker:
         except NotAllowed as err:
             self.refuse(where, f"whoever taps this calls {service}: {err.message}")
             return
-        named = [entity.strip().lower() for entity in entities]
-        guards = guarded(loaded.rules, named)
-        driving = [e for e in named if e not in guards and guarded(loaded.rules, self.rules.drives.get(e, ()))]
+        # Matched as the gate matches a call: a rule naming light.turn_on holds a light.toggle button too.
+        call = effects.service_call(effects.EFFECT, service, [e.strip().lower() for e in entities], indirect=indirect)
+        matched = matching(loaded.rules, call)
+        guards = sorted({entity for rule in matched for entity in entities_under(rule, call)})
+        driving = [
+            e for e in call.entities if e not in guards and effects.guarded(loaded.rules, self.rules.drives.get(e, ()))
+        ]
         if driving:
-            driven = guarded(loaded.rules, [d for e in driving for d in self.rules.drives[e]])
+            driven = effects.guarded(loaded.rules, [d for e in driving for d in self.rules.drives[e]])
             self.refuse(
                 where,
                 f"whoever taps this calls {service} on {', '.join(driving)}, which drives {', '.join(driven)} "
@@ -356,7 +363,7 @@ class _Walker:
                 "(approval, a rate, a range or a time limit that a tap in Home Assistant would skip); an agent may "
                 "not stage a button that acts on a guarded entity: show it with a tile or entity card instead",
             )
-        elif indirect and guarded_patterns(loaded.rules):
+        elif call.indirect and (matched or guarded_patterns(loaded.rules)):
             self.refuse(
                 where,
                 f"whoever taps this calls {service} on a device, area, floor or label, which may reach an entity the "
