@@ -285,6 +285,15 @@ def test_the_wordings_of_one_effect_share_its_identity_and_other_effects_do_not(
     assert len(set(identities)) == len(others) and not pump_on & set(identities)
 
 
+def test_the_state_an_approval_is_for_is_the_effects_tables() -> None:
+    # lock.open leads to unlocked as lock.unlock does (effects.py): one approval; a toggle leads to no one state.
+    door = "lock.barn_door"
+    unlock, opened = (_call("lock", name, target={"entity_id": door}) for name in ("unlock", "open"))
+    assert gate.effect_of(*_described(*unlock)) == gate.effect_of(*_described(*opened))
+    assert gate.effect_of(*_described(*unlock))["state"] == effects.state_of("lock.unlock") == "unlocked"
+    assert effects.state_of("switch.toggle") is None and effects.state_of("number.set_value") is None
+
+
 # the approval buttons' data ----------------------------------------------------------------------------
 
 approval_ids = st.binary(min_size=6, max_size=6).map(lambda b: "a-" + b.hex())

@@ -66,6 +66,10 @@ def _act(
     return wait_result(data_dir, folder, rid, timeout=20)
 
 
+def _target(domain: str, service: str, entity_id: str) -> dict[str, Any]:
+    return {"domain": domain, "service": service, "target": {"entity_id": entity_id}}
+
+
 def _pump_on(rid: str, folder: str = "field") -> tuple[str, dict[str, Any], str]:
     return rid, {"entityId": PUMP, "value": "on"}, folder
 
@@ -383,6 +387,41 @@ def test_the_same_call_while_pending_gets_the_same_approval_and_one_message(
     assert sorted(notices) == sorted([f"approval:{approval_id}", f"approval:{other_id}"])
     assert len([t for t in fake_telegram.sent_texts(MAIN_CHAT) if approval_id in t]) == 1
     assert [r["id"] for r in rows] == [approval_id, other_id]
+
+
+def test_calls_of_one_effect_in_the_effects_table_share_one_approval(
+    data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str]
+) -> None:
+    # The approval's identity is the state the call leads to, read from farm/control/effects.py: lock.open
+    # unlocks the door as lock.unlock does, and a light.toggle (on or off) is its own request.
+    door = "lock.barn_door"
+    ha_reset.write_state(door, "locked", {"friendly_name": "Barn door"})
+    _profile(
+        data_dir,
+        [{"entities": [door], "requireApproval": True}, {"services": ["light.turn_on"], "requireApproval": True}],
+    )
+    with farm_daemon(data_dir, ha_env, fake_telegram):
+        unlock = _act(data_dir, "r-unlock", _target("lock", "unlock", door), action="ha_call_service")
+        approval_id = _pending(unlock)
+        approval_asked(fake_telegram, approval_id)
+        opened = _act(data_dir, "r-open", _target("lock", "open", door), action="ha_call_service")
+        light_on = _act(
+            data_dir, "r-light-on", _target("light", "turn_on", "light.barn_light"), action="ha_call_service"
+        )
+        light_id = _pending(light_on)
+        approval_asked(fake_telegram, light_id)
+        set_on = _act(data_dir, "r-light-set", {"entityId": "light.barn_light", "value": "on"})
+        toggled = _act(
+            data_dir, "r-light-toggle", _target("light", "toggle", "light.barn_light"), action="ha_call_service"
+        )
+        rows = db_rows(data_dir, "SELECT id FROM approvals ORDER BY created_at")
+
+    assert _pending(opened) == approval_id and opened["result"]["alreadyPending"] is True
+    assert _pending(set_on) == light_id and set_on["result"]["alreadyPending"] is True
+    toggle_id = _pending(toggled)
+    assert toggle_id not in (approval_id, light_id) and toggled["result"]["alreadyPending"] is False
+    assert [r["id"] for r in rows] == [approval_id, light_id, toggle_id]
+    assert ha_reset.get_state(door)["state"] == "locked" and _state(ha_reset, "light.barn_light") == "off"
 
 
 def test_an_approval_survives_a_restart_of_thefarm_daemon(

@@ -45,19 +45,6 @@ if TYPE_CHECKING:
 HOUR: Final = timedelta(hours=1)
 # entity id -> its attributes as HA reports them (only the guarded numbers a call names)
 Attributes: TypeAlias = Mapping[str, Mapping[str, Any]]
-ON_SERVICES: Final = frozenset({"turn_on", "toggle"})
-ALL_ENTITIES: Final = "all"  # Home Assistant's entity_id for every entity a service's domain has
-# The state a service puts its entities in, for the services whose effect is one state (the approval's identity).
-STATE_OF_SERVICE: Final = {
-    "turn_on": "on",
-    "turn_off": "off",
-    "open_valve": "open",
-    "open_cover": "open",
-    "close_valve": "closed",
-    "close_cover": "closed",
-    "lock": "locked",
-    "unlock": "unlocked",
-}
 # Data keys that only say where a call goes (already in the effect's entities and targets).
 _TARGET_KEYS: Final = frozenset({"entity_id", *INDIRECT_TARGETS})
 
@@ -69,27 +56,13 @@ def describe(action: str, params: BaseModel) -> ControlCall | None:
     if isinstance(params, HaCallServiceParams):
         entities, indirect = service_targets(params)
         value = (params.data or {}).get("value")
-        return ControlCall(
-            action=action,
-            service=f"{params.domain}.{params.service}",
-            # `all` is every entity of the domain, resolved by HA: as unseen by the rules as an area target
-            entities=tuple(entity for entity in entities if entity != ALL_ENTITIES),
-            indirect=indirect or ALL_ENTITIES in entities,
-            value=value,
-            turns_on=params.service in ON_SERVICES,
-            effect_services=tuple(effects.same_effect(f"{params.domain}.{params.service}")),
+        return effects.service_call(
+            action, f"{params.domain}.{params.service}", entities, indirect=indirect, value=value
         )
     if isinstance(params, HaSetEntityParams):
-        service = set_entity_service(params)
         domain = params.entityId.split(".", 1)[0]
-        return ControlCall(
-            action=action,
-            service=f"{domain}.{service}",
-            entities=(params.entityId,),
-            value=params.value,
-            turns_on=service == "turn_on",
-            effect_services=tuple(effects.same_effect(f"{domain}.{service}")),
-        )
+        service = f"{domain}.{set_entity_service(params)}"
+        return effects.service_call(action, service, (params.entityId,), value=params.value)
     return ControlCall(action=action)
 
 
@@ -201,7 +174,7 @@ def effect_of(call: ControlCall, params: dict[str, Any]) -> dict[str, Any]:
     if call.service is None:
         return {"action": call.action, "params": params}
     service = call.service.split(".", 1)[1]
-    state: Any = STATE_OF_SERVICE.get(service)
+    state: Any = effects.state_of(call.service)
     if state is None and service in ("set_value", "select_option"):
         asked = _asked(call, params)
         number = rules.as_number(asked)
@@ -215,7 +188,7 @@ def effect_of(call: ControlCall, params: dict[str, Any]) -> dict[str, Any]:
         for key, value in part.items()
         if key in INDIRECT_TARGETS
     }
-    everything = ALL_ENTITIES if call.indirect and not reached else None
+    everything = effects.ALL_ENTITIES if call.indirect and not reached else None
     return {"entities": sorted(set(call.entities)), "reached": reached, "all": everything, "state": state}
 
 

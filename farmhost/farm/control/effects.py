@@ -3,10 +3,10 @@
 A rule written by service (`"services": ["light.turn_on"]`) holds the service's effect, not the call's wording:
 `light.toggle` may have the effect of `light.turn_on`, and a light seen going on (whatever route: the relay
 behind it, a scene) is what `light.turn_on` does. One table says which states each service of a domain leads
-to; the gate reads it from a call's service (farm/control/actuator_gate.py), the rules on effects from an
-observed state (farm/control/effect_rules.py), the dashboard policy from a button's call, and all of them then
-match the rules the same way (rules.matching). An entity is guarded when a rule names it or covers a service of
-its domain's table (`guarding`).
+to; the gate reads it from a call's service (farm/control/actuator_gate.py; also the one state an approval is
+for), the rules on effects from an observed state (farm/control/effect_rules.py), the dashboard policy from a
+button's call, and all of them then match the rules the same way (rules.matching). An entity is guarded when a
+rule names it or covers a service of its domain's table (`guarding`): that is what `/stop` makes safe.
 """
 
 from __future__ import annotations
@@ -109,6 +109,20 @@ def same_effect(service: str) -> list[str]:
     if kinds is None:
         return [service]
     return [service, *(f"{domain}.{other}" for other, led in table.items() if other != name and led & kinds)]
+
+
+def state_of(service: str) -> str | None:
+    """The one state `domain.service` leads its entities to (switch.turn_on: on, lock.lock: locked).
+
+    None when it may lead to several (a toggle), to a value or an option (its data says which), or is not an
+    entity service of the table.
+    """
+    domain, name = service.split(".", 1)
+    kinds = _LEADS_TO.get(domain, {}).get(name, frozenset())
+    if len(kinds) != 1:
+        return None
+    (kind,) = kinds
+    return None if kind in (VALUE, OPTION) else kind
 
 
 def service_call(
