@@ -3,8 +3,9 @@
 `/stop` in the main chat and the Stop everything button (farmhost/outbox/stop_messages.py) both land here. In this
 order: agent runs are paused with the same stored pause as the MQTT `Agents paused` switch (runs going on are
 ended, none starts until `/resume`, a restart keeps it), every pending approval is denied (nothing waits to be
-pressed into action), and then every entity that a farm profile rule names by an entity glob, among Home
-Assistant's current states, is sent to its safe state (farm/control/safe_state.py). The calls are grouped by service
+pressed into action), and then every entity among Home Assistant's current states that a farm profile rule guards
+(names by an entity glob, or covers by a service of its domain: `{"services": ["light.*"]}` every light;
+farm/control/effects.py) is sent to its safe state (farm/control/safe_state.py). The calls are grouped by service
 (one `switch.turn_off` naming every switch, ...), so Home Assistant acts on the entities of a call concurrently;
 each call has its own timeout, and one that fails or hangs does not keep the next ones from being sent. Afterwards the states are read until every
 entity is safe or VERIFY_SECONDS have passed: what the report says was turned off is what HA reports, not
@@ -28,8 +29,9 @@ from typing import TYPE_CHECKING, Any, Final
 from farmhost.agents.pause import set_paused
 from farmhost.farm.audit import AuditLog
 from farmhost.farm.control import policy
+from farmhost.farm.control.effects import guarded
 from farmhost.farm.control.rules import ActuatorRule
-from farmhost.farm.control.safe_state import SafeTarget, guarded, is_safe_state, safe_target
+from farmhost.farm.control.safe_state import SafeTarget, is_safe_state, safe_target
 from farmhost.farm.homeassistant.client import HAClient
 from farmhost.farm.homeassistant.errors import HaError
 from farmhost.outbox.notices import enqueue_notice

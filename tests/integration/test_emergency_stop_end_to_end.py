@@ -30,6 +30,8 @@ VALVE_1 = "switch.field_1_valve"
 VALVE_2 = "switch.field_2_valve"
 DURATION = "number.irrigation_duration"
 PROGRAM = "select.fertigation_program"
+BARN_LIGHT = "light.barn_light"
+FAN = "fan.greenhouse_fan"
 ANA = 42  # the fake's default sender and presser (@ana)
 BEA = 4242
 STOP_BUTTON = {"inline_keyboard": [[{"text": "Stop everything", "callback_data": "stop:all"}]]}
@@ -159,6 +161,31 @@ def test_stop_puts_every_guarded_entity_safe_pauses_agents_denies_approvals_and_
     assert sorted(line["params"]["madeSafe"]) == sorted([PUMP, VALVE_1, DURATION])
     assert line["params"]["alreadySafe"] == [VALVE_2] and line["params"]["approvalsDenied"] == [approval_id]
     assert line["params"]["noSafeState"] == [PROGRAM] and line["params"]["failed"] == {}
+
+
+def test_stop_reaches_the_entities_a_rule_guards_by_service(
+    data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str]
+) -> None:
+    # No rule names an entity: they are guarded by service, so the stop finds them in HA's current states (every
+    # switch and every light); the fan, which no rule covers, is left on.
+    rules = [{"services": ["switch.turn_on"], "maxCallsPerHour": 4}, {"services": ["light.*"], "requireApproval": True}]
+    (data_dir / "farm-profile.json").write_text(json.dumps({"policy": {"rules": rules}}))
+    for entity in (PUMP, VALVE_1, BARN_LIGHT, FAN):
+        ha_reset.set_state(entity, True)
+        wait_state(ha_reset, entity, "on")
+    with farm_daemon(data_dir, ha_env, fake_telegram):
+        fake_telegram.user_message(MAIN_CHAT, "/stop")
+        [reply] = _wait_told(fake_telegram, MAIN_CHAT, "EMERGENCY STOP")
+        states = {e: _state(ha_reset, e) for e in (PUMP, VALVE_1, VALVE_2, BARN_LIGHT, FAN)}
+
+    assert states == {PUMP: "off", VALVE_1: "off", VALVE_2: "off", BARN_LIGHT: "off", FAN: "on"}
+    made = next(line for line in (reply.text or "").splitlines() if line.startswith("Turned off / closed (3): "))
+    for name in (f"Irrigation pump ({PUMP})", f"Field 1 valve ({VALVE_1})", f"Barn light ({BARN_LIGHT})"):
+        assert name in made, (name, reply.text)
+    assert FAN not in (reply.text or "")
+    (line,) = _stops(data_dir)
+    assert sorted(line["params"]["madeSafe"]) == sorted([PUMP, VALVE_1, BARN_LIGHT])
+    assert line["params"]["alreadySafe"] == [VALVE_2] and line["params"]["failed"] == {}
 
 
 def test_stop_from_another_chat_or_from_outside_the_main_senders_does_nothing(

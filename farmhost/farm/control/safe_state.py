@@ -1,9 +1,10 @@
 """The safe state of a guarded entity: what "off" means for it, and the call that puts it there.
 
-A guarded entity is one that a rule of the farm profile names by an entity glob. Its safe state is the rule's
-`safeState` when one is given, else its domain's own: off for switch-like domains, closed for valves and covers,
-locked for locks, the low end of the rule's `valueRange` (else the entity's `min`) for numbers. Selects and
-buttons have none unless the rule names one. The gate never holds a call to the safe state (approval, rate), the
+A guarded entity is one that a rule of the farm profile names by an entity glob, or covers by a service of its
+domain (farm/control/effects.py `guarding`). Its safe state is the naming rule's `safeState` when one is given,
+else its domain's own: off for switch-like domains, closed for valves and covers, locked for locks, the low end of
+the naming rule's `valueRange` (else the entity's `min`) for numbers. Selects and buttons have none unless the
+rule names one. The gate never holds a call to the safe state (approval, rate), the
 enforcer never undoes a change to it, and `/stop` puts every guarded entity in it.
 """
 
