@@ -78,6 +78,7 @@ class Refusal:
     code: ErrorCode
     at: datetime  # when the host received it
     duration_ms: int
+    request: AnyRequest | None = None  # as decoded (None: refused as not valid), for a row serving many actions
 
 
 AsyncHandler = Callable[[RequestContext, "AnyRequest"], Awaitable[Outcome]]

@@ -104,24 +104,34 @@ def farm_handlers(deps: FarmDeps, *, audit: AuditLog | None = None) -> Handlers:
             effect=spec.effect,
             run=_handler(deps, log, name, spec),
             timeout=spec.timeout + ROUTER_MARGIN,
-            on_refused=_refused(log, name),
+            on_refused=refusal_auditor(log, name),
         )
         for name, spec in ACTIONS.items()
     }
 
 
-def _refused(audit: AuditLog, name: str) -> RefusalHandler:
-    """A farm action refused before its handler (expired, not valid) is audited like one its handler refused."""
+def refusal_auditor(audit: AuditLog, name: str | None = None) -> RefusalHandler:
+    """A farm action refused before its handler (expired, not valid) is audited like one its handler refused.
+
+    `name` is the row's action; None for the row of the farm actions for another site (farmhost/sites/caller.py),
+    whose line names the request's action and its site, as that row's own lines do.
+    """
 
     def record(refusal: Refusal) -> None:
+        action, extra = name, None
+        if action is None:
+            request = refusal.request
+            assert isinstance(request, FarmActionRequest)  # the router tells that row, with the request
+            action, extra = request.action, {"site": request.site}
         audit.record(
             at=refusal.at,
             group=refusal.group,
             request_id=refusal.request_id,
-            action=name,
+            action=action,
             params=refusal.params,
             error_code=refusal.code,
             duration_ms=refusal.duration_ms,
+            extra=extra,
         )
 
     return record

@@ -312,6 +312,7 @@ class Router:
                     code=early.error_code,
                     at=ctx.now,
                     duration_ms=round((time.perf_counter() - started) * 1000),
+                    request=request,
                 )
                 _tell(spec, refusal)
         phases.lap(HANDLER)

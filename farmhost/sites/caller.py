@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 from farmhost.background import cancel_and_wait, every
+from farmhost.farm.actions import refusal_auditor
 from farmhost.handling import SITE_HANDLER, Effect, Handlers, HandlerSpec, RequestContext
 from farmhost.protocol.codes import SITE_DEADLINE_SECONDS, ErrorCode
 from farmhost.protocol.envelope import Outcome, utc_stamp
@@ -73,7 +74,11 @@ class SiteCaller:
     def handlers(self) -> Handlers:
         """The handler row the router uses for a farm action that names another site."""
         timeout = wire.MAX_DEADLINE_SECONDS + self._grace + 5.0
-        return {SITE_HANDLER: HandlerSpec(effect=Effect.REMOTE, run=self._handle, timeout=timeout)}
+        return {
+            SITE_HANDLER: HandlerSpec(
+                effect=Effect.REMOTE, run=self._handle, timeout=timeout, on_refused=refusal_auditor(self._audit)
+            )
+        }
 
     def attach(self, link: MqttLink) -> None:
         """Use `link` (before it starts: its subscriptions are made at every connection)."""

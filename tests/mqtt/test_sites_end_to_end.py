@@ -121,13 +121,12 @@ def _soon() -> str:
 
 
 def _calls_run_at(data_dir: Path, origin: str = A) -> list[str]:
-    """The request ids of the calls a site ran for `origin` (its audit: a line per call, `expired` if not run)."""
-    lines = audit(data_dir)
-    return [
-        line["requestId"]
-        for line in lines
-        if line["requestId"].startswith(f"{origin}.") and line["errorCode"] != "expired"
-    ]
+    """The request ids of the calls a site ran for `origin` (its audit: one line per execution).
+
+    A call refused as expired is audited too (SPEC: every farm action, accepted or refused), but ran nothing.
+    """
+    ran = [line for line in audit(data_dir) if line["errorCode"] != "expired"]
+    return [line["requestId"] for line in ran if line["requestId"].startswith(f"{origin}.")]
 
 
 def _results(data_dir: Path, rids: list[str], timeout: float) -> list[dict[str, Any]]:
@@ -199,6 +198,18 @@ def test_a_request_no_site_can_run_gets_a_definite_answer_and_changes_nothing(si
     ok(wait_result(sites.a_dir, "main", "here", timeout=30))
     assert "site" not in audit(sites.a_dir, "here")[0]
     assert sites.count() == 0 and _calls_run_at(sites.b_dir) == []
+
+
+def test_a_request_for_another_site_refused_before_it_is_sent_is_audited_at_the_origin(sites: Sites) -> None:
+    # Expired on arrival: the router answers it before the site row runs, so nothing goes on the wire; the pump
+    # house still writes its audit line, naming the site, as for a farm action of its own.
+    _ask(sites.a_dir, "stale", expiresAt="2020-01-01T00:00:00Z")
+    refused(wait_result(sites.a_dir, "main", "stale", timeout=30), "expired")
+    (line,) = audit(sites.a_dir, "stale")
+    assert (line["group"], line["action"], line["site"]) == ("main", "ha_call_service", B), line
+    assert (line["status"], line["errorCode"], line["params"]) == ("error", "expired", INCREMENT), line
+    assert db_rows(sites.a_dir, "SELECT id FROM site_calls") == [] and _calls_run_at(sites.b_dir) == []
+    assert sites.count() == 0
 
 
 def test_hostile_messages_on_the_call_topics_are_answered_or_dropped_and_change_nothing(sites: Sites) -> None:
