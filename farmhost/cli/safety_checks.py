@@ -13,7 +13,8 @@ from farmhost.cli.health import lock_holder
 from farmhost.cli.hostchecks import Check
 from farmhost.config import Config
 from farmhost.farm.control import policy
-from farmhost.farm.control.safe_state import guarded, guarded_patterns, matches_any, safe_target
+from farmhost.farm.control.effects import guarded
+from farmhost.farm.control.safe_state import guarded_patterns, matches_any, safe_target
 from farmhost.layout import DataLayout
 from farmhost.store import host_state
 
@@ -25,27 +26,31 @@ _FIX_OFF: Final = "`farmhost run` follows Home Assistant's events while it runs 
 
 
 def guarded_entities(config: Config) -> Check:
-    """Which entities the profile's rules guard, as HA knows them now, with the safe state each is put in."""
+    """Which entities the profile's rules guard (name, or cover by service), as HA knows them now, with safe states.
+
+    The same entities `/stop` puts in their safe state (farm/control/effects.py `guarded`).
+    """
     loaded = policy.load_profile(config.farm.profile_path)
     url, token = config.ha.url, config.ha.token
     if not loaded.rules or not url or not token:
         return Check("guarded", "off", "no entity is guarded (no rules, or Home Assistant is off)", _FIX_RULES)
     patterns = guarded_patterns(loaded.rules)
-    if not patterns:
-        detail = "the rules name services or actions only: no entity is guarded by name"
+    if not patterns and not any(rule.services for rule in loaded.rules):
+        detail = "the rules name farm actions only: no entity is guarded"
         return Check("guarded", "off", detail, _FIX_RULES)
     request = urllib.request.Request(f"{url.rstrip('/')}/api/states", headers={"Authorization": f"Bearer {token}"})
     try:
         with urllib.request.urlopen(request, timeout=STATES_TIMEOUT) as response:
             states = json.loads(response.read())
     except (urllib.error.URLError, OSError, ValueError) as err:
-        detail = f"rules guard {', '.join(patterns)}; HA's states could not be read ({err})"
+        detail = f"rules guard {', '.join(patterns) or 'entities by service'}; HA's states could not be read ({err})"
         return Check("guarded", "warn", detail, "see the home assistant line")
     by_id = {s["entity_id"]: s for s in states if isinstance(s, dict) and isinstance(s.get("entity_id"), str)}
     found = guarded(loaded.rules, by_id)
     if not found:
-        fix = "check the entity ids of policy.rules against Home Assistant (Settings > Entities)"
-        return Check("guarded", "warn", f"no entity of Home Assistant matches the rules' {', '.join(patterns)}", fix)
+        fix = "check the entity ids and services of policy.rules against Home Assistant (Settings > Entities)"
+        globs = ", ".join([*patterns, *(service for rule in loaded.rules for service in rule.services or ())])
+        return Check("guarded", "warn", f"no entity of Home Assistant matches the rules' {globs}", fix)
     shown = []
     for entity_id in found[:SHOWN]:
         target = safe_target(entity_id, loaded.rules, by_id[entity_id].get("attributes"))

@@ -244,6 +244,7 @@ def test_doctor_lists_the_guarded_entities_and_whether_the_daemon_follows_home_a
         {"entities": ["switch.irrigation_pump"], "requireApproval": True},
         {"entities": ["number.irrigation_duration"], "valueRange": [5, 120]},
         {"entities": ["switch.no_such_pump"], "maxOnSeconds": 60},
+        {"services": ["light.*"], "requireApproval": True},  # guards the barn light, as /stop counts it
     ]
     (data_dir / "farm-profile.json").write_text(json.dumps({"policy": {"rules": rules}}))
     _, stopped = _report(data_dir, **ha_env)
@@ -262,6 +263,7 @@ def test_doctor_lists_the_guarded_entities_and_whether_the_daemon_follows_home_a
     guarded = stopped["guarded"]
     assert guarded["state"] == "warn" and "nothing matches switch.no_such_pump" in guarded["detail"], guarded
     assert "switch.irrigation_pump (off, safe off)" in guarded["detail"]
+    assert "light.barn_light (off, safe off)" in guarded["detail"]
     assert "number.irrigation_duration (" in guarded["detail"] and "safe 5)" in guarded["detail"]
     assert stopped["live view"]["state"] == "off" and "not running" in stopped["live view"]["detail"]
     assert running["live view"]["state"] == "ok", running["live view"]

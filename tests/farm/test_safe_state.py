@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
+from farmhost.farm.control.effects import guarded
 from farmhost.farm.control.policy import ProfileInvalid, parse_profile
 from farmhost.farm.control.rules import ActuatorRule
-from farmhost.farm.control.safe_state import guarded, is_on, is_safe_state, safe_target
+from farmhost.farm.control.safe_state import is_on, is_safe_state, safe_target
 
 
 def parsed(*entries: dict[str, Any]) -> tuple[ActuatorRule, ...]:
@@ -64,6 +65,8 @@ def test_a_rule_names_another_safe_state_and_selects_have_none_without_it() -> N
         "select.mode",
         "switch.frost_heater",
     ]
+    by_service = parsed({"services": ["light.turn_on"], "requireApproval": True})
+    assert guarded(by_service, ["light.barn", "switch.other", "input_boolean.barn_relay"]) == ["light.barn"]
 
 
 def test_safe_state_needs_entities() -> None:

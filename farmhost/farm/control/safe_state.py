@@ -76,12 +76,6 @@ def rules_of(rules: Iterable[ActuatorRule], entity_id: str) -> list[ActuatorRule
     return [rule for rule in rules if covers_entity(rule, entity_id)]
 
 
-def guarded(rules: Iterable[ActuatorRule], entity_ids: Iterable[str]) -> list[str]:
-    """The entities among `entity_ids` that some rule names, sorted."""
-    kept = list(rules)
-    return sorted({e for e in entity_ids if any(covers_entity(rule, e) for rule in kept)})
-
-
 def guarded_patterns(rules: Iterable[ActuatorRule]) -> list[str]:
     """Every entity glob of the rules (for matching entities HA does not list yet)."""
     return sorted({glob for rule in rules for glob in rule.entities or ()})
