@@ -43,7 +43,8 @@ from farmhost.config import Settings, build_config
 from farmhost.emergency_stop import EmergencyStop
 from farmhost.farm.audit import AuditLog
 from farmhost.farm.control import policy
-from farmhost.farm.control.safe_state import guarded, is_safe_state
+from farmhost.farm.control.effects import guarded
+from farmhost.farm.control.safe_state import is_safe_state
 from farmhost.farm.homeassistant.client import HAClient
 from farmhost.layout import DataLayout
 from farmhost.localha.client import WsSession
