@@ -51,6 +51,9 @@ Methods (real response shapes: User, Update, Message, CallbackQuery, File, Chat)
     getFile                  -> File (file_id, file_unique_id, file_size, file_path); "invalid file_id";
                              "file is too big" over 20 MB (the declared size counts)
     getChat                  -> the Chat
+    getChatMember            -> the ChatMember of `user_id` in `chat_id`, as set by set_member(); in a private chat
+                             its own user is a "member", and the bot is an "administrator" everywhere; anyone else
+                             answers 400 "Bad Request: user not found", as Telegram does for a user not in the chat
 Every send validates `chat_id` ("chat_id is empty"; "chat not found" for a non-numeric id or one in
 `fake.unknown_chats`); a chat never seen is otherwise accepted (a group for negative ids, a private chat for
 positive ones). `reply_markup` with `inline_keyboard` is validated (callback_data 1..64 bytes, else
@@ -81,6 +84,9 @@ Inbound (each returns the Update dict that getUpdates will deliver; update_id in
         bytes) and the full `content` (photo[-1]).
     callback_query(chat_id, message_id, data, *, user_id=42, ...)   a button press on a stored message
     redeliver(update_id)     deliver an already delivered (even confirmed) update once more, whatever the offset
+Members (what getChatMember answers):
+    set_member(chat_id, user_id, status="member", *, is_member=True, first_name="Member", username=None)
+        status creator|administrator|member|restricted|left|kicked; `is_member` only for restricted
     pending_updates()        queued updates not yet confirmed by an offset
 
 Records (thread-safe; read them as lists, they are copied):
@@ -352,6 +358,7 @@ class FakeTelegram:
         self._files: dict[str, _StoredFile] = {}
         self._file_ids = itertools.count(1)
         self._callbacks: dict[str, bool] = {}  # query id -> answered
+        self._members: dict[int, dict[int, dict[str, Any]]] = {}  # chat id -> user id -> ChatMember
         self._callback_ids = itertools.count(7000000000000000001)
         self._failures: list[_Failure] = []
         self._server: ThreadingHTTPServer | None = None
@@ -375,6 +382,7 @@ class FakeTelegram:
                 "getWebhookInfo": self._get_webhook_info,
                 "getFile": self._get_file,
                 "getChat": self._get_chat,
+                "getChatMember": self._get_chat_member,
             }.items()
         }
 
@@ -541,6 +549,22 @@ class FakeTelegram:
                 "data": data,
             }
             return self._queue_update("callback_query", query)
+
+    def set_member(
+        self,
+        chat_id: int,
+        user_id: int,
+        status: Literal["creator", "administrator", "member", "restricted", "left", "kicked"] = "member",
+        *,
+        is_member: bool = True,
+        first_name: str = "Member",
+        username: str | None = None,
+    ) -> None:
+        """Make getChatMember answer `status` for this user in this chat (`is_member`: for restricted only)."""
+        with self._cond:
+            self._members.setdefault(chat_id, {})[user_id] = _chat_member(
+                _user(user_id, first_name, username), status, is_member=is_member
+            )
 
     def redeliver(self, update_id: int) -> None:
         """Deliver an already delivered update once more (the client sees a duplicate), whatever its offset."""
@@ -897,6 +921,20 @@ class FakeTelegram:
     def _get_chat(self, request: _Request) -> dict[str, Any]:
         return {**self._target_chat(request.params), "accent_color_id": 0, "max_reaction_count": 11}
 
+    def _get_chat_member(self, request: _Request) -> dict[str, Any]:
+        chat = self._target_chat(request.params)
+        user_id = request.params.get("user_id")
+        if not isinstance(user_id, int):
+            raise _bad("invalid user_id specified")
+        member = self._members.get(chat["id"], {}).get(user_id)
+        if member is not None:
+            return member
+        if user_id == self.bot_id:
+            return _chat_member(self._bot_user(), "administrator")
+        if chat["type"] == "private" and user_id == chat["id"]:
+            return _chat_member(_user(user_id, chat.get("first_name", "User"), chat.get("username")), "member")
+        raise _bad("user not found")
+
     # helpers (lock held) ---------------------------------------------------------------------------
 
     def _bot_user(self) -> dict[str, Any]:
@@ -1077,6 +1115,29 @@ def _user(user_id: int, first_name: str, username: str | None) -> dict[str, Any]
         user["username"] = username
     user["language_code"] = "en"
     return user
+
+
+def _chat_member(user: dict[str, Any], status: str, *, is_member: bool = True) -> dict[str, Any]:
+    """A ChatMember of the Bot API (every field the status's type has)."""
+    member: dict[str, Any] = {"status": status, "user": user}
+    if status == "creator":
+        member["is_anonymous"] = False
+    elif status == "administrator":
+        rights = ("can_manage_chat", "can_delete_messages", "can_manage_video_chats", "can_restrict_members",
+                  "can_promote_members", "can_change_info", "can_invite_users", "can_post_stories",
+                  "can_edit_stories", "can_delete_stories")  # fmt: skip
+        member.update({"can_be_edited": False, "is_anonymous": False, **dict.fromkeys(rights, True)})
+    elif status == "restricted":
+        rights = ("can_send_messages", "can_send_audios", "can_send_documents", "can_send_photos",
+                  "can_send_videos", "can_send_video_notes", "can_send_voice_notes", "can_send_polls",
+                  "can_send_other_messages", "can_add_web_page_previews", "can_change_info", "can_invite_users",
+                  "can_pin_messages", "can_manage_topics", "can_edit_tag", "can_react_to_messages")  # fmt: skip
+        member.update({"is_member": is_member, "until_date": 0, **dict.fromkeys(rights, False)})
+    elif status == "kicked":
+        member["until_date"] = 0
+    elif status not in ("member", "left"):
+        raise ValueError(f"unknown chat member status {status!r}")
+    return member
 
 
 def _file_ref(stored: _StoredFile) -> dict[str, Any]:

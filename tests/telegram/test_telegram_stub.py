@@ -345,6 +345,30 @@ async def test_callback_query_and_answer(fake_telegram: FakeTelegram, bot: teleg
     assert fake_telegram.wait_calls("answerCallbackQuery", 2)[0].params["text"] == "Approved"
 
 
+async def test_get_chat_member_answers_the_members_set_and_user_not_found_for_anyone_else(
+    fake_telegram: FakeTelegram, bot: telegram.Bot
+) -> None:
+    statuses = ("creator", "administrator", "member", "restricted", "left", "kicked")
+    for user_id, status in enumerate(statuses, start=1):
+        fake_telegram.set_member(GROUP, user_id, status, is_member=False, first_name=f"U{user_id}")
+    found = [await bot.get_chat_member(GROUP, user_id) for user_id in range(1, len(statuses) + 1)]
+    assert [type(m).__name__ for m in found] == [
+        "ChatMemberOwner", "ChatMemberAdministrator", "ChatMemberMember", "ChatMemberRestricted", "ChatMemberLeft",
+        "ChatMemberBanned",
+    ]  # fmt: skip
+    assert [m.user.id for m in found] == [1, 2, 3, 4, 5, 6] and found[0].user.first_name == "U1"
+    assert isinstance(found[3], telegram.ChatMemberRestricted) and found[3].is_member is False
+    assert (await bot.get_chat_member(GROUP, fake_telegram.bot_id)).status == "administrator"
+    assert (await bot.get_chat_member(777, 777)).status == "member"  # a private chat: the user it is with
+    for chat_id, user_id in ((GROUP, 99), (777, 42)):
+        with pytest.raises(BadRequest, match="User not found"):
+            await bot.get_chat_member(chat_id, user_id)
+    fake_telegram.unknown_chats.add(-5)
+    with pytest.raises(BadRequest, match="Chat not found"):
+        await bot.get_chat_member(-5, 1)
+    assert [c.status for c in fake_telegram.calls if c.method == "getChatMember"][-3:] == [400, 400, 400]
+
+
 # failures -------------------------------------------------------------------------------------------------
 
 
