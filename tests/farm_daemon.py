@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from farmhost_testing import MAIN_JID, Daemon, clean_env, wait_for
+from farmhost_testing import MAIN_JID, Daemon, clean_env, drop, refused, scaled, wait_for, wait_result
 from ha_fixture import HaInstance
 from telegram_stub import Call, FakeTelegram
 
 MAIN_CHAT = int(MAIN_JID.removeprefix("telegram:"))  # where approvals are asked
-PRESSER = 42  # the fake's default presser (@ana)
+# The main chat (telegram:100) is a private chat with the bot: its one member, Ana (user 100), decides there.
+PRESSER = MAIN_CHAT
 
 
 @contextmanager
@@ -121,6 +122,30 @@ def assert_off_in_time(ha: HaInstance, data_dir: Path, entity_id: str, since: da
 def sent_with(tg: FakeTelegram, chat_id: int, needle: str) -> list[str]:
     """The texts sent to `chat_id` that contain `needle`."""
     return [text for text in tg.sent_texts(chat_id) if needle in text]
+
+
+def wait_told(tg: FakeTelegram, chat_id: int, needle: str, *, count: int = 1) -> list[Call]:
+    """The messages sent to `chat_id` that contain `needle`, once there are at least `count` of them."""
+    found: list[Call] = wait_for(
+        lambda: m if len(m := [c for c in tg.sent(chat_id) if needle in (c.text or "")]) >= count else None,
+        timeout=scaled(20),
+        what=f"{count} message(s) with {needle!r} in chat {chat_id}",
+        seen=lambda: tg.sent_texts(chat_id),
+    )
+    return found
+
+
+def ask_approval(
+    tg: FakeTelegram, data_dir: Path, main_chat: int, request_id: str, params: dict[str, Any], folder: str = "field"
+) -> tuple[str, Call]:
+    """Drop an `ha_set_entity` under approval as `folder`'s agent does; its approval id and the main chat's message."""
+    action = {"type": "farm_action", "action": "ha_set_entity", "requestId": request_id, "params": params}
+    drop(data_dir, folder, "actions", action)
+    asking = wait_result(data_dir, folder, request_id, timeout=20)
+    refused(asking, "pending_approval", "needs an approval")
+    approval_id: str = asking["result"]["approvalId"]
+    [asked] = wait_told(tg, main_chat, approval_id)
+    return approval_id, asked
 
 
 def wait_counted(data_dir: Path, entity_id: str, count: int) -> None:

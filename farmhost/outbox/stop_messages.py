@@ -1,8 +1,8 @@
 """The emergency stop in the chat: the Stop everything button, its callback data, and the answers to /stop, /resume.
 
 The button carries `stop:all` and nothing else: any other data under the `stop` prefix is not this button. Who may
-press it is checked where it is handled (callbacks.py: the main chat, within FARMHOST_TELEGRAM_MAIN_SENDERS when
-set), exactly as for /stop. Pure: no Bot API here, so any module that posts a safety message can attach
+press it is checked where it is handled (telegram/inbound/buttons.py: in the main chat, by its members as
+main_members.py tells them), exactly as for /stop. Pure: no Bot API here, so any module that posts a safety message can attach
 `stop_keyboard()` to it (it is a plain `reply_markup` for `enqueue_notice`).
 """
 

@@ -30,7 +30,7 @@ from farmhost.store import outbox
 from farmhost.store.approvals import ApprovalRow
 from farmhost.store.db import Database, now_utc
 
-ANA = Presser(user_id=42, who="@ana", in_main_chat=True, main_senders=frozenset())
+ANA = Presser(user_id=42, who="@ana", in_main_chat=True, not_member=None)
 PARAMS = {"entityId": "switch.irrigation_pump", "value": "on"}
 
 

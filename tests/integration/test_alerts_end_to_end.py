@@ -107,7 +107,7 @@ def test_frost_is_told_once_repeated_until_acknowledged_and_resolved_with_one_re
         assert (reminder.text or "").startswith("Reminder (1 of 3), CRITICAL: Frost risk"), reminder.text
         assert reminder.params["reply_parameters"]["message_id"] == first.result["message_id"]
 
-        fake_telegram.callback_query(MAIN_CHAT, first.result["message_id"], data[0])
+        fake_telegram.callback_query(MAIN_CHAT, first.result["message_id"], data[0], user_id=MAIN_CHAT)  # its member
         acked = _wait_notice(data_dir, AIR, "acknowledged", lambda row: row["acked_by"] is not None)
         assert acked["acked_by"] == "@ana"
 
@@ -222,7 +222,7 @@ def test_an_alert_raised_while_telegram_is_unreachable_arrives_when_it_is_back_a
         snooze = _buttons(told)[1]
         fake_telegram.callback_query(MAIN_CHAT, told.result["message_id"], snooze, user_id=43, username="eve")
         (refused,) = fake_telegram.wait_calls("answerCallbackQuery", 1)
-        assert refused.params["text"] == "You are not allowed to answer alerts in this chat."
+        assert refused.params["text"] == "Only members of the farm's main chat can decide this."
         assert _notice(data_dir, AIR)["due_at"] is None
         pressed = datetime.now(UTC)
         fake_telegram.callback_query(MAIN_CHAT, told.result["message_id"], snooze)

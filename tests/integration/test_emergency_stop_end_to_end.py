@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from farm_daemon import audit, db_rows, farm_daemon, press_answer, sent_with, wait_state
+from farm_daemon import ask_approval, audit, db_rows, farm_daemon, press_answer, sent_with, wait_state, wait_told
 from farmhost_testing import FIELD_JID, MAIN_JID, drop, farmhost, once_time, refused, scaled, wait_for, wait_result
 from ha_fixture import HaInstance
-from telegram_stub import Call, FakeTelegram
+from telegram_stub import FakeTelegram
 
 pytestmark = pytest.mark.slow  # end to end, seconds each
 
@@ -32,7 +32,7 @@ DURATION = "number.irrigation_duration"
 PROGRAM = "select.fertigation_program"
 BARN_LIGHT = "light.barn_light"
 FAN = "fan.greenhouse_fan"
-ANA = 42  # the fake's default sender and presser (@ana)
+ANA = MAIN_CHAT  # the main chat is Ana's private chat with the bot (@ana)
 BEA = 4242
 STOP_BUTTON = {"inline_keyboard": [[{"text": "Stop everything", "callback_data": "stop:all"}]]}
 RULES: list[dict[str, Any]] = [
@@ -46,16 +46,6 @@ RULES: list[dict[str, Any]] = [
 def _profile(data_dir: Path) -> None:
     policy = {"actionGroups": {"ha_set_entity": ["main", "field"]}, "rules": RULES}
     (data_dir / "farm-profile.json").write_text(json.dumps({"policy": policy}))
-
-
-def _wait_told(tg: FakeTelegram, chat_id: int, needle: str, *, count: int = 1) -> list[Call]:
-    found: list[Call] = wait_for(
-        lambda: m if len(m := [c for c in tg.sent(chat_id) if needle in (c.text or "")]) >= count else None,
-        timeout=scaled(20),
-        what=f"{count} message(s) with {needle!r} in chat {chat_id}",
-        seen=lambda: tg.sent_texts(chat_id),
-    )
-    return found
 
 
 def _update_row(data_dir: Path, update: dict[str, Any]) -> dict[str, Any]:
@@ -118,24 +108,21 @@ def test_stop_puts_every_guarded_entity_safe_pauses_agents_denies_approvals_and_
     _profile(data_dir)
     _all_on(ha_reset)
     with farm_daemon(data_dir, ha_env, fake_telegram):
-        drop(data_dir, "field", "actions", {"type": "farm_action", "action": "ha_set_entity", "requestId": "r-pump",
-                                           "params": {"entityId": PUMP, "value": "on"}})  # fmt: skip
-        asking = wait_result(data_dir, "field", "r-pump", timeout=20)
-        refused(asking, "pending_approval", "needs an approval")
-        approval_id = asking["result"]["approvalId"]
-        [asked] = _wait_told(fake_telegram, MAIN_CHAT, approval_id)
+        approval_id, asked = ask_approval(
+            fake_telegram, data_dir, MAIN_CHAT, "r-pump", {"entityId": PUMP, "value": "on"}
+        )
 
-        fake_telegram.user_message(MAIN_CHAT, "/stop")
-        [reply] = _wait_told(fake_telegram, MAIN_CHAT, "EMERGENCY STOP")
+        fake_telegram.user_message(MAIN_CHAT, "/stop", user_id=ANA)
+        [reply] = wait_told(fake_telegram, MAIN_CHAT, "EMERGENCY STOP")
         states = {e: _state(ha_reset, e) for e in (PUMP, VALVE_1, VALVE_2, DURATION)}
         paused = _paused(data_dir)
-        [denied_told] = _wait_told(fake_telegram, FIELD_CHAT, f"Approval {approval_id}")
+        [denied_told] = wait_told(fake_telegram, FIELD_CHAT, f"Approval {approval_id}")
         (approval,) = db_rows(data_dir, "SELECT * FROM approvals WHERE id = ?", approval_id)
 
         fake_telegram.user_message(MAIN_CHAT, "/status")
-        [status] = _wait_told(fake_telegram, MAIN_CHAT, "Farm status")
+        [status] = wait_told(fake_telegram, MAIN_CHAT, "Farm status")
         run = _schedule_now(data_dir, "t-after-stop")
-        press = fake_telegram.callback_query(MAIN_CHAT, asked.result["message_id"], f"fa:{approval_id}:y")
+        press = fake_telegram.callback_query(MAIN_CHAT, asked.result["message_id"], f"fa:{approval_id}:y", user_id=ANA)
         pressed = press_answer(fake_telegram, press)
 
     assert states == {PUMP: "off", VALVE_1: "off", VALVE_2: "off", DURATION: "0.0"}
@@ -195,9 +182,9 @@ def test_stop_from_another_chat_or_from_outside_the_main_senders_does_nothing(
     _all_on(ha_reset)
     with farm_daemon(data_dir, ha_env, fake_telegram, FARMHOST_TELEGRAM_MAIN_SENDERS=str(ANA)):
         fake_telegram.user_message(FIELD_CHAT, "/stop")
-        [refusal] = _wait_told(fake_telegram, FIELD_CHAT, "/stop")
+        [refusal] = wait_told(fake_telegram, FIELD_CHAT, "/stop")
         fake_telegram.user_message(FIELD_CHAT, "/resume")
-        [refused_resume] = _wait_told(fake_telegram, FIELD_CHAT, "/resume")
+        [refused_resume] = wait_told(fake_telegram, FIELD_CHAT, "/resume")
         by_bea = fake_telegram.user_message(MAIN_CHAT, "/stop", user_id=BEA, username="bea")
         bea_row = _update_row(data_dir, by_bea)
         in_field = press_answer(fake_telegram, fake_telegram.callback_query(FIELD_CHAT, 1, "stop:all"))
@@ -211,7 +198,7 @@ def test_stop_from_another_chat_or_from_outside_the_main_senders_does_nothing(
     assert refused_resume.text == "/resume works only in the farm's main chat."
     assert bea_row["status"] == "ignored" and "FARMHOST_TELEGRAM_MAIN_SENDERS" in bea_row["detail"]
     assert in_field == "Only the farm's main chat can stop everything."
-    assert pressed_by_bea == "You are not allowed to stop everything."
+    assert pressed_by_bea == "Only members of the farm's main chat can decide this."
     assert states == {PUMP: "on", VALVE_1: "on", DURATION: "90.0"}
     assert paused is None and not _stops(data_dir)
     assert not sent_with(fake_telegram, MAIN_CHAT, "EMERGENCY STOP")
@@ -223,11 +210,11 @@ def test_the_stop_everything_button_stops_and_a_forged_or_replayed_press_does_no
     _profile(data_dir)
     _all_on(ha_reset)
     with farm_daemon(data_dir, ha_env, fake_telegram):
-        fake_telegram.user_message(MAIN_CHAT, "/resume")  # not paused: it says so, and carries the button
-        [resumed] = _wait_told(fake_telegram, MAIN_CHAT, "Agents were not paused")
-        press = fake_telegram.callback_query(MAIN_CHAT, resumed.result["message_id"], "stop:all")
+        fake_telegram.user_message(MAIN_CHAT, "/resume", user_id=ANA)  # not paused: it says so, and carries the button
+        [resumed] = wait_told(fake_telegram, MAIN_CHAT, "Agents were not paused")
+        press = fake_telegram.callback_query(MAIN_CHAT, resumed.result["message_id"], "stop:all", user_id=ANA)
         toast = press_answer(fake_telegram, press)
-        [report] = _wait_told(fake_telegram, MAIN_CHAT, "EMERGENCY STOP by @ana")
+        [report] = wait_told(fake_telegram, MAIN_CHAT, "EMERGENCY STOP by @ana")
         wait_state(ha_reset, PUMP, "off")
         states = {e: _state(ha_reset, e) for e in (PUMP, VALVE_1, DURATION)}
 
@@ -235,7 +222,10 @@ def test_the_stop_everything_button_stops_and_a_forged_or_replayed_press_does_no
         wait_state(ha_reset, PUMP, "on")
         fake_telegram.redeliver(press["update_id"])
         forged = [
-            press_answer(fake_telegram, fake_telegram.callback_query(MAIN_CHAT, resumed.result["message_id"], data))
+            press_answer(
+                fake_telegram,
+                fake_telegram.callback_query(MAIN_CHAT, resumed.result["message_id"], data, user_id=ANA),
+            )
             for data in ("stop:ALL", "stop:all:1", "stop", "stop:", " stop:all", "stop:all ")
         ]  # answered after the redelivered update: it was processed (dropped) by then
         pump_after = _state(ha_reset, PUMP)
@@ -256,8 +246,8 @@ def test_the_stop_survives_a_restart_and_resume_lifts_only_the_pause(
     _profile(data_dir)
     _all_on(ha_reset)
     with farm_daemon(data_dir, ha_env, fake_telegram):
-        fake_telegram.user_message(MAIN_CHAT, "/stop")
-        _wait_told(fake_telegram, MAIN_CHAT, "EMERGENCY STOP")
+        fake_telegram.user_message(MAIN_CHAT, "/stop", user_id=ANA)
+        wait_told(fake_telegram, MAIN_CHAT, "EMERGENCY STOP")
     paused = _paused(data_dir)
     assert paused is not None and paused.startswith("stopped by /stop (@ana, ")
     doctor = farmhost("doctor", "--json", data_dir=data_dir)
@@ -268,12 +258,12 @@ def test_the_stop_survives_a_restart_and_resume_lifts_only_the_pause(
     with farm_daemon(data_dir, ha_env, fake_telegram):
         run = _schedule_now(data_dir, "t-after-restart")
         asked = fake_telegram.user_message(MAIN_CHAT, "turn the irrigation pump on for an hour")
-        [told_paused] = _wait_told(fake_telegram, MAIN_CHAT, "Agents are paused")
+        [told_paused] = wait_told(fake_telegram, MAIN_CHAT, "Agents are paused")
         asked_row = _update_row(data_dir, asked)
         fake_telegram.user_message(MAIN_CHAT, "/status")
-        [status] = _wait_told(fake_telegram, MAIN_CHAT, "Farm status")
-        fake_telegram.user_message(MAIN_CHAT, "/resume")
-        [resumed] = _wait_told(fake_telegram, MAIN_CHAT, "Agents resumed")
+        [status] = wait_told(fake_telegram, MAIN_CHAT, "Farm status")
+        fake_telegram.user_message(MAIN_CHAT, "/resume", user_id=ANA)
+        [resumed] = wait_told(fake_telegram, MAIN_CHAT, "Agents resumed")
         after_resume = _paused(data_dir)
         states = {e: _state(ha_reset, e) for e in (PUMP, VALVE_1, DURATION)}
 
@@ -307,8 +297,8 @@ def test_a_safe_call_home_assistant_refuses_is_reported_by_name_and_the_others_a
     ha_reset.set_state(PROGRAM, "bloom")
     wait_state(ha_reset, PROGRAM, "bloom")
     with farm_daemon(data_dir, ha_env, fake_telegram):
-        fake_telegram.user_message(MAIN_CHAT, "/stop")
-        [reply] = _wait_told(fake_telegram, MAIN_CHAT, "EMERGENCY STOP")
+        fake_telegram.user_message(MAIN_CHAT, "/stop", user_id=ANA)
+        [reply] = wait_told(fake_telegram, MAIN_CHAT, "EMERGENCY STOP")
         states = {e: _state(ha_reset, e) for e in (PUMP, DURATION, PROGRAM)}
         paused = _paused(data_dir)
 
@@ -333,8 +323,8 @@ def test_stop_without_home_assistant_still_pauses_agents_and_says_nothing_was_sw
 ) -> None:
     _profile(data_dir)
     with farm_daemon(data_dir, {}, fake_telegram):
-        fake_telegram.user_message(MAIN_CHAT, "/stop")
-        [reply] = _wait_told(fake_telegram, MAIN_CHAT, "EMERGENCY STOP")
+        fake_telegram.user_message(MAIN_CHAT, "/stop", user_id=ANA)
+        [reply] = wait_told(fake_telegram, MAIN_CHAT, "EMERGENCY STOP")
         paused = _paused(data_dir)
 
     assert "Nothing was switched: Home Assistant is not configured (HA_URL / HA_TOKEN)." in (reply.text or "")
@@ -352,8 +342,8 @@ def test_while_stopped_a_control_request_is_refused_and_only_the_safe_direction_
     # host itself refuses what would switch a device on, and every group may still turn things to their safe state.
     _profile(data_dir)
     with farm_daemon(data_dir, ha_env, fake_telegram):
-        fake_telegram.user_message(MAIN_CHAT, "/stop")
-        _wait_told(fake_telegram, MAIN_CHAT, "EMERGENCY STOP")
+        fake_telegram.user_message(MAIN_CHAT, "/stop", user_id=ANA)
+        wait_told(fake_telegram, MAIN_CHAT, "EMERGENCY STOP")
         paused = _paused(data_dir)
 
         def act(rid: str, params: dict[str, Any], folder: str = "main") -> dict[str, Any]:

@@ -346,7 +346,7 @@ def test_a_second_press_or_a_replayed_button_after_approval_runs_nothing_again(
         approval_id = _pending(_act(data_dir, "r-toggle", params, action="ha_call_service"))
         asked = approval_asked(fake_telegram, approval_id)
         data = f"fa:{approval_id}:y"
-        first = fake_telegram.callback_query(MAIN_CHAT, asked.result["message_id"], data)
+        first = fake_telegram.callback_query(MAIN_CHAT, asked.result["message_id"], data, user_id=ANA)
         assert press_answer(fake_telegram, first) == "Approved: running it now."
         _wait_status(data_dir, approval_id, "done")
         wait_state(ha_reset, PUMP, "on")
@@ -355,7 +355,7 @@ def test_a_second_press_or_a_replayed_button_after_approval_runs_nothing_again(
         deny_after = press_approval(fake_telegram, asked, "n")
         fake_telegram.redeliver(first["update_id"])  # Telegram delivering the same press again
         fake_telegram.wait_confirmed(first["update_id"])
-        later = fake_telegram.callback_query(MAIN_CHAT, asked.result["message_id"], data)
+        later = fake_telegram.callback_query(MAIN_CHAT, asked.result["message_id"], data, user_id=ANA)
         third = press_answer(fake_telegram, later)  # answered after the replay was handled (updates are in order)
 
     assert second == third == "This approval was already approved by @ana; nothing more is done."

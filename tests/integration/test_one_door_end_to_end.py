@@ -51,7 +51,7 @@ def _asked(tg: FakeTelegram, approval_id: str) -> Call:
 
 
 def _approve(tg: FakeTelegram, asked: Call, approval_id: str) -> None:
-    tg.callback_query(MAIN_CHAT, asked.result["message_id"], f"fa:{approval_id}:y")
+    tg.callback_query(MAIN_CHAT, asked.result["message_id"], f"fa:{approval_id}:y", user_id=MAIN_CHAT)  # its member
 
 
 def _status(data_dir: Path, approval_id: str, status: str) -> dict[str, Any]:

@@ -291,7 +291,7 @@ def test_the_bound_is_a_setting_and_a_decided_approval_frees_its_place(
         )
         row, _stop = asked.params["reply_markup"]["inline_keyboard"]
         deny = next(b for b in row if b["callback_data"].endswith(":n"))
-        fake_telegram.callback_query(MAIN_CHAT, asked.result["message_id"], deny["callback_data"], user_id=42)
+        fake_telegram.callback_query(MAIN_CHAT, asked.result["message_id"], deny["callback_data"], user_id=MAIN_CHAT)
         wait_for(
             lambda: (
                 db_rows(data_dir, "SELECT status FROM approvals WHERE id = ?", first["result"]["approvalId"])[0][

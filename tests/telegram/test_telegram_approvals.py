@@ -78,7 +78,7 @@ async def test_approval_end_to_end(root: Path, fake_telegram: FakeTelegram) -> N
         assert group_row(host, "telegram:-500") is None and pending(host, "telegram:-500")["status"] == "pending"
 
         message_id = approval.result["message_id"]
-        tg.callback_query(MAIN_CHAT, message_id, "approve:telegram:-500", user_id=42, username="ana")
+        tg.callback_query(MAIN_CHAT, message_id, "approve:telegram:-500", user_id=MAIN_CHAT, username="ana")
         [answer] = await wait_calls(tg, "answerCallbackQuery")
         [edit] = await wait_calls(tg, "editMessageText")
         connected = (await wait_sent(tg, 2, -500))[-1]
@@ -112,7 +112,7 @@ async def test_reject_registers_nothing_and_a_rejected_chat_is_not_offered_again
     tg = fake_telegram
     async with running(settings_for(root, tg), deliver=True) as host:
         approval = await ask(tg, host, -600, "@farm_test_bot let me in", title="Neighbours")
-        tg.callback_query(MAIN_CHAT, approval.result["message_id"], "reject:telegram:-600")
+        tg.callback_query(MAIN_CHAT, approval.result["message_id"], "reject:telegram:-600", user_id=MAIN_CHAT)
         [answer] = await wait_calls(tg, "answerCallbackQuery")
         [edit] = await wait_calls(tg, "editMessageText")
         again = tg.user_message(-600, "@farm_test_bot please?", title="Neighbours")
@@ -140,12 +140,30 @@ async def test_only_the_main_chat_and_its_allowed_senders_can_decide(root: Path,
         assert group_row(host, "telegram:-700") is None and pending(host, "telegram:-700")["status"] == "pending"
     assert [a.params["text"] for a in answers] == [
         "Only the farm's main chat can approve chats.",
-        "You are not allowed to approve chats.",
+        "Only members of the farm's main chat can decide this.",
         "There is no request from telegram:-999999 (any more).",
         "This button is not used any more.",
     ]
     assert statuses == ["offered", "refused", "refused", "callback", "ignored"]
     assert calls(tg, "editMessageText") == []
+
+
+async def test_without_a_sender_list_only_the_private_main_chats_own_user_decides(
+    root: Path, fake_telegram: FakeTelegram
+) -> None:
+    tg = fake_telegram  # the main chat (100) is a private chat: its one member is user 100, nobody else
+    async with running(settings_for(root, tg), deliver=True) as host:
+        approval = await ask(tg, host, -710, "hi @farm_test_bot", title="Shed")
+        tg.callback_query(MAIN_CHAT, approval.result["message_id"], "approve:telegram:-710", user_id=42)
+        [refused] = await wait_calls(tg, "answerCallbackQuery")
+        unregistered = group_row(host, "telegram:-710") is None and pending(host, "telegram:-710")["status"]
+        tg.callback_query(MAIN_CHAT, approval.result["message_id"], "approve:telegram:-710", user_id=MAIN_CHAT)
+        answered = (await wait_calls(tg, "answerCallbackQuery", 2))[1]
+        connected = group_row(host, "telegram:-710")
+    assert refused.params["text"] == "Only members of the farm's main chat can decide this."
+    assert unregistered == "pending"
+    assert answered.params["text"] == 'Connected "Shed" as folder shed.' and connected is not None
+    assert calls(tg, "getChatMember") == []  # a private chat's member is known without asking
 
 
 async def test_folders_are_unique_and_private_chats_need_no_trigger(root: Path, fake_telegram: FakeTelegram) -> None:
@@ -156,7 +174,7 @@ async def test_folders_are_unique_and_private_chats_need_no_trigger(root: Path, 
         second = await ask(tg, host, -802, "@farm_test_bot", title="GLOBAL")
         third = await ask(tg, host, 77, "hello", chat_type="private", first_name="Ana", username=None)
         for approval, data in ((first, -801), (second, -802), (third, 77)):
-            tg.callback_query(MAIN_CHAT, approval.result["message_id"], f"approve:telegram:{data}")
+            tg.callback_query(MAIN_CHAT, approval.result["message_id"], f"approve:telegram:{data}", user_id=MAIN_CHAT)
         await wait_calls(tg, "answerCallbackQuery", 3)
         rows = [group_row(host, f"telegram:{chat}") for chat in (-801, -802, 77)]
         private = tg.user_message(77, "is it going to rain?", chat_type="private", first_name="Ana", username=None)

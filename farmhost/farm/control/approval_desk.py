@@ -1,8 +1,8 @@
 """The approval desk: Approve / Deny presses, expiry on time, the restart check, and what each one tells.
 
 A press is checked against the approval (it must be pending and not past its time), the chat (the main chat
-only) and the presser (the rule's approvers, else the main chat's members, within
-FARMHOST_TELEGRAM_MAIN_SENDERS when it is set). Approve runs the exact stored call once, as the asking group,
+only) and the presser (the rule's approvers, else the main chat's members: the chat side finds out who they are
+and hands over its refusal, `Presser.not_member`). Approve runs the exact stored call once, as the asking group,
 through the router's door like any request (the ledger under `approval:<id>`, one request log line, the farm
 action's own checks), with the approver in its audit line; Deny, expiry and a refused press
 run nothing and are audited. Every outcome is posted to the asking group's chat and kept for its agent's next
@@ -66,7 +66,7 @@ class Presser:
     user_id: int
     who: str  # @username or full name, as transcripts name them
     in_main_chat: bool
-    main_senders: frozenset[int]  # FARMHOST_TELEGRAM_MAIN_SENDERS; empty: any member of the main chat
+    not_member: str | None  # why the presser is not taken for a member of the main chat (None: a member)
 
 
 class ApprovalDesk:
@@ -261,8 +261,8 @@ def _refusal(row: ApprovalRow, presser: Presser) -> str | None:
     if row.approvers is not None:
         if presser.user_id not in row.approvers:
             return "You are not one of this approval's approvers."
-    elif presser.main_senders and presser.user_id not in presser.main_senders:
-        return "You are not allowed to decide approvals in this chat."
+    elif presser.not_member is not None:
+        return presser.not_member
     return None
 
 

@@ -5,7 +5,8 @@ farm-action approvals (`fa:<approval id>:y|n`, farm/control/approval_desk.py), t
 the farm alerts' Acknowledge / Snooze 1 h (`al:<notice id>:ack|snooze`, farm/state/alert_notifier.py).
 Another kind is one more entry in HANDLERS: a prefix and an async function taking (ports, update_id, query) that
 records the update (InboundPorts.finish or its own transaction with the offset) and answers the press. Data no
-handler knows is recorded as ignored and answered "This button is not used any more."
+handler knows is recorded as ignored and answered "This button is not used any more." In the main chat only its
+members decide (main_members.py); anyone else's press is refused, changes nothing and is told why.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ async def unknown_button(ports: InboundPorts, update_id: int, query: CallbackQue
 
 
 async def on_chat_connection(ports: InboundPorts, update_id: int, query: CallbackQuery) -> None:
-    """Approve / Reject of a chat asking to be connected: only in the main chat, by its allowed senders."""
+    """Approve / Reject of a chat asking to be connected: only in the main chat, by its members."""
     parsed = approvals.parse_callback(query.data)
     if parsed is None:
         await unknown_button(ports, update_id, query)
@@ -65,9 +66,9 @@ async def on_chat_connection(ports: InboundPorts, update_id: int, query: Callbac
         ports.finish(update_id, chat_jid, "refused", f"{choice} {jid} pressed outside the main chat by {who}")
         await ports.answer(query, "Only the farm's main chat can approve chats.")
         return
-    if ports.main_senders and query.from_user.id not in ports.main_senders:
-        ports.finish(update_id, chat_jid, "refused", f"{choice} {jid} by {who}: not in the main senders")
-        await ports.answer(query, "You are not allowed to approve chats.")
+    if (refusal := await _not_member(ports, query)) is not None:
+        ports.finish(update_id, chat_jid, "refused", f"{choice} {jid} by {who}: {refusal}")
+        await ports.answer(query, refusal)
         return
     try:
         with ports.db.tx() as conn:
@@ -116,11 +117,12 @@ async def on_farm_action(ports: InboundPorts, update_id: int, query: CallbackQue
     approval_id, choice = parsed
     chat_jid = _chat_jid(query)
     main = groups.main_group(ports.db.conn)
+    in_main_chat = main is not None and chat_jid == main.jid
     presser = Presser(
         user_id=query.from_user.id,
         who=user_name(query.from_user),
-        in_main_chat=main is not None and chat_jid == main.jid,
-        main_senders=ports.main_senders,
+        in_main_chat=in_main_chat,
+        not_member=await _not_member(ports, query) if in_main_chat else None,
     )
     press = ports.desk.press(approval_id, choice, presser)
     ports.finish(update_id, chat_jid, "callback", f"{approval_id} {choice} by {presser.who}: {press.answer}")
@@ -137,7 +139,7 @@ async def on_farm_action(ports: InboundPorts, update_id: int, query: CallbackQue
 
 
 async def on_stop(ports: InboundPorts, update_id: int, query: CallbackQuery) -> None:
-    """Stop everything: in the main chat only, by its allowed senders, exactly as /stop; the report goes to the chat."""
+    """Stop everything: in the main chat only, by its members, exactly as /stop; the report goes to the chat."""
     if not stop.is_stop_callback(query.data) or ports.stop is None:
         await unknown_button(ports, update_id, query)
         return
@@ -148,9 +150,9 @@ async def on_stop(ports: InboundPorts, update_id: int, query: CallbackQuery) -> 
         ports.finish(update_id, chat_jid, "refused", f"Stop everything pressed outside the main chat by {who}")
         await ports.answer(query, "Only the farm's main chat can stop everything.")
         return
-    if ports.main_senders and query.from_user.id not in ports.main_senders:
-        ports.finish(update_id, chat_jid, "refused", f"Stop everything by {who}: not in the main senders")
-        await ports.answer(query, "You are not allowed to stop everything.")
+    if (refusal := await _not_member(ports, query)) is not None:
+        ports.finish(update_id, chat_jid, "refused", f"Stop everything by {who}: {refusal}")
+        await ports.answer(query, refusal)
         return
     await ports.answer(query, "Stopping everything now; the report follows in the chat.")
     report = await ports.stop.stop(by=who, via="button")
@@ -166,7 +168,7 @@ async def on_stop(ports: InboundPorts, update_id: int, query: CallbackQuery) -> 
 
 
 async def on_alert(ports: InboundPorts, update_id: int, query: CallbackQuery) -> None:
-    """Acknowledge / Snooze 1 h of a farm alert: in the chat it was told to (the main chat: by its allowed senders)."""
+    """Acknowledge / Snooze 1 h of a farm alert: in the chat it was told to (the main chat: by its members)."""
     parsed = alert_notify.parse_callback(query.data)
     if parsed is None or ports.alerts is None:
         await unknown_button(ports, update_id, query)
@@ -175,14 +177,9 @@ async def on_alert(ports: InboundPorts, update_id: int, query: CallbackQuery) ->
     chat_jid = _chat_jid(query)
     who = user_name(query.from_user)
     main = groups.main_group(ports.db.conn)
-    if (
-        main is not None
-        and chat_jid == main.jid
-        and ports.main_senders
-        and query.from_user.id not in ports.main_senders
-    ):
-        ports.finish(update_id, chat_jid, "refused", f"alert {notice_id} {choice} by {who}: not in the main senders")
-        await ports.answer(query, "You are not allowed to answer alerts in this chat.")
+    if main is not None and chat_jid == main.jid and (refusal := await _not_member(ports, query)) is not None:
+        ports.finish(update_id, chat_jid, "refused", f"alert {notice_id} {choice} by {who}: {refusal}")
+        await ports.answer(query, refusal)
         return
     if choice == alert_notify.ACK:
         answer = ports.alerts.acknowledge(notice_id, chat_jid, who)
@@ -190,6 +187,12 @@ async def on_alert(ports: InboundPorts, update_id: int, query: CallbackQuery) ->
         answer = ports.alerts.snooze(notice_id, chat_jid, who)
     ports.finish(update_id, chat_jid, "callback", f"alert {notice_id} {choice} by {who}: {answer}")
     await ports.answer(query, answer)
+
+
+async def _not_member(ports: InboundPorts, query: CallbackQuery) -> str | None:
+    """Why the presser may not decide in the chat of the pressed message (the main chat), or None for a member."""
+    assert query.message is not None  # the callers checked that it was pressed in the main chat
+    return await ports.members.refusal(query.message.chat.id, query.from_user.id)
 
 
 def _chat_jid(query: CallbackQuery) -> str | None:

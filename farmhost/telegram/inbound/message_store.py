@@ -17,7 +17,6 @@ from typing import Final
 from telegram import Message
 
 from farmhost.outbox.notices import enqueue_notice
-from farmhost.outbox.stop_messages import stop_keyboard
 from farmhost.outbox.text import chat_name, one_line, sender_name
 from farmhost.store import chats, telegram_state, transcripts
 from farmhost.store.groups import Group
@@ -81,9 +80,10 @@ class MessageStore:
             body = f"(edited) {body}"
             key += f":edit:{int(at.timestamp())}"
         sender = sender_name(message)
-        reply = await self._replies.reply(decision, group, sender) if decision.action == "command" else None
-        # The answers to /stop and /resume carry the Stop everything button (stop again, e.g. after a failure).
-        markup = stop_keyboard() if group.is_main and decision.command in ("stop", "resume") else None
+        reply = None
+        if decision.action == "command":
+            sender_id = message.from_user.id if message.from_user is not None else None
+            reply = await self._replies.reply(decision, group, sender, sender_id)
         queued: list[QueuedRun] = []
 
         def store(conn: sqlite3.Connection) -> None:
@@ -103,7 +103,12 @@ class MessageStore:
             if reply is not None:
                 status = "command"
                 enqueue_notice(
-                    conn, key=f"command:{update_id}", jid=jid, text=reply, at=ports.clock(), reply_markup=markup
+                    conn,
+                    key=f"command:{update_id}",
+                    jid=jid,
+                    text=reply.text,
+                    at=ports.clock(),
+                    reply_markup=reply.reply_markup,
                 )
             if refusal is not None:
                 enqueue_notice(conn, key=f"voice:{update_id}", jid=jid, text=refusal, at=ports.clock())

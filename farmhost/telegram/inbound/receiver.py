@@ -10,9 +10,9 @@ Triggered messages are stored `queued` and handed to ChatRuns (chat_runs.py), wh
 and queues the replies. All replies and notices go through the outbox; only chat actions (typing), callback
 answers and the edit of an approval message are sent directly. docs/telegram.md has the whole story.
 
-The parts: polling.py (the getUpdates loop), dispatch.py (one update), storing.py (messages), command_reply.py
-(commands), membership.py (offers, the bot joining and leaving), callbacks.py (buttons), ports.py (what they
-share).
+The parts: polling.py (the getUpdates loop), dispatch.py (one update), message_store.py (messages),
+command_replies.py (commands), membership.py (offers, the bot joining and leaving), buttons.py (buttons),
+main_members.py (who may decide in the main chat), update_context.py (what they share).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from farmhost.store.db import Database, now_utc
 from farmhost.telegram.inbound import dispatch
 from farmhost.telegram.inbound.chat_runs import TYPING_INTERVAL, ChatRuns
 from farmhost.telegram.inbound.command_replies import CommandReplies, StatusSource
+from farmhost.telegram.inbound.main_members import MainChatMembers
 from farmhost.telegram.inbound.message_store import MessageStore
 from farmhost.telegram.inbound.polling import RETRY_DELAYS, Poller
 from farmhost.telegram.inbound.routing import parse_senders
@@ -104,6 +105,7 @@ class TelegramInbound:
             bot=bot,
             clock=clock,
             main_senders=main_senders,
+            members=MainChatMembers(bot, main_senders),
             wake_outbox=wake_outbox,
             on_groups_changed=on_groups_changed,
             desk=desk,

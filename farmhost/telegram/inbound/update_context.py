@@ -12,7 +12,7 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from telegram import Bot, CallbackQuery, Chat
 from telegram.error import TelegramError
@@ -28,6 +28,9 @@ from farmhost.store.db import Database
 from farmhost.store.telegram_state import UpdateStatus
 from farmhost.telegram.bot import jid_of
 from farmhost.voice.stt import SpeechToText
+
+if TYPE_CHECKING:
+    from farmhost.telegram.inbound.main_members import MainChatMembers
 
 # One logger for the whole inbound side, split over several modules: its name is what operators filter on.
 INBOUND_LOGGER: Final = "farmhost.telegram.inbound.receiver"
@@ -47,6 +50,7 @@ class InboundPorts:
     bot: Bot
     clock: Callable[[], datetime]
     main_senders: frozenset[int]
+    members: MainChatMembers  # who may decide in the main chat (approvals, alerts, the emergency stop)
     wake_outbox: Callable[[], None]
     on_groups_changed: Callable[[], None] | None
     desk: ApprovalDesk | None = None  # decides the farm-action approval buttons
