@@ -4,8 +4,8 @@ The real daemon, the real Home Assistant test instance and the fake Bot API. The
 (anyone may open a public one and press its buttons) and FARMHOST_TELEGRAM_MAIN_SENDERS is not set: farmhost
 asks Telegram (getChatMember) who is a member. A non-member's press on Approve, Acknowledge or Stop everything,
 and their /stop or /resume, changes nothing (Home Assistant's states, the approval, the pause, the alert stay as
-they were) and is answered with the reason; a member's works. When Telegram cannot be asked, the press is
-refused with a request to try again.
+they were) and is answered with the reason; a member's works. (When Telegram cannot say, a press from the main
+chat counts as a member's, as before the check: tests/telegram/test_main_members.py.)
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from farmhost_testing import FIELD_JID, Daemon, register_in_process, scaled, wai
 from ha_fixture import HaInstance
 from telegram_stub import Call, FakeTelegram
 
-from farmhost.telegram.inbound.main_members import CANNOT_ASK, NOT_A_MEMBER
+from farmhost.telegram.inbound.main_members import NOT_A_MEMBER
 
 pytestmark = pytest.mark.slow  # end to end, seconds each
 
@@ -91,7 +91,7 @@ def _until(what: str, test: Callable[[], Any]) -> Any:
     return wait_for(test, timeout=scaled(20), what=what)
 
 
-def test_only_a_member_of_a_public_main_chat_decides_an_approval_and_none_while_telegram_cannot_say(
+def test_only_a_member_of_a_public_main_chat_decides_an_approval(
     supergroup_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str]
 ) -> None:
     data_dir, tg = supergroup_dir, fake_telegram
@@ -102,21 +102,17 @@ def test_only_a_member_of_a_public_main_chat_decides_an_approval_and_none_while_
 
         by_eve = [_press(tg, asked, approve, EVE) for _ in range(2)]  # a second press asks Telegram no more
         eve_state = (_approval(data_dir, approval_id)["status"], ha_reset.get_state(PUMP)["state"])
-        tg.fail("getChatMember", status=502, description="Bad Gateway")
-        unreachable = _press(tg, asked, approve, ANA)
-        unreachable_state = (_approval(data_dir, approval_id)["status"], ha_reset.get_state(PUMP)["state"])
         by_ana = _press(tg, asked, approve, ANA)
         wait_state(ha_reset, PUMP, "on")
         done = _until("the approval done", lambda: r if (r := _approval(data_dir, approval_id))["status"] == "done"
                       else None)  # fmt: skip
 
     assert by_eve == [NOT_A_MEMBER, NOT_A_MEMBER] and eve_state == ("pending", "off")
-    assert unreachable == CANNOT_ASK and unreachable_state == ("pending", "off")
     assert by_ana == "Approved: running it now." and done["decided_by"] == "@ana"
-    assert _asked_about(tg) == [EVE, ANA, ANA]  # Eve's answer was kept; the failed ask was not
+    assert _asked_about(tg) == [EVE, ANA]  # Eve's answer was kept
     refusals = [line for line in audit(data_dir, "r-pump") if line.get("decision") == "refused press"]
     assert [(line["decidedBy"], line["detail"]) for line in refusals] == [
-        ("@eve", f"@eve: {NOT_A_MEMBER}"), ("@eve", f"@eve: {NOT_A_MEMBER}"), ("@ana", f"@ana: {CANNOT_ASK}"),
+        ("@eve", f"@eve: {NOT_A_MEMBER}"), ("@eve", f"@eve: {NOT_A_MEMBER}"),
     ]  # fmt: skip
 
 

@@ -1,14 +1,14 @@
 """Who may decide in the farm's main chat: its members (approvals, Acknowledge, Stop everything, /stop, /resume).
 
-With FARMHOST_TELEGRAM_MAIN_SENDERS set, the listed user ids are the members. Without it, a private main chat (a
-one-to-one chat with the bot: a positive chat id) has one member, the user it is with, and a group or supergroup is
-asked: getChatMember. Creator, administrator, member, and restricted with `is_member` are members; left, kicked, or
-"user not found" are not. A public supergroup shows its messages, and their buttons, to anyone who opens it: a
-press alone says nothing about membership.
+With FARMHOST_TELEGRAM_MAIN_SENDERS set, the listed user ids are the members. Without it, a group or supergroup
+is asked: getChatMember. Creator, administrator, member, and restricted with `is_member` are members; left, kicked,
+or "user not found" are not. A public supergroup shows its messages, and their buttons, to anyone who opens it: a
+press alone says nothing about membership. A private main chat (a one-to-one chat with the bot: a positive chat
+id) is not asked: Telegram shows it, and its buttons, to nobody but the user it is with.
 
-Telegram's answer is kept MEMBER_CACHE_SECONDS per chat and user. When Telegram cannot be asked (the network, a
-timeout, the bot no longer in the chat) the press is refused with a request to try again: nobody is taken for a
-member unasked.
+Telegram's answer is kept MEMBER_CACHE_SECONDS per chat and user. When Telegram cannot say (the network, a
+timeout, an error answer other than "not in the chat") the press counts as a member's, as it did before this check
+(it came from the main chat itself), with a warning in the log; the next press asks again.
 """
 
 from __future__ import annotations
@@ -27,13 +27,11 @@ from farmhost.telegram.inbound.update_context import INBOUND_LOGGER
 logger = logging.getLogger(INBOUND_LOGGER)
 
 NOT_A_MEMBER: Final = "Only members of the farm's main chat can decide this."
-CANNOT_ASK: Final = "Could not check with Telegram that you are a member of the farm's main chat; please try again."
 
 # Long enough that a burst of presses (or a double tap) asks Telegram once, short enough that someone removed from
 # the chat loses the right to decide within a minute.
 MEMBER_CACHE_SECONDS: Final = 60.0
-# Telegram answers getChatMember in well under a second; the updates behind a press wait for it, so give up early
-# (the presser is told to try again).
+# Telegram answers getChatMember in well under a second; the updates behind a press wait for it, so give up early.
 MEMBER_TIMEOUT: Final = 5.0
 
 _MEMBER_STATUSES: Final = frozenset({ChatMemberStatus.OWNER, ChatMemberStatus.ADMINISTRATOR, ChatMemberStatus.MEMBER})
@@ -74,19 +72,16 @@ class MainChatMembers:
             user_id: Who pressed or wrote (None: a message with no user, which nobody may stand for).
 
         Returns:
-            None for a member; NOT_A_MEMBER; or CANNOT_ASK when Telegram could not be asked.
+            None for a member (or when Telegram could not say), else NOT_A_MEMBER.
         """
         if user_id is None:
             return NOT_A_MEMBER
         if self._senders:
-            member: bool | None = user_id in self._senders
-        elif chat_id > 0:
-            member = user_id == chat_id
-        else:
-            member = await self._member(chat_id, user_id)
-        if member is None:
-            return CANNOT_ASK
-        return None if member else NOT_A_MEMBER
+            return None if user_id in self._senders else NOT_A_MEMBER
+        if chat_id > 0:
+            return None
+        member = await self._member(chat_id, user_id)
+        return NOT_A_MEMBER if member is False else None
 
     async def _member(self, chat_id: int, user_id: int) -> bool | None:
         """Telegram's answer (kept for a while), or None when it could not be asked."""
@@ -108,7 +103,12 @@ class MainChatMembers:
         except TelegramError as err:
             if isinstance(err, BadRequest) and any(words in err.message.lower() for words in _NOT_IN_CHAT):
                 return False
-            logger.warning("telegram: cannot ask whether user %d is in the main chat %d: %s", user_id, chat_id, err)
+            logger.warning(
+                "telegram: cannot ask whether user %d is in the main chat %d (%s): the press counts as a member's",
+                user_id,
+                chat_id,
+                err,
+            )
             return None
         if isinstance(found, ChatMemberRestricted):
             return found.is_member
