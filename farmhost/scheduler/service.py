@@ -1,9 +1,9 @@
 """SchedulerService: fires each active task once per due time, in the daemon's event loop.
 
 The tasks table is the source of truth. The service only holds one job per active task, its next_run (the fire
-times come from `specs.py`, APScheduler's CronTrigger for cron), rebuilt from the table at start and by `sync()`:
-after every task change an IPC request commits, when another process committed (the daemon's one `CommitWatcher`,
-`farmhost/store/commits.py`, calls it), and every `SYNC_SECONDS` anyway. One loop naps on the injected
+times come from `specs.py`, and from `cron.py` on APScheduler's CronTrigger for cron), rebuilt from the table at
+start and by `sync()`: after every task change an IPC request commits, when another process committed (the
+daemon's one `CommitWatcher`, `farmhost/store/commits.py`, calls it), and every `SYNC_SECONDS` anyway. One loop naps on the injected
 `SchedulerClock` (`clock.py`: the wall clock in the daemon, a hand-stepped one in tests) until the earliest job
 is due. When a job fires, the due time is claimed in the database first (`claims.claim_due`), then dispatched;
 the run's end is recorded afterwards.

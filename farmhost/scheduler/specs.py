@@ -1,10 +1,7 @@
 """Schedule specs: validate cron/interval/once/when schedules and compute their run times (pure: time is passed in).
 
-Cron follows standard crontab semantics in the farm timezone: weekday 0 and 7 are Sunday, and when both
-day-of-month and day-of-week are restricted a day matches if either does. Across DST changes a local time
-that does not exist (spring forward) fires once, one hour later on the wall clock; a local time that occurs
-twice (fall back) fires once, at its first occurrence, unless the hour field is a wildcard (``*``, ``*/2``),
-in which case both occurrences fire. Naive ``once`` times are read in the farm timezone with ``fold=0``.
+Cron follows crontab semantics in the farm timezone, DST changes included (`cron.py` says how). Naive ``once``
+times are read in the farm timezone with ``fold=0``.
 
 Every computation here is bounded, because an agent chooses the schedule: a cron whose day/month combination
 can never exist (Feb 30, Apr 31) is refused by looking at its fields, not by searching for a fire time, and every
@@ -17,22 +14,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta, tzinfo
 from enum import StrEnum
-from typing import Any, Final
+from typing import Final
 
-from apscheduler.triggers.cron import CronTrigger
-
+from farmhost.scheduler.cron import CronError, next_fire, parse_cron
 from farmhost.scheduler.when import ConditionError, parse_condition
 
 _MIN_INTERVAL_MS = 1  # the contract: any whole number of milliseconds > 0
 _MAX_INTERVAL_MS = 366 * 24 * 3600 * 1000
-_TICK = timedelta(microseconds=1)
-_DST_LOOKBACK = timedelta(hours=3)
-_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
-_LEAP_YEAR = 2000  # month/day combinations are checked on a leap year, so Feb 29 counts as existing
 # Ten years: Feb 29 recurs at most 8 years apart (2096 -> 2104), so every cron that can fire fires within it; the
 # search walks month by month, so even a cron that never matches costs about 120 steps, not 96,000 (to year 9999).
 SEARCH_HORIZON: Final = timedelta(days=3653)
-_DOW_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")  # index == crontab weekday number
 
 
 class ScheduleType(StrEnum):
@@ -82,7 +73,10 @@ def parse_schedule(schedule_type: str, schedule_value: object, *, tz: tzinfo) ->
     if isinstance(schedule_value, Mapping):
         raise ScheduleError(f"schedule_value of a {schedule_type} task must be a string or a number, not an object")
     if schedule_type == ScheduleType.CRON:
-        return ScheduleSpec(type=ScheduleType.CRON, value=_parse_cron(schedule_value, tz))
+        try:
+            return ScheduleSpec(type=ScheduleType.CRON, value=parse_cron(schedule_value))
+        except CronError as err:
+            raise ScheduleError(str(err)) from None
     if schedule_type == ScheduleType.INTERVAL:
         return ScheduleSpec(type=ScheduleType.INTERVAL, value=str(_parse_interval(schedule_value)))
     if schedule_type == ScheduleType.ONCE:
@@ -109,7 +103,7 @@ def first_run(spec: ScheduleSpec, *, tz: tzinfo, now: datetime) -> datetime | No
         if at > now_utc + SEARCH_HORIZON:
             raise ScheduleError(f"once time {spec.value}: the first run is too far in the future ({_horizon_text()})")
         return at
-    fire = _next_cron(spec.value, tz, now_utc)
+    fire = next_fire(spec.value, tz, after=now_utc, until=now_utc + SEARCH_HORIZON)
     if fire is None:
         raise ScheduleError(
             f"cron expression {spec.value!r}: the first run is too far in the future ({_horizon_text()})"
@@ -135,7 +129,7 @@ def next_run_after(spec: ScheduleSpec, *, tz: tzinfo, anchor: datetime, now: dat
         elapsed = now_utc - anchor_utc
         k = elapsed // step + 1 if elapsed >= timedelta(0) else 1
         return anchor_utc + k * step
-    return _next_cron(spec.value, tz, now_utc)
+    return next_fire(spec.value, tz, after=now_utc, until=now_utc + SEARCH_HORIZON)
 
 
 def _aware_utc(value: datetime, name: str) -> datetime:
@@ -189,104 +183,3 @@ def _parse_once(value: object, tz: tzinfo) -> datetime:
     at = at.replace(tzinfo=tz, fold=0) if at.tzinfo is None else at
     _once_utc(at, value)
     return at
-
-
-def _parse_cron(value: object, tz: tzinfo) -> str:
-    if not isinstance(value, str):
-        raise ScheduleError(
-            f"cron expression must be a string of 5 fields (minute hour day month weekday), got {value!r}"
-        )
-    fields = value.split()
-    if len(fields) != 5:
-        hint = "; shortcuts like @daily are not supported, write e.g. '0 0 * * *'" if value.startswith("@") else ""
-        raise ScheduleError(
-            f"cron expression must have 5 fields (minute hour day month weekday), got {len(fields)}{hint}"
-        )
-    normalised = " ".join(fields)
-    try:
-        triggers = _cron_triggers(normalised, tz, end=_EPOCH)
-    except ValueError as exc:
-        raise ScheduleError(f"invalid cron expression {normalised!r}: {exc}") from None
-    if not any(_day_exists(trigger) for trigger in triggers):
-        raise ScheduleError(
-            f"cron expression {normalised!r} never fires: day {fields[2]} does not occur in month {fields[3]}; "
-            "pick days that exist in those months (e.g. 1-28, or 'last')"
-        )
-    return normalised
-
-
-def _day_exists(trigger: Any) -> bool:
-    """Whether some month the trigger allows has a day it allows (hours, minutes and weekdays always occur)."""
-    month_field, day_field = trigger.fields[1], trigger.fields[2]
-    for month in range(1, 13):
-        first = datetime(_LEAP_YEAR, month, 1)
-        if month_field.get_next_value(first) == month and day_field.get_next_value(first) is not None:
-            return True
-    return False
-
-
-def _crontab_weekdays(field: str) -> str:
-    """Translate a crontab day-of-week field (0/7 = Sunday) into APScheduler weekday names."""
-    days: set[int] = set()
-    for item in field.lower().split(","):
-        base, slash, step_text = item.partition("/")
-        lo_text, dash, hi_text = base.partition("-")
-        step = int(step_text) if step_text.isascii() and step_text.isdigit() else 0 if slash else 1
-        if base == "*":
-            lo, hi = 0, 7
-        else:
-            lo = _weekday_number(lo_text, item)
-            hi = _weekday_number(hi_text, item) if dash else 7 if slash else lo
-        if step < 1 or lo > hi:
-            raise ValueError(f"day-of-week {item!r} is not valid (use 0-7 or sun-sat, ranges a-b, steps /n)")
-        days.update(day % 7 for day in range(lo, hi + 1, step))
-    return "*" if len(days) == 7 else ",".join(_DOW_NAMES[day] for day in sorted(days))
-
-
-def _weekday_number(text: str, item: str) -> int:
-    if text in _DOW_NAMES:
-        return _DOW_NAMES.index(text)
-    if text.isascii() and text.isdigit() and int(text) <= 7:
-        return int(text)
-    raise ValueError(f"day-of-week {item!r} is not valid (use 0-7 or sun-sat, ranges a-b, steps /n)")
-
-
-def _cron_triggers(value: str, tz: tzinfo, *, end: datetime) -> list[Any]:
-    minute, hour, dom, month, dow = value.split()
-    weekdays = _crontab_weekdays(dow)
-    if "/" in month and any(char.isalpha() for char in month):  # APScheduler silently drops these steps
-        raise ValueError(f"month {month!r}: steps need month numbers, e.g. 1-12/3")
-    if dom.startswith("*") or dow.startswith("*"):
-        exprs = [f"{minute} {hour} {dom} {month} {weekdays}"]
-    else:  # crontab: with both day fields restricted, a day matches if either matches
-        exprs = [f"{minute} {hour} {dom} {month} *", f"{minute} {hour} * {month} {weekdays}"]
-    triggers = []
-    for expr in exprs:  # what CronTrigger.from_crontab builds, plus the end that bounds every search
-        minute_f, hour_f, day_f, month_f, dow_f = expr.split()
-        triggers.append(
-            CronTrigger(
-                minute=minute_f, hour=hour_f, day=day_f, month=month_f, day_of_week=dow_f, timezone=tz, end_date=end
-            )
-        )
-    return triggers
-
-
-def _is_repeated_wall_time(fire: datetime) -> bool:
-    return fire.fold == 1 and fire.replace(fold=0).utcoffset() != fire.utcoffset()
-
-
-def _next_cron(value: str, tz: tzinfo, now_utc: datetime) -> datetime | None:
-    skip_repeated = not value.split()[1].startswith("*")
-    start = now_utc - _DST_LOOKBACK  # near a DST change, walk from before it so the result does not depend on `now`
-    if start.astimezone(tz).utcoffset() == now_utc.astimezone(tz).utcoffset():
-        start = now_utc
-    best: datetime | None = None
-    for trigger in _cron_triggers(value, tz, end=now_utc + SEARCH_HORIZON):
-        cursor = start
-        while (fire := trigger.get_next_fire_time(None, cursor + _TICK)) is not None:
-            fire_utc: datetime = fire.astimezone(UTC)
-            if fire_utc > now_utc and not (skip_repeated and _is_repeated_wall_time(fire)):
-                best = fire_utc if best is None else min(best, fire_utc)
-                break
-            cursor = max(fire_utc, cursor + _TICK)
-    return best

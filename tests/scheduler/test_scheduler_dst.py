@@ -15,10 +15,12 @@ from scheduler_support import Clock, insert, new_task, read_task, rows, schedule
 
 STEP = timedelta(minutes=5)
 HOUR = timedelta(hours=1)
-WARSAW, LISBON = "Europe/Warsaw", "Europe/Lisbon"
+WARSAW, LISBON, SANTIAGO = "Europe/Warsaw", "Europe/Lisbon", "America/Santiago"
 # Warsaw 2030: 31 March 02:00 CET -> 03:00 CEST (02:30 does not exist); 27 October 03:00 CEST -> 02:00 CET (02:30
-# happens twice). Lisbon 2030: 31 March 01:00 WET -> 02:00 WEST (01:30 does not exist).
+# happens twice). Lisbon 2030: 31 March 01:00 WET -> 02:00 WEST (01:30 does not exist). Santiago 2030: 8 September
+# 00:00 -04 -> 01:00 -03 (that midnight does not exist).
 SPRING = (utc(2030, 3, 29, 22, 0), utc(2030, 4, 1, 23, 0))
+SANTIAGO_SPRING = (utc(2030, 9, 6, 22, 0), utc(2030, 9, 9, 23, 0))
 AUTUMN = (utc(2030, 10, 25, 22, 0), utc(2030, 10, 28, 23, 0))
 
 
@@ -87,3 +89,21 @@ async def test_cron_across_a_dst_change_fires_every_day_once(
     assert hourly == _hours(*window) and len(hourly) == 73
     next_daily = read_task(data_dir, "daily").next_run
     assert next_daily is not None and clock.now() < next_daily <= clock.now() + 24 * HOUR
+
+
+async def test_a_midnight_that_does_not_exist_runs_at_one_once(data_dir: Path) -> None:
+    await _walk(data_dir, SANTIAGO, SANTIAGO_SPRING, {"midnight": "0 0 * * *", "midnight_and_one": "0 0,1 * * *"})
+    # 00:00 -04, then the missing midnight once at 01:00 -03, then 00:00 -03: no day without its run.
+    assert [r.due_at for r in rows(data_dir, "midnight")] == [
+        utc(2030, 9, 7, 4),
+        utc(2030, 9, 8, 4),
+        utc(2030, 9, 9, 3),
+    ]
+    # The shifted midnight and the real 01:00 are one instant: one run, not two.
+    assert [r.due_at for r in rows(data_dir, "midnight_and_one")] == [
+        utc(2030, 9, 7, 4),
+        utc(2030, 9, 7, 5),
+        utc(2030, 9, 8, 4),
+        utc(2030, 9, 9, 3),
+        utc(2030, 9, 9, 4),
+    ]
