@@ -134,7 +134,6 @@ REQUESTS: Final[tuple[RequestRow, ...]] = (
                 {
                     "taskId": {"type": "string"},
                     "nextRun": {"type": ["string", "null"]},
-                    "condition": {"type": "object"},
                     "warning": {"type": "string"},
                 },
                 "taskId",
@@ -148,7 +147,7 @@ REQUESTS: Final[tuple[RequestRow, ...]] = (
             "true (not while it stays true, not if it is already true now), at most once per cooldown, and the run's "
             "prompt starts with the event (entity, old and new state, when). An entity Home Assistant does not know "
             "is accepted with a warning. Only main may set groupFolder to schedule for another group. "
-            "Returns {taskId, nextRun} (nextRun null for a when task; plus condition and any warning).",
+            "Returns {taskId, nextRun} (nextRun null for a when task; plus a warning if there is one).",
         ),
     ),
     RequestRow(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import sqlite3
 import time
@@ -112,10 +111,8 @@ def apply_schedule(
     tasks.insert_task(conn, task)
     ctx.changes.add(Change.TASKS)
     result: dict[str, object] = {"taskId": task_id, "nextRun": iso(next_run)}
-    if spec.type == ScheduleType.WHEN:
-        result["condition"] = json.loads(spec.value)
-        if isinstance(ctx.prepared, str):
-            result["warning"] = ctx.prepared
+    if spec.type == ScheduleType.WHEN and isinstance(ctx.prepared, str):
+        result["warning"] = ctx.prepared
     return Outcome(result=result)
 
 

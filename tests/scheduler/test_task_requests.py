@@ -147,6 +147,17 @@ def test_a_when_entity_that_is_not_an_entity_id_is_refused_and_not_stored(farm: 
     assert snapshot(farm, "field").keys() == before.keys()
 
 
+def test_a_when_task_result_is_task_id_and_next_run_plus_a_warning_only_when_there_is_one(farm: Path) -> None:
+    """SPEC: `{taskId, nextRun}`; what was stored is in current_tasks.json, not echoed in the result."""
+    frost = ok(schedule(farm, "field", "when", {"alert": "frost"}, taskId="when-frost"))
+    assert frost == {"taskId": "when-frost", "nextRun": None}
+    soil = ok(schedule(farm, "field", "when", {"entity": "sensor.tank_level", "below": 2}, taskId="when-tank"))
+    assert soil.keys() == {"taskId", "nextRun", "warning"}  # this daemon has no Home Assistant to ask
+    assert "Home Assistant is not configured" in soil["warning"]
+    stored = snapshot(farm, "field")
+    assert json.loads(stored["when-frost"]["schedule_value"]) == {"alert": "frost", "cooldown": 3600}
+
+
 def test_unknown_schedule_type_is_refused(farm: Path) -> None:
     assert "schedule_type" in failed(schedule(farm, "main", "weekly", "mon"), "invalid_request")
 
