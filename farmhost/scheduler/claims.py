@@ -17,7 +17,7 @@ from typing import Final
 from farmhost.scheduler.alerts import alert_if_failing
 from farmhost.scheduler.runs import RunReport, TaskRun, trim_summary
 from farmhost.scheduler.specs import ScheduleSpec, ScheduleType, next_run_after
-from farmhost.store import groups, task_runs, tasks
+from farmhost.store import groups, task_runs, tasks, when_state
 from farmhost.store.db import iso
 from farmhost.store.tasks import Task, TaskStatus
 
@@ -106,7 +106,8 @@ def record_end(
     """Record a dispatched run's status and summary; queue a failure alert; skip a due time it overran.
 
     A due time that arrived while this run was still running is recorded `skipped` ("previous run still
-    running") and next_run moves on to the grid's next time after `now`: a slow task never piles up runs.
+    running") and next_run moves on to the grid's next time after `now`: a slow task never piles up runs. A when
+    task's event is not a grid time that comes again: it waits, and is due now, when this run ended.
     """
     if not task_runs.finish_run(conn, run.run_id, status=report.status, detail=trim_summary(report.summary), at=now):
         return RunEnd(recorded=False)
@@ -114,6 +115,11 @@ def record_end(
     task = tasks.get_task(conn, run.task.id)
     if task is None or task.status != "active" or task.next_run is None or task.next_run > now:
         return RunEnd(recorded=True, alerted=alerted)
+    if task.schedule_type == ScheduleType.WHEN:
+        when_state.move_event(conn, task.id, due=task.next_run, to=now)
+        tasks.set_next_run_if_active(conn, task.id, now)
+        note = f"the event due {iso(task.next_run)} waited for the previous run (due {iso(run.due_at)}); runs now"
+        return RunEnd(recorded=True, alerted=alerted, task_changed=True, note=note)
     upcoming = _upcoming(task, zone=zone, due_at=task.next_run, now=now)
     note = f"previous run (due {iso(run.due_at)}) was still running; not run"
     # IntegrityError: the clock stepped back onto a recorded due time; moving on is all that is left to do.

@@ -13,7 +13,8 @@ from farmhost.store.tasks import Task
 #   running      claimed, the agent run has not reported yet (never re-run: a crash turns it into `interrupted`)
 #   ok, error, timeout   the dispatcher's report
 #   interrupted  the host stopped (or died) while it ran
-#   skipped      not run: missed by more than the grace, previous run still running, or the group is gone
+#   skipped      not run: missed by more than the grace, previous run still running, the group is gone, or (when)
+#                within the cooldown or folded into a later event
 RunStatus = Literal["running", "ok", "error", "timeout", "interrupted", "skipped"]
 ReportStatus = Literal["ok", "error", "timeout", "interrupted", "skipped"]
 FAILED: Final = frozenset({"error", "timeout"})

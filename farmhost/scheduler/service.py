@@ -10,7 +10,8 @@ the run's end is recorded afterwards.
 
 Decisions (see docs/scheduler.md):
 - A task has at most one run in flight. While it runs it has no job; a due time that passes meanwhile is
-  recorded `skipped` ("previous run still running") when the run ends, and next_run moves on.
+  recorded `skipped` ("previous run still running") when the run ends, and next_run moves on; a when task's
+  event that came meanwhile runs then instead.
 - Due times missed while the host was down (or asleep) fire once, late, if within the grace
   (`FARMHOST_TASK_GRACE_SECONDS`); later ones are recorded `skipped`. Either way next_run moves to the first
   grid time after now: one run or one skipped row, never a burst of catch-up runs.

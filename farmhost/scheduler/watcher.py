@@ -14,6 +14,9 @@ Decisions (docs/scheduler.md):
 - `unavailable`/`unknown` decide nothing (the condition keeps its truth): a sensor blip is not a new crossing.
 - An edge within the cooldown of the last fire, or while the task is paused, is consumed: recorded `skipped` in
   task_runs (cooldown) or dropped (paused), never deferred.
+- An edge while an earlier one still waits to run (its previous run is still running) takes its place: one event
+  waits per task, the latest, and it counts the ones it replaced (`folded`, in the run's prompt); the replaced
+  one is recorded `skipped`. When the running run ends, `claims.record_end` makes the waiting event due then.
 """
 
 from __future__ import annotations
@@ -249,6 +252,10 @@ class WhenWatcher:
             when_state.put(conn, consumed, at=now)
             logger.info("task %s: %s", task.id, note, extra={"taskId": task.id})
             return
+        if (
+            task.next_run is not None
+        ):  # an earlier event still waits (its previous run is running): this one replaces it
+            event = self._fold(conn, task.id, state, superseded=task.next_run, due=due, event=event, now=now)
         when_state.put(conn, replace(consumed, last_fired=due, event_due=due, event=event), at=now)
         tasks.set_next_run_if_active(conn, task.id, due)
         self.edges += 1
@@ -261,6 +268,26 @@ class WhenWatcher:
             extra={"taskId": task.id, "group": task.group_folder, "event": "when_edge"},
         )
         asyncio.get_running_loop().call_soon(self._wake_safely)
+
+    def _fold(
+        self,
+        conn: sqlite3.Connection,
+        task_id: str,
+        state: WhenState,
+        *,
+        superseded: datetime,
+        due: datetime,
+        event: dict[str, Any],
+        now: datetime,
+    ) -> dict[str, Any]:
+        """One event waits per task: the latest, counting the ones it replaced (its run's prompt says how many)."""
+        before = state.event if state.event_due is not None and iso(state.event_due) == iso(superseded) else None
+        folded = 1 + int((before or {}).get("folded") or 0)
+        note = f"folded into the event due {iso(due)}: a later event came before this one could run; not run"
+        if not task_runs.has_run(conn, task_id, superseded):
+            task_runs.insert_run(conn, task_id=task_id, due_at=superseded, at=now, status="skipped", detail=note)
+        logger.info("task %s: the event due %s is %s", task_id, iso(superseded), note, extra={"taskId": task_id})
+        return {**event, "folded": folded}
 
     def _wake_safely(self) -> None:
         try:
@@ -315,12 +342,22 @@ def event_prompt(event: dict[str, Any], condition: str) -> str:
         return (
             f"[farm event] A new {event['alert']} alert ({event.get('severity')}) on {event.get('entity')}: "
             f"{event.get('message')} (since {event.get('since')}, raised {event.get('at')}, farm time). "
-            f"This task runs when: {condition}."
+            f"This task runs when: {condition}.{_folded(event)}"
         )
     old = event.get("old")
     before = f"from {old!r} " if old is not None else ""
     held = f", and held for {event['held']:g} s" if event.get("held") else ""
     return (
         f"[farm event] {event.get('name') or event.get('entity')} changed {before}to {event.get('new')!r} at "
-        f"{event.get('at')} (farm time){held}. This task runs when: {condition}."
+        f"{event.get('at')} (farm time){held}. This task runs when: {condition}.{_folded(event)}"
+    )
+
+
+def _folded(event: dict[str, Any]) -> str:
+    count = int(event.get("folded") or 0)
+    if not count:
+        return ""
+    return (
+        f" {count} earlier event{'s' if count > 1 else ''} of this task came while its previous run was still "
+        "running; folded into this one."
     )

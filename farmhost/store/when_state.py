@@ -20,7 +20,7 @@ class WhenState:
     fired: bool = False  # this true period fired (or was consumed: cooldown, paused, true at creation)
     last_fired: datetime | None = None  # the due time of the last run it asked for (the cooldown counts from it)
     event_due: datetime | None = None  # the due time `event` belongs to
-    event: dict[str, Any] | None = None  # what the run's prompt carries: entity, old and new state, when
+    event: dict[str, Any] | None = None  # what the run's prompt carries: entity, old and new state, when, folded
 
 
 def get(conn: sqlite3.Connection, task_id: str) -> WhenState | None:
@@ -62,3 +62,10 @@ def event_for(conn: sqlite3.Connection, task_id: str, due_at: datetime) -> dict[
     if state is None or state.event_due is None or iso(state.event_due) != iso(due_at):
         return None
     return state.event
+
+
+def move_event(conn: sqlite3.Connection, task_id: str, *, due: datetime, to: datetime) -> None:
+    """The event due at `due` (still to run) is now due at `to`: it waited for the task's previous run to end."""
+    conn.execute(
+        "UPDATE when_state SET event_due = ? WHERE task_id = ? AND event_due = ?", (iso(to), task_id, iso(due))
+    )

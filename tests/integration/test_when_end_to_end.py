@@ -34,10 +34,14 @@ ECHO = (
 )
 
 
+# The same, slow on the first crossing's run (to '20.0'): the next crossing comes while it still runs.
+SLOW_ON_20 = ECHO.replace("; print(", "; import time; time.sleep(8 if \"to '20.0'\" in p else 0); print(", 1)
+
+
 @contextmanager
-def when_daemon(data_dir: Path, ha_env: dict[str, str], **extra: str) -> Iterator[Daemon]:
-    """`farmhost run` with HA and the echo agent; no traceback in its log."""
-    daemon = start_daemon(data_dir, ha_env, **extra)
+def when_daemon(data_dir: Path, ha_env: dict[str, str], *, agent: str = ECHO, **extra: str) -> Iterator[Daemon]:
+    """`farmhost run` with HA and the echo agent (or `agent`); no traceback in its log."""
+    daemon = start_daemon(data_dir, ha_env, agent=agent, **extra)
     try:
         yield daemon
         assert "Traceback" not in daemon.log()
@@ -46,12 +50,12 @@ def when_daemon(data_dir: Path, ha_env: dict[str, str], **extra: str) -> Iterato
             assert daemon.stop() == 0, daemon.log()[-3000:]
 
 
-def start_daemon(data_dir: Path, ha_env: dict[str, str], **extra: str) -> Daemon:
+def start_daemon(data_dir: Path, ha_env: dict[str, str], *, agent: str = ECHO, **extra: str) -> Daemon:
     env = clean_env(
         **ha_env,
         FARMHOST_AGENT_RUNTIME="bwrap",
         FARMHOST_AGENT_KIND="command",
-        FARMHOST_AGENT_COMMAND=shlex.join([sys.executable, "-c", ECHO]),
+        FARMHOST_AGENT_COMMAND=shlex.join([sys.executable, "-c", agent]),
         **extra,
     )
     return Daemon(data_dir, env=env).start(timeout=30)
@@ -85,6 +89,15 @@ def wait_baseline(data_dir: Path, task_id: str) -> dict[str, Any]:
         lambda: edge_state(data_dir, task_id), timeout=20, what=f"the first evaluation of {task_id}"
     )
     return row
+
+
+def wait_past_cooldown(last_fired: datetime, cooldown: float) -> None:
+    """Until the wall clock is past the cooldown that began at `last_fired` (the daemon runs on the wall clock)."""
+    wait_for(
+        lambda: datetime.now(UTC) > last_fired + timedelta(seconds=cooldown),
+        timeout=cooldown + 5,
+        what="the cooldown to pass",
+    )
 
 
 def measured_hold(data_dir: Path, least: float) -> int:
@@ -126,11 +139,7 @@ def test_soil_below_25_fires_once_per_crossing_and_again_after_recovery_past_the
         ha_reset.set_state(SOIL, 21)  # crossed again, within the cooldown: recorded, not run
         first_run, skipped = wait_runs(data_dir, task_id, 2)
         last_fired = datetime.fromisoformat(first_run["due_at"])
-        wait_for(
-            lambda: datetime.now(UTC) > last_fired + timedelta(seconds=cooldown),
-            timeout=cooldown + 5,
-            what="the cooldown to pass",
-        )
+        wait_past_cooldown(last_fired, cooldown)
         ha_reset.set_state(SOIL, 40)
         ha_reset.set_state(SOIL, 22)  # past the cooldown: runs
         rows = wait_runs(data_dir, task_id, 3)
@@ -149,6 +158,28 @@ def test_soil_below_25_fires_once_per_crossing_and_again_after_recovery_past_the
     assert datetime.fromisoformat(rows[2]["due_at"]) - last_fired >= timedelta(seconds=cooldown)
     (listed,) = [t for t in task if t["id"] == task_id]
     assert listed["schedule_type"] == "when" and listed["status"] == "active"
+
+
+def test_a_crossing_while_the_previous_run_still_runs_runs_when_it_ends(
+    data_dir: Path, ha_reset: HaInstance, ha_env: dict[str, str]
+) -> None:
+    """Past the cooldown but during the first run (8 s): the event waits for that run, then runs with its event."""
+    cooldown = 5
+    with when_daemon(data_dir, ha_env, agent=SLOW_ON_20):
+        task_id = ok(schedule(data_dir, "main", "w-busy", {"entity": SOIL, "below": 25, "cooldown": cooldown}))[
+            "taskId"
+        ]
+        wait_baseline(data_dir, task_id)
+        ha_reset.set_state(SOIL, 20)
+        (first,) = wait_for(lambda: runs(data_dir, task_id) or None, timeout=20, what="the first run to start")
+        ha_reset.set_state(SOIL, 40)
+        wait_past_cooldown(datetime.fromisoformat(first["due_at"]), cooldown)
+        ha_reset.set_state(SOIL, 19)
+        assert runs(data_dir, task_id)[0]["status"] == "running", "the first run ended before the second crossing"
+        rows = wait_runs(data_dir, task_id, 2, timeout=40)
+    assert [r["status"] for r in rows] == ["ok", "ok"], rows
+    assert "to '20.0'" in rows[0]["detail"] and "to '19.0'" in rows[1]["detail"], rows
+    assert rows[1]["due_at"] >= rows[0]["finished_at"], rows  # due when the first run ended: on time, not missed
 
 
 def test_a_crossing_at_a_kill_9_runs_exactly_once_and_not_again_after_a_restart(
