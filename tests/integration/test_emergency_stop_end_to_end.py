@@ -162,7 +162,7 @@ def test_stop_reaches_the_entities_a_rule_guards_by_service(
         wait_state(ha_reset, entity, "on")
     with farm_daemon(data_dir, ha_env, fake_telegram):
         fake_telegram.user_message(MAIN_CHAT, "/stop")
-        [reply] = _wait_told(fake_telegram, MAIN_CHAT, "EMERGENCY STOP")
+        [reply] = wait_told(fake_telegram, MAIN_CHAT, "EMERGENCY STOP")
         states = {e: _state(ha_reset, e) for e in (PUMP, VALVE_1, VALVE_2, BARN_LIGHT, FAN)}
 
     assert states == {PUMP: "off", VALVE_1: "off", VALVE_2: "off", BARN_LIGHT: "off", FAN: "on"}
