@@ -99,6 +99,10 @@ async def test_history_defaults_to_the_last_day(host: FarmHost, ha: HaInstance) 
         ({"entityIds": []}, ("'entityIds'", "non-empty")),
         ({"start": "2026-12-04T10:00Z"}, ("missing param 'entityIds'",)),
         ({"entityIds": ["../etc"]}, ("entityIds.0", "entity id")),
+        # instants before year 1 or after 9999 in UTC: answered, not a host failure (`internal`)
+        ({"entityIds": [PUMP], "end": "0001-01-01T00:00"}, ("'end'", "outside the supported date range")),
+        ({"entityIds": [PUMP], "start": "0001-01-01T00:00:00+14:00"}, ("'start'", "outside the supported date range")),
+        ({"entityIds": [PUMP], "end": "9999-12-31T23:59:59-14:00"}, ("'end'", "outside the supported date range")),
     ],
 )
 async def test_history_refuses_bad_periods_naming_the_field(

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 # SPEC §5: "a period of at most 31 days"; HA's recorder keeps 10 days unless its purge_keep_days says more.
 MAX_PERIOD: Final = timedelta(days=31)
+_RANGE: Final = "years 1-9999 in UTC, a day after the first"
 DEFAULT_PERIOD: Final = timedelta(hours=24)  # "how long did the pump run?" means the last day unless said
 # Two a hour over a day: enough to see a night's curve, small enough for a model's context at 20 entities.
 MAX_POINTS: Final = 48
@@ -84,7 +85,10 @@ def history_period(start: str | None, end: str | None, *, now: datetime, zone: Z
             empty or longer than 31 days.
     """
     end_at = min(_parse_time(end, "end", zone), now) if end is not None else now
-    start_at = _parse_time(start, "start", zone) if start is not None else end_at - DEFAULT_PERIOD
+    try:
+        start_at = _parse_time(start, "start", zone) if start is not None else end_at - DEFAULT_PERIOD
+    except OverflowError:  # the default start, a day before an `end` in year 1
+        raise InvalidRequest(f"ha_history: param 'end' is outside the supported date range ({_RANGE})") from None
     if start_at >= now:
         raise InvalidRequest(
             f"ha_history: param 'start' is in the future ({_local(start_at, zone)}); nothing is recorded yet"
@@ -161,7 +165,12 @@ def _parse_time(text: str, field: str, zone: ZoneInfo) -> datetime:
         ) from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=zone)  # a time without an offset is the farmer's clock
-    return parsed.astimezone(UTC)
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:  # year 1 or 9999 with an offset: the instant falls outside what datetime holds
+        raise InvalidRequest(
+            f"ha_history: param {field!r} is outside the supported date range ({_RANGE}; got {text[:40]!r})"
+        ) from None
 
 
 def _changes(entries: list[Any]) -> list[Change]:
