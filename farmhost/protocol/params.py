@@ -50,13 +50,14 @@ MAX_TIME_CHARS: Final = 40
 LANGUAGE_RE: Final = re.compile(r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8}){0,2}$")
 
 # What a name of each pattern looks like, for the error that refuses one (pydantic would print the regex).
+assert VIEW_PATH_RE.pattern == FOLDER_RE.pattern, "give FOLDER_RE its own hint"
 _PATTERN_HINTS: Final = {
     ENTITY_ID_RE.pattern: "an entity id: lower-case letters, digits and '_' around one '.', as in switch.pump_1",
     NAME_RE.pattern: "a Home Assistant name: lower-case letters, digits and '_', as in switch or turn_on",
     TARGET_ID_RE.pattern: "an id of 1-255 letters, digits, '_', '.' or '-'",
     DASHBOARD_RE.pattern: "a dashboard name: 1-64 lower-case letters, digits, '_' or '-' (such as 'farm', never a path)",
-    VIEW_PATH_RE.pattern: "a view path: 1-64 letters, digits, '_' or '-' (a name, never a URL)",
-    FOLDER_RE.pattern: "a group folder name: 1-64 letters, digits, '_' or '-' (never a path)",
+    # One hint for both: a view path and a group folder have the same pattern (one key of this table).
+    VIEW_PATH_RE.pattern: "a name of 1-64 letters, digits, '_' or '-' (a view path or a group folder, never a path or URL)",
     LANGUAGE_RE.pattern: "a language tag such as en, nl or pt-BR",
     SELECTOR_RE.pattern: "a CSS selector of letters, digits, spaces and _ . # : , > + ~ * [ ] = \" ' ( ) -",
 }

@@ -235,6 +235,8 @@ async def test_get_the_dashboard_or_one_view(host: FarmHost) -> None:
         "not_found",
         "dashboard 'farm' has no view with path 'nope' (views: overview, irrigation, alerts)",
     )
+    traversal = await host.ask("main", "ha_dashboard_get", {"viewPath": "../x"})
+    refused(traversal, "invalid_request", "'viewPath'", "a view path or a group folder, never a path or URL")
 
 
 async def test_a_dashboard_that_is_neither_staged_nor_shipped_is_not_found(host: FarmHost) -> None:
