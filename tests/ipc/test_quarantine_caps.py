@@ -64,12 +64,14 @@ def test_oversized_requests_are_kept_cut_and_capped_per_group(data_dir: Path, ca
     ] * (MAX_FILES - KEPT_WHOLE)
     assert len(entries) == KEPT_WHOLE and all(p.stat().st_size == KEEP_BYTES for p in entries)
     assert sum(p.stat().st_size for p in errors.iterdir()) < MAX_MB * 2**20 + MAX_FILES * 1024
+    # Each file's log line comes after its answer (the answer first, then the move): wait for the last one's.
+    lines = [
+        f"quarantined field/actions/{rid}.json: request file is {LIMIT + 512 * 1024} bytes, over the "
+        f"{LIMIT}-byte limit; kept: nothing, the quarantine is full"
+        for rid in sent[MAX_FILES:]
+    ]
+    wait_for(lambda: all(line in capped.log() for line in lines), what="a log line for each file kept as nothing")
     log = capped.log()
-    for rid in sent[MAX_FILES:]:
-        assert (
-            f"quarantined field/actions/{rid}.json: request file is {LIMIT + 512 * 1024} bytes, over the "
-            f"{LIMIT}-byte limit; kept: nothing, the quarantine is full"
-        ) in log
     assert "delete files from ipc/errors/field/ to keep them again" in log
     # The cap is the group's: main's refused file is kept.
     rid = uid("main-big")
