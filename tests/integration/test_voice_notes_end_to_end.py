@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +201,48 @@ def test_bad_and_long_notes_get_a_sentence_and_two_groups_are_both_heard(
     stored = wait_for(lambda: _stored(data_dir, MAIN_JID), what="the main chat's transcript")
     refused = [text for direction, text in stored if direction == "in" and "(not transcribed)" in text]
     assert len(refused) == 2
+
+
+def _wav_at_1_hz() -> bytes:
+    """65 KB of PCM that declares one sample a second: 18 hours of sound, gigabytes once resampled to 16 kHz."""
+    data = bytes(65_535)
+    fmt = struct.pack("<HHIIHH", 1, 1, 1, 2, 2, 16)  # PCM, mono, 1 Hz, 2 bytes/s, block 2, 16 bits
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+def test_a_note_that_names_other_files_or_lies_about_its_rate_is_refused_and_hears_nothing_else(
+    data_dir: Path,
+    fake_telegram: FakeTelegram,
+    llm_stub: ScriptedLLM,
+    ha_env: dict[str, str],
+    whisper_base: Path,
+) -> None:
+    """A field group's playlist named the main group's note, and the field group heard it: no more.
+
+    The ffconcat playlist names the note relative to the daemon's directory; only the containers a note comes in
+    are opened now, each by its demuxer's name, and a frame is counted at its own rate before it is resampled.
+    """
+    tg = fake_telegram
+    llm_stub.script(then=Reply("Noted."))
+    with running_daemon(data_dir, env=_env(ha_env, tg, whisper_base, **_llm(llm_stub))) as daemon:
+        tg.media_message(MAIN_CHAT, "voice", content=spoken_note("The gate code is seven seven three one."),
+                         chat_type="private", title=None)  # fmt: skip
+        tg.wait_sent(1, chat_id=MAIN_CHAT, timeout=90)
+        [name] = _inbox(data_dir, "main")
+        # relative to the daemon's directory (the data dir's parent here; the data dir itself under systemd)
+        playlist = f"ffconcat version 1.0\nfile {data_dir.name}/groups/main/inbox/{name}\n".encode()
+        tg.media_message(FIELD_CHAT, "voice", content=playlist, caption="@Field")
+        tg.media_message(FIELD_CHAT, "voice", content=_wav_at_1_hz(), caption="@Field")
+        refused = tg.wait_sent(2, chat_id=FIELD_CHAT, timeout=60)
+        assert "Traceback" not in daemon.log()
+
+    for reply in refused:
+        text = str(reply.params["text"])
+        assert text.startswith("🎤 ") and "not a recording farmhost can read" in text, text
+        assert "773" not in text and "seven" not in text.lower()
+    assert len(llm_stub.requests) == 1  # the main chat's note only: the field group's notes started no run
+    assert all("seven" not in str(row) for row in _stored(data_dir, FIELD_JID))
 
 
 def test_a_named_model_the_hub_cannot_send_yet_is_a_sentence_and_the_next_note_fetches_it(

@@ -32,8 +32,17 @@ def test_a_video_without_sound_says_so() -> None:
 
 @pytest.mark.parametrize(
     "data",
-    [b"", b"\x00" * 4096, b"OggS" + bytes(range(256)) * 4, b"ID3\x03\x00\x00\x00" + b"\xff" * 3000, b"%PDF-1.7\n"],
-    ids=["empty", "zeros", "ogg-garbage", "mp3-garbage", "pdf"],
+    [
+        b"",
+        b"\x00" * 4096,
+        b"OggS" + bytes(range(256)) * 4,
+        b"ID3\x03\x00\x00\x00" + b"\xff" * 3000,
+        b"%PDF-1.7\n",
+        b"ffconcat version 1.0\nfile note.ogg\n",  # a playlist: it would make the decoder open another file
+        b"#EXTM3U\n#EXTINF:1,\nnote.ogg\n",
+        b"RIFF\x24\x00\x00\x00WAVEfmt ",  # only the containers a note comes in are opened
+    ],
+    ids=["empty", "zeros", "ogg-garbage", "mp3-garbage", "pdf", "ffconcat", "hls", "wav"],
 )
 def test_what_is_not_audio_is_undecodable_with_one_sentence(data: bytes) -> None:
     with pytest.raises(NoteUndecodable) as refused:
