@@ -163,7 +163,10 @@ def test_params_with_nul_characters_are_refused(env: Env, payload: dict[str, Any
             "memory_search: param 'sources' must be 'memory', 'sessions' or 'all' (got 5)",
         ),
         ({"query": 5}, "memory_search: param 'query' must be text (got 5)"),
-        ({"query": "pump", "groupFolder": "field\n"}, "memory_search: param 'groupFolder' must be a group folder name"),
+        (
+            {"query": "pump", "groupFolder": "field\n"},
+            "memory_search: param 'groupFolder' must be a name of 1-64 letters, digits, '_' or '-' (a view path or a group folder",
+        ),
     ],
 )
 def test_params_refusals_name_the_param_as_the_agent_wrote_it(env: Env, params: dict[str, Any], sentence: str) -> None:
