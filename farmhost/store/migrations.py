@@ -296,4 +296,15 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     ALTER TABLE request_ledger ADD COLUMN file_key TEXT;
     ALTER TABLE request_ledger ADD COLUMN result_tmp TEXT
     """,
+    # 15: Telegram updates whose handling waits for an earlier one of their chat (a voice note being heard,
+    # farmhost/telegram/inbound/chat_queues.py): the raw update, confirmed to Telegram when deferred, read back into
+    # the chats' queues at start and deleted once handled, so a kill -9 loses none and a restart handles none twice.
+    """
+    CREATE TABLE telegram_deferred (
+        update_id INTEGER PRIMARY KEY,
+        chat_jid TEXT NOT NULL,
+        raw TEXT NOT NULL,
+        deferred_at TEXT NOT NULL
+    )
+    """,
 )

@@ -1,4 +1,4 @@
-"""Telegram polling state: update ids seen, the polling offset, what each chat's agent was given, pending chats."""
+"""Telegram polling state: update ids seen, deferred updates, the polling offset, chat context, pending chats."""
 
 from __future__ import annotations
 
@@ -143,6 +143,38 @@ def prune_updates(conn: sqlite3.Connection, *, older_than: datetime) -> int:
         (iso(older_than),),
     )
     return cursor.rowcount
+
+
+# deferred updates ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeferredUpdate:
+    """An update confirmed to Telegram whose handling waits for an earlier update of its chat."""
+
+    update_id: int
+    chat_jid: str
+    raw: dict[str, Any]
+
+
+def defer_update(conn: sqlite3.Connection, *, update_id: int, chat_jid: str, raw: dict[str, Any], at: datetime) -> bool:
+    """Keep an update to handle later; False when it is kept already (a redelivery)."""
+    cursor = conn.execute(
+        "INSERT OR IGNORE INTO telegram_deferred (update_id, chat_jid, raw, deferred_at) VALUES (?, ?, ?, ?)",
+        (update_id, chat_jid, json.dumps(raw), iso(at)),
+    )
+    return cursor.rowcount > 0
+
+
+def deferred_updates(conn: sqlite3.Connection) -> list[DeferredUpdate]:
+    """Every update still to handle, in update order."""
+    rows = conn.execute("SELECT update_id, chat_jid, raw FROM telegram_deferred ORDER BY update_id")
+    return [DeferredUpdate(update_id=r["update_id"], chat_jid=r["chat_jid"], raw=json.loads(r["raw"])) for r in rows]
+
+
+def drop_deferred(conn: sqlite3.Connection, update_id: int) -> None:
+    """Forget a deferred update once it is handled (its `telegram_updates` row then says what became of it)."""
+    conn.execute("DELETE FROM telegram_deferred WHERE update_id = ?", (update_id,))
 
 
 # the offset ------------------------------------------------------------------------------------------------
