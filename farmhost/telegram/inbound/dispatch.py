@@ -18,15 +18,19 @@ from farmhost.telegram.inbound import membership
 from farmhost.telegram.inbound.buttons import on_callback
 from farmhost.telegram.inbound.media import media_of
 from farmhost.telegram.inbound.message_store import MessageStore
-from farmhost.telegram.inbound.routing import Incoming, Route, route
+from farmhost.telegram.inbound.routing import Incoming, Route, parse_command, route
 from farmhost.telegram.inbound.update_context import INBOUND_LOGGER, InboundPorts
 from farmhost.telegram.inbound.voice_notes import is_voice
 
 logger = logging.getLogger(INBOUND_LOGGER)
 
 
-async def handle(ports: InboundPorts, messages: MessageStore, update: Update) -> None:
-    """Process one update and move the offset past it (unless it is to be retried: MediaRetry, sqlite3.Error)."""
+async def handle(ports: InboundPorts, messages: MessageStore, update: Update, *, busy: bool = False) -> None:
+    """Process one update and move the offset past it (unless it is to be retried: MediaRetry, sqlite3.Error).
+
+    `busy`: too many updates wait already (chat_queues.py); a voice note is then answered that the farm is busy
+    instead of being heard.
+    """
     if telegram_state.seen(ports.db.conn, update.update_id):
         logger.info("telegram: update %d was delivered again; dropped", update.update_id)
         with ports.db.tx() as conn:
@@ -35,7 +39,7 @@ async def handle(ports: InboundPorts, messages: MessageStore, update: Update) ->
     if update.callback_query is not None:
         await on_callback(ports, update.update_id, update.callback_query)
     elif update.message is not None:
-        await on_message(ports, messages, update.update_id, update.message, edited=False)
+        await on_message(ports, messages, update.update_id, update.message, edited=False, busy=busy)
     elif update.edited_message is not None:
         await on_message(ports, messages, update.update_id, update.edited_message, edited=True)
     elif update.my_chat_member is not None:
@@ -45,7 +49,7 @@ async def handle(ports: InboundPorts, messages: MessageStore, update: Update) ->
 
 
 async def on_message(
-    ports: InboundPorts, messages: MessageStore, update_id: int, message: Message, *, edited: bool
+    ports: InboundPorts, messages: MessageStore, update_id: int, message: Message, *, edited: bool, busy: bool = False
 ) -> None:
     """Route a new or edited message and act on the decision."""
     chat = message.chat
@@ -69,7 +73,7 @@ async def on_message(
     heard = None
     if group is not None and not edited and is_voice(ref) and _may_speak(ports, group.is_main, sender):
         assert ref is not None
-        heard = await messages.hear(update_id, group, ref, message)
+        heard = await messages.hear(update_id, group, ref, message, busy=busy)
         if heard is not None:
             text = heard.text
     incoming = Incoming(
@@ -93,6 +97,32 @@ async def on_message(
     else:
         assert group is not None
         await messages.store(update_id, message, group, decision, text, ref, edited=edited, heard=heard)
+
+
+def chat_of(update: Update) -> str | None:
+    """The chat whose order an update keeps (a message or an edit); None for buttons and membership changes."""
+    message = update.message or update.edited_message
+    return jid_of(message.chat.id) if message is not None else None
+
+
+def must_hear(ports: InboundPorts, update: Update) -> bool:
+    """Whether the update is a voice note that will be transcribed (what on_message hears before routing)."""
+    message = update.message
+    if message is None or ports.stt is None:
+        return False
+    group = groups.find_by_jid(ports.db.conn, jid_of(message.chat.id))
+    ref = media_of(message, max_bytes=ports.settings.media_max_bytes)
+    return group is not None and is_voice(ref) and _may_speak(ports, group.is_main, message.from_user)
+
+
+def is_stop(ports: InboundPorts, update: Update) -> bool:
+    """Whether the update is `/stop` in the main chat: it makes the farm safe, so it waits for nothing."""
+    message = update.message
+    if message is None or not message.text:
+        return False
+    group = groups.find_by_jid(ports.db.conn, jid_of(message.chat.id))
+    command = parse_command(message.text, ports.bot.username)
+    return group is not None and group.is_main and command is not None and command[0] == "stop"
 
 
 def _may_speak(ports: InboundPorts, is_main: bool, sender: User | None) -> bool:

@@ -26,7 +26,7 @@ from farmhost.telegram.inbound.command_replies import CommandReplies
 from farmhost.telegram.inbound.media import MediaRef, MediaRetry, Saved, placeholder, save_media
 from farmhost.telegram.inbound.routing import Route
 from farmhost.telegram.inbound.update_context import INBOUND_LOGGER, InboundPorts
-from farmhost.telegram.inbound.voice_notes import Heard, hear
+from farmhost.telegram.inbound.voice_notes import BUSY, Heard, hear, refused
 
 logger = logging.getLogger(INBOUND_LOGGER)
 
@@ -127,8 +127,12 @@ class MessageStore:
         if reply is not None or refusal is not None:
             ports.wake_outbox()
 
-    async def hear(self, update_id: int, group: Group, ref: MediaRef, message: Message) -> Heard | None:
+    async def hear(
+        self, update_id: int, group: Group, ref: MediaRef, message: Message, *, busy: bool = False
+    ) -> Heard | None:
         """Fetch a voice note into the inbox and transcribe it (None: no speech-to-text is configured).
+
+        `busy`: too many updates wait to be handled; the note is kept but not heard, and the chat told so.
 
         Raises:
             MediaRetry: its media could not be fetched (yet); the update is to be processed again.
@@ -137,6 +141,8 @@ class MessageStore:
         if stt is None:
             return None
         saved = await self._save_media(update_id, group, ref, message)
+        if busy:
+            return refused(saved.placeholder, message.caption or "", BUSY)
         return await hear(stt, ref, saved.placeholder, saved.data, message.caption or "")
 
     async def _save_media(self, update_id: int, group: Group, ref: MediaRef, message: Message) -> Saved:

@@ -2,7 +2,8 @@
 
 Connecting (getMe until it works, deleteWebhook, setMyCommands), the offset each poll starts from, backoff after
 a failed poll, a refused token (fatal: `stopped_reason`), batches PTB cannot read, and updates whose handling
-failed (recorded as errors so they never block the rest). What an update means is the handler's business.
+failed (recorded as errors so they never block the rest). What an update means is the handler's business; an
+update that would hold the loop (a voice note to hear, and what its chat sends after it) goes to ChatQueues.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import asyncio
 import logging
 import sqlite3
 import warnings
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -24,6 +24,7 @@ from farmhost.store import groups, telegram_state
 from farmhost.telegram.bot import chat_id_of
 from farmhost.telegram.delivery.failures import classify
 from farmhost.telegram.inbound import commands
+from farmhost.telegram.inbound.chat_queues import ChatQueues, UpdateHandler
 from farmhost.telegram.inbound.media import MediaRetry
 from farmhost.telegram.inbound.update_context import INBOUND_LOGGER, InboundPorts
 
@@ -35,8 +36,6 @@ RETRY_DELAYS: Final = (1.0, 30.0)
 # Short polling (FARMHOST_TELEGRAM_POLL_TIMEOUT=0) must not spin: at least this long between empty polls.
 SHORT_POLL_PAUSE: Final = 1.0
 
-UpdateHandler = Callable[[Update], Awaitable[None]]
-
 
 @dataclass(frozen=True)
 class _Unreadable:
@@ -47,14 +46,20 @@ class _Unreadable:
 
 
 class Poller:
-    """Long-polls Telegram and hands every update to `handle`, one at a time, in order."""
+    """Long-polls Telegram and hands every update to `handle`, one at a time, in order, or to its chat's queue."""
 
     def __init__(
-        self, ports: InboundPorts, handle: UpdateHandler, *, retry_delays: tuple[float, float] = RETRY_DELAYS
+        self,
+        ports: InboundPorts,
+        handle: UpdateHandler,
+        queues: ChatQueues,
+        *,
+        retry_delays: tuple[float, float] = RETRY_DELAYS,
     ) -> None:
         self._ports = ports
         self._bot = ports.bot
         self._handle = handle
+        self._queues = queues
         self._retry_delays = retry_delays
         self._failures = 0
         self.stopped_reason: str | None = None
@@ -64,6 +69,7 @@ class Poller:
         try:
             if not await self._connect():
                 return
+            self._queues.resume()
             await self._poll()
         except asyncio.CancelledError:
             raise
@@ -131,7 +137,7 @@ class Poller:
                     self._ports.finish(update.update_id, None, "error", update.reason)
                     continue
                 try:
-                    await self._handle(update)
+                    await self._hand_over(update)
                 except MediaRetry as err:
                     await self._backoff(f"update {update.update_id}", err)
                     break  # the next poll starts again at this update
@@ -141,6 +147,12 @@ class Poller:
                 except Exception as err:  # noqa: BLE001 - logged with its traceback and recorded by _skip
                     if not await self._skip(update.update_id, err):
                         break
+
+    async def _hand_over(self, update: Update) -> None:
+        """Handle the update now, or leave it to its chat's queue (a voice note to hear, or one waiting for one)."""
+        way = self._queues.offer(update)
+        if way != "deferred":
+            await self._handle(update, way == "busy")
 
     async def _fetch(self, offset: int | None) -> list[Update | _Unreadable]:
         """The next updates; a batch PTB cannot read is fetched again raw and read one update at a time."""

@@ -1,6 +1,6 @@
 """TelegramInbound: everything that comes in from Telegram, by long polling; it wires the parts together.
 
-One update at a time: it is routed (routing.py), its media fetched into the group's inbox (media.py), and then
+One update at a time (a voice note to hear, and what its chat sends after it, beside the loop: chat_queues.py): it is routed (routing.py), its media fetched into the group's inbox (media.py), and then
 everything it produced (the telegram_updates row, the transcript row, the chats row, a pending chat, outbox
 entries, a queued run) is committed in ONE transaction together with the new offset (update_id + 1). Only then is
 the next getUpdates sent with that offset, which is what confirms the update to Telegram. A crash before the
@@ -11,7 +11,7 @@ and queues the replies. All replies and notices go through the outbox; only chat
 answers and the edit of an approval message are sent directly. docs/telegram.md has the whole story.
 
 The parts: polling.py (the getUpdates loop), dispatch.py (one update), message_store.py (messages),
-command_replies.py (commands), membership.py (offers, the bot joining and leaving), buttons.py (buttons),
+chat_queues.py (updates waiting for a voice note of their chat), command_replies.py (commands), membership.py (offers, the bot joining and leaving), buttons.py (buttons),
 main_members.py (who may decide in the main chat), update_context.py (what they share).
 """
 
@@ -34,6 +34,7 @@ from farmhost.layout import DataLayout
 from farmhost.store import telegram_state
 from farmhost.store.db import Database, now_utc
 from farmhost.telegram.inbound import dispatch
+from farmhost.telegram.inbound.chat_queues import ChatQueues
 from farmhost.telegram.inbound.chat_runs import TYPING_INTERVAL, ChatRuns
 from farmhost.telegram.inbound.command_replies import CommandReplies, StatusSource
 from farmhost.telegram.inbound.main_members import MainChatMembers
@@ -123,7 +124,8 @@ class TelegramInbound:
             typing_interval=typing_interval,
         )
         self._messages = MessageStore(self._ports, self._runs, CommandReplies(self._ports, runtime, status))
-        self._poller = Poller(self._ports, self._handle, retry_delays=retry_delays)
+        self._queues = ChatQueues(self._ports, self._handle, retry_delays=retry_delays)
+        self._poller = Poller(self._ports, self._handle, self._queues, retry_delays=retry_delays)
         self._poll_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -146,6 +148,7 @@ class TelegramInbound:
             self._poll_task.cancel()
             await asyncio.gather(self._poll_task, return_exceptions=True)
             self._poll_task = None
+        await self._queues.stop()
         await self._runs.stop()
 
     @property
@@ -158,5 +161,5 @@ class TelegramInbound:
         """Why polling ended by itself (a refused token, a bug); None until then (reset by `start()`)."""
         return self._poller.stopped_reason
 
-    async def _handle(self, update: Update) -> None:
-        await dispatch.handle(self._ports, self._messages, update)
+    async def _handle(self, update: Update, busy: bool) -> None:
+        await dispatch.handle(self._ports, self._messages, update, busy=busy)

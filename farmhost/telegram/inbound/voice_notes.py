@@ -29,6 +29,11 @@ MARK: Final = "🎤"
 QUOTE_CHARS: Final = 300
 # A note of FARMHOST_STT_MAX_SECONDS (120 s) is ~2,000 characters of words; this only bounds a runaway engine.
 WORDS_CHARS: Final = 20_000
+# A note that arrives while too many updates wait for earlier notes (chat_queues.py) is kept but not heard.
+BUSY: Final = (
+    "The farm computer is busy hearing earlier voice notes, so I did not hear this one. "
+    "Please send it again in a few minutes, or type it."
+)
 _HEARD_RE: Final = re.compile(r"\[(?:voice|audio|video_note): [^\]\n]*\] " + MARK + r" (?P<words>[^\n]+)")
 
 
