@@ -23,7 +23,7 @@ from telegram_stub import Call, FakeTelegram
 from farmhost.store.db import Database
 from farmhost.store.transcripts import latest
 from farmhost_dev.hf_hub import WHISPER_BASE_REPO, LocalHub
-from farmhost_dev.voice import IRRIGATION_WORDS, free_port, silent_note, spoken_note
+from farmhost_dev.voice import IRRIGATION_NOTE, IRRIGATION_WORDS, free_port, silent_note, spoken_note
 
 pytestmark = pytest.mark.slow  # end to end, many seconds each
 
@@ -281,3 +281,91 @@ def test_a_named_model_the_hub_cannot_send_yet_is_a_sentence_and_the_next_note_f
     stored = [t for d, t in wait_for(lambda: _stored(data_dir, MAIN_JID), what="the transcript") if d == "in"]
     assert "(not transcribed)" in stored[0] and "🎤" in stored[1]
     assert list((data_dir / "models").glob("models--Systran--faster-whisper-base/snapshots/*/model.bin"))
+
+
+# ---------------------------------------------------------------------- a note is heard beside the polling loop
+
+# The irrigation request read eight times: about 45 s of speech, many seconds of hearing on any farm computer.
+LONG_REPEAT = 8
+
+
+def _field_rows(data_dir: Path) -> list[dict[str, Any]]:
+    return db_rows(data_dir, "SELECT id, text FROM transcript WHERE chat_jid = ? AND direction = 'in' ORDER BY id",
+                   FIELD_JID)  # fmt: skip
+
+
+def _send_long_note(tg: FakeTelegram, data_dir: Path, caption: str | None = None) -> None:
+    """A long note in the field group; returns once it is saved in the inbox (its hearing starts then)."""
+    note = spoken_note(IRRIGATION_NOTE, repeat=LONG_REPEAT)
+    tg.media_message(FIELD_CHAT, "voice", content=note, duration=45, caption=caption)
+    inbox = data_dir / "groups" / "field" / "inbox"
+    wait_for(lambda: inbox.is_dir() and _inbox(data_dir, "field"), timeout=60, what="the long note saved")
+
+
+@pytest.fixture
+def base_env(ha_env: dict[str, str], fake_telegram: FakeTelegram, whisper_base: Path) -> dict[str, str]:
+    """The daemon's environment with Home Assistant, the fake Bot API and faster-whisper-base (no LLM)."""
+    return _env(ha_env, fake_telegram, whisper_base)
+
+
+@pytest.mark.timeout(600)
+def test_a_long_note_in_a_field_group_holds_neither_the_main_chats_stop_nor_its_own_chats_order(
+    data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, base_env: dict[str, str]
+) -> None:
+    """Two long notes in a field group held a `/stop` in the main chat for 217 s: the stop no longer waits for them."""
+    tg = fake_telegram
+    policy = {"actionGroups": {"ha_set_entity": ["main"]}, "rules": [{"entities": [PUMP], "requireApproval": True}]}
+    (data_dir / "farm-profile.json").write_text(json.dumps({"policy": policy}))
+    ha_reset.set_state(PUMP, True)
+    wait_state(ha_reset, PUMP, "on")
+    with running_daemon(data_dir, env=base_env) as daemon:
+        _send_long_note(tg, data_dir)  # no trigger: kept as context
+        tg.user_message(FIELD_CHAT, "the gate is shut")  # typed after the note: stored after it
+        tg.user_message(MAIN_CHAT, "/stop", user_id=MAIN_CHAT, chat_type="private", title=None)
+        wait_for(lambda: sent_with(tg, MAIN_CHAT, "EMERGENCY STOP"), timeout=60, what="the answer to /stop")
+        # the stop acted while the field's note was still being heard: none of the field's messages is stored yet
+        assert _field_rows(data_dir) == []
+        wait_state(ha_reset, PUMP, "off")
+        rows = wait_for(lambda: r if len(r := _field_rows(data_dir)) == 2 else None, timeout=300,
+                        what="the field's note and text stored")  # fmt: skip
+        assert "Traceback" not in daemon.log()
+
+    note, text = rows
+    assert note["text"].startswith("[voice: inbox/") and "irrigation" in note["text"].lower()
+    assert text["text"] == "the gate is shut"  # after the note, though it arrived while the note was heard
+    assert db_rows(data_dir, "SELECT * FROM telegram_deferred") == []
+
+
+@pytest.mark.timeout(900)
+def test_a_kill_9_while_a_note_is_heard_loses_nothing_and_the_restart_answers_it_once(
+    data_dir: Path, fake_telegram: FakeTelegram, llm_stub: ScriptedLLM, base_env: dict[str, str]
+) -> None:
+    tg = fake_telegram
+    llm_stub.script(then=Reply("Noted."))
+    with running_daemon(data_dir, env={**base_env, **_llm(llm_stub)}) as daemon:
+        _send_long_note(tg, data_dir, "@Field")
+        tg.user_message(MAIN_CHAT, "/status", user_id=MAIN_CHAT, chat_type="private", title=None)
+        wait_for(lambda: tg.sent(MAIN_CHAT), timeout=60, what="the answer to /status")
+        assert _field_rows(data_dir) == []  # answered while the note is still being heard
+        [kept] = db_rows(data_dir, "SELECT * FROM telegram_deferred")
+        assert kept["chat_jid"] == FIELD_JID
+        daemon.kill()
+        daemon.start(timeout=30)
+        answer: Call = wait_for(
+            lambda: next((c for c in tg.sent(FIELD_CHAT) if (c.text or "").startswith("🎤")), None),
+            timeout=300,
+            what="the answer to the note after the restart",
+        )
+        wait_for(
+            lambda: not db_rows(data_dir, "SELECT * FROM telegram_deferred"), what="the note forgotten once handled"
+        )
+        assert "Traceback" not in daemon.log()
+
+    heard, reply = str(answer.params["text"]).split("\n\n", 1)
+    assert "irrigation" in heard.lower() and reply.startswith("Noted.")
+    assert [c.text for c in tg.sent(FIELD_CHAT)] == [answer.text]  # answered exactly once
+    assert len(llm_stub.requests) == 1
+    [row] = _field_rows(data_dir)
+    assert row["text"].startswith("[voice: inbox/")
+    [update] = db_rows(data_dir, "SELECT * FROM telegram_updates WHERE chat_jid = ?", FIELD_JID)
+    assert update["update_id"] == kept["update_id"]
