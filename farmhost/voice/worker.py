@@ -241,8 +241,11 @@ def main() -> None:
         os.nice(NICENESS)
     limit_heap()
     worker = Worker(args, out)
-    worker.send(event="started", pid=os.getpid(), rate=SAMPLE_RATE)
-    worker.serve(sys.stdin.buffer)
+    try:
+        worker.send(event="started", pid=os.getpid(), rate=SAMPLE_RATE)
+        worker.serve(sys.stdin.buffer)
+    except BrokenPipeError:  # the daemon is gone (a kill -9): nobody is left to answer, and nothing to report
+        os._exit(0)  # no flush at exit, which would only hit the broken pipe again
 
 
 if __name__ == "__main__":
