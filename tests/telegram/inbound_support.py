@@ -24,6 +24,8 @@ from telegram_stub import FakeTelegram
 
 from farmhost.agents.runtime import AgentRuntime
 from farmhost.config import Settings, build_config
+from farmhost.emergency_stop import EmergencyStop
+from farmhost.farm.audit import AuditLog
 from farmhost.groups.live import GroupRegistry
 from farmhost.ipc.ping import ping_handlers
 from farmhost.ipc.service import IpcService
@@ -33,6 +35,7 @@ from farmhost.store.db import Database, now_utc
 from farmhost.telegram.bot import make_bot
 from farmhost.telegram.delivery.worker import OutboxDelivery
 from farmhost.telegram.inbound.receiver import TelegramInbound
+from farmhost.voice.stt import SpeechToText
 
 MAIN_CHAT, FIELD_CHAT = 100, 200
 assert f"telegram:{MAIN_CHAT}" == MAIN_JID
@@ -145,10 +148,13 @@ async def running(
     status: Callable[[], Awaitable[dict[str, Any]]] | None = None,
     typing_interval: float = 0.3,
     command: Sequence[str] | None = ECHO_COMMAND,
+    stt: SpeechToText | None = None,
+    emergency_stop: bool = False,
 ) -> AsyncIterator[Host]:
     """Start runtime (running `command`; None: the settings' agent), inbound (and delivery, and IPC) on the data dir.
 
-    They are stopped in the app's order at the end.
+    `stt`: the engine that hears voice notes (its owner closes it). `emergency_stop`: the real EmergencyStop behind
+    /stop and /resume, without Home Assistant. They are stopped in the app's order at the end.
     """
     db = Database.open(settings.data_dir)
     registry = GroupRegistry(db)
@@ -184,6 +190,19 @@ async def running(
         host.groups_changed.append(time.monotonic())
         registry.reload()
 
+    config = build_config(settings)
+    stop = (
+        EmergencyStop(
+            db=db,
+            runtime=runtime,
+            ha=None,
+            profile_path=config.farm.profile_path,
+            audit=AuditLog(DataLayout(settings.data_dir).farm_state, max_bytes=config.farm.audit_max_bytes),
+            wake_outbox=lambda: wake(),
+        )
+        if emergency_stop
+        else None
+    )
     inbound = TelegramInbound(
         db=db,
         settings=telegram,
@@ -193,6 +212,8 @@ async def running(
         wake_outbox=wake,
         status=status,
         on_groups_changed=groups_changed,
+        stop=stop,
+        stt=stt,
         typing_interval=typing_interval,
         retry_delays=(0.05, 0.2),
     )
