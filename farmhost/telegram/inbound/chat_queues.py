@@ -32,7 +32,7 @@ from farmhost.outbox.text import describe_error
 from farmhost.store import telegram_state
 from farmhost.telegram.inbound.dispatch import chat_of, is_stop, must_hear
 from farmhost.telegram.inbound.media import MediaRetry
-from farmhost.telegram.inbound.update_context import INBOUND_LOGGER, InboundPorts
+from farmhost.telegram.inbound.update_context import INBOUND_LOGGER, InboundPorts, retry_delay
 
 logger = logging.getLogger(INBOUND_LOGGER)
 
@@ -180,8 +180,7 @@ class ChatQueues:
                     return
                 except sqlite3.Error:
                     failures += 1
-            first, cap = self._retry_delays
-            await asyncio.sleep(min(cap, first * 2 ** min(failures, 16)))
+            await asyncio.sleep(retry_delay(self._retry_delays, failures))
 
     @staticmethod
     def _dropper(update_id: int) -> Callable[[sqlite3.Connection], None]:

@@ -26,7 +26,7 @@ from farmhost.telegram.delivery.failures import classify
 from farmhost.telegram.inbound import commands
 from farmhost.telegram.inbound.chat_queues import ChatQueues, UpdateHandler
 from farmhost.telegram.inbound.media import MediaRetry
-from farmhost.telegram.inbound.update_context import INBOUND_LOGGER, InboundPorts
+from farmhost.telegram.inbound.update_context import INBOUND_LOGGER, InboundPorts, retry_delay
 
 logger = logging.getLogger(INBOUND_LOGGER)
 
@@ -197,7 +197,7 @@ class Poller:
 
     async def _backoff(self, what: str, err: BaseException, *, wait: float | None = None) -> None:
         first, cap = self._retry_delays
-        delay = wait if wait is not None else min(cap, first * 2 ** min(self._failures, 16))
+        delay = wait if wait is not None else retry_delay(self._retry_delays, self._failures)
         self._failures += 1
         if self._failures == 1:
             logger.warning(

@@ -40,6 +40,12 @@ logger = logging.getLogger(INBOUND_LOGGER)
 Work = Callable[[sqlite3.Connection], None]
 
 
+def retry_delay(delays: tuple[float, float], failures: int) -> float:
+    """The wait before the next try after `failures` failed ones: `delays[0]` doubling, at most `delays[1]`."""
+    first, cap = delays
+    return min(cap, first * 2.0 ** min(failures, 16))
+
+
 @dataclass(frozen=True)
 class InboundPorts:
     """The daemon's side of the inbound handlers (see TelegramInbound for what each one is)."""
