@@ -81,11 +81,14 @@ async def test_an_idle_loop_is_not_woken_to_be_measured_and_a_stall_in_it_is_mea
         # The loop waits for a thread for a second with nothing else to do: it wakes when the thread is done and
         # perhaps once to write the figures (a monitor that ticked every 10 ms woke it 100 times meanwhile).
         await asyncio.to_thread(time.sleep, 1.0)
-        quiet = monitor.figures()["samples"] - before
+        waited = monitor.figures()
         time.sleep(0.4)  # noqa: ASYNC251 - a blocking call on the loop, on purpose
         await asyncio.sleep(0)
         figures = monitor.figures()
     finally:
         await monitor.stop()
-    assert quiet <= 5, figures
-    assert figures["maxMs"] >= 400 and sum(figures["counts"][-4:]) == 1, figures  # one turn, the stall, all of it
+    # The second of waiting is no turn: counted as one, it would be a turn of about 1000 ms. A loaded machine may
+    # still make a turn of the wait slow (a wake taken late, a collection of the test process's garbage).
+    assert waited["samples"] - before <= 5 and waited["maxMs"] < 750, waited
+    slow = sum(figures["counts"][-4:]) - sum(waited["counts"][-4:])  # turns of 250 ms or more, since the wait
+    assert figures["maxMs"] >= 400 and slow == 1, (waited, figures)  # one turn, the stall, all of it
