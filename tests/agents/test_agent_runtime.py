@@ -87,13 +87,29 @@ async def test_the_global_cap_holds_across_groups(root: Path) -> None:
     add_group(root, "barn", "telegram:300")
     settings = settings_for(root, FARMHOST_AGENT_RUNTIME="process", FARMHOST_MAX_AGENTS=2)
     runtime = await started(make_runtime(settings))
+    peak = 0
+
+    async def watch() -> None:  # the host's own count of the processes it runs, looked at every 5 ms
+        nonlocal peak
+        while True:
+            peak = max(peak, len(runtime.running))
+            await asyncio.sleep(0.005)
+
+    watcher = asyncio.create_task(watch())
     try:
         jobs = [probe_job(folder, sleep=0.3) for folder in ("main", "field", "barn") for _ in range(2)]
         outcomes = await asyncio.gather(*(runtime.submit(job) for job in jobs))
     finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
         await runtime.stop()
+    # Two at once, by the host's count: it counts a run from its process's start to its end (the interpreter's
+    # start and the 0.3 s sleep). The probes' own clocks showed it only when two interpreters started within 0.3 s
+    # of each other, which a loaded machine does not promise (0.27 s apart seen at load 13); they still show that
+    # never three ran.
+    assert peak == 2
     intervals = spans(list(outcomes))
-    assert most_at_once(intervals) == 2
+    assert most_at_once(intervals) <= 2
     for folder in ("main", "field", "barn"):
         own = [i for i, job in zip(intervals, jobs, strict=True) if job.folder == folder]
         assert most_at_once(own) == 1
