@@ -161,7 +161,8 @@ def test_a_stopped_host_is_reported_at_once_not_waited_for(data_dir: Path, daemo
 
 def test_a_stale_heartbeat_means_the_host_is_gone(tmp_path: Path) -> None:
     ipc = fake_ipc_dir(tmp_path / "ipc", heartbeat_age=3600)
-    with pytest.raises(HostUnavailableError, match=r"heartbeat .* is 3600 s old"):
+    # The age is read when the client runs, in whole seconds: 3600, or a little more on a machine that stalled it
+    with pytest.raises(HostUnavailableError, match=r"heartbeat .* is 360[0-9] s old"):
         IpcClient(ipc, timeout=30).ping()
     assert pending(ipc) == []
     (ipc / "host_status.json").unlink()
