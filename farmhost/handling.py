@@ -79,6 +79,7 @@ class Refusal:
     at: datetime  # when the host received it
     duration_ms: int
     request: AnyRequest | None = None  # as decoded (None: refused as not valid), for a row serving many actions
+    action: str | None = None  # the `action` written, when it is text (a row serving many actions names it)
 
 
 AsyncHandler = Callable[[RequestContext, "AnyRequest"], Awaitable[Outcome]]
@@ -114,6 +115,9 @@ class HandlerSpec:
 
 # The row of every farm action that names another site (`site`): it is sent there, whatever the action.
 SITE_HANDLER: Final = "farm_action@site"
+# The action of the row told of a request of its type whose action no row serves (refused as not valid, so never
+# routed): a farm action of a name this host does not know is audited all the same.
+ANY_ACTION: Final = "*"
 
 
 def handler_key(kind: str, action: str | None) -> str:

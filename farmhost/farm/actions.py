@@ -26,6 +26,7 @@ from farmhost.farm.dashboards import actions as dashboard_actions
 from farmhost.farm.dashboards import screenshots
 from farmhost.farm.state import collector, history
 from farmhost.handling import (
+    ANY_ACTION,
     AsyncHandler,
     Effect,
     Handlers,
@@ -33,6 +34,7 @@ from farmhost.handling import (
     Refusal,
     RefusalHandler,
     RequestContext,
+    handler_key,
 )
 from farmhost.protocol.catalog import FARM_ACTIONS, FARM_ROWS, ActionEffect, ActionRow
 from farmhost.protocol.codes import ErrorCode
@@ -99,8 +101,8 @@ def farm_handlers(deps: FarmDeps, *, audit: AuditLog | None = None) -> Handlers:
         audit: the audit log; by default `farm-state/audit.ndjson`, rotated at FARMHOST_REQUEST_LOG_BYTES.
     """
     log = audit or AuditLog(deps.layout.farm_state, max_bytes=deps.settings.audit_max_bytes)
-    return {
-        f"farm_action:{name}": HandlerSpec(
+    rows = {
+        handler_key("farm_action", name): HandlerSpec(
             effect=spec.effect,
             run=_handler(deps, log, name, spec),
             timeout=spec.timeout + ROUTER_MARGIN,
@@ -108,21 +110,31 @@ def farm_handlers(deps: FarmDeps, *, audit: AuditLog | None = None) -> Handlers:
         )
         for name, spec in ACTIONS.items()
     }
+    # A name no row serves is refused as not valid before routing; the row is there for its audit line only.
+    rows[handler_key("farm_action", ANY_ACTION)] = HandlerSpec(
+        effect=Effect.READ, run=_unknown_action, on_refused=refusal_auditor(log)
+    )
+    return rows
+
+
+async def _unknown_action(ctx: RequestContext, request: AnyRequest) -> Outcome:
+    return Outcome.failure(ErrorCode.INVALID_REQUEST, f"{request.action_name} is not a farm action of this host")
 
 
 def refusal_auditor(audit: AuditLog, name: str | None = None) -> RefusalHandler:
     """A farm action refused before its handler (expired, not valid) is audited like one its handler refused.
 
-    `name` is the row's action; None for the row of the farm actions for another site (farmhost/sites/caller.py),
-    whose line names the request's action and its site, as that row's own lines do.
+    `name` is the row's action; None for a row serving many: the farm actions for another site
+    (farmhost/sites/caller.py), whose line names the request's action and its site as that row's own lines do, and
+    the farm actions of a name this host does not know, whose line names the action as written.
     """
 
     def record(refusal: Refusal) -> None:
         action, extra = name, None
-        if action is None:
-            request = refusal.request
-            assert isinstance(request, FarmActionRequest)  # the router tells that row, with the request
-            action, extra = request.action, {"site": request.site}
+        if action is None and isinstance(refusal.request, FarmActionRequest):
+            action, extra = refusal.request.action, {"site": refusal.request.site}
+        elif action is None:
+            action = refusal.action or ""
         audit.record(
             at=refusal.at,
             group=refusal.group,

@@ -315,6 +315,7 @@ class RequestProcessor:
                 group=item.group.folder,
                 request_id=request_id,
                 params=rejected.params,
+                action=rejected.named,
                 code=code,
                 at=received,
                 duration_ms=round((time.perf_counter() - started) * 1000),

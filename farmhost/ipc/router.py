@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, overloa
 from farmhost.errors import FarmhostError
 from farmhost.files import dump_json_text
 from farmhost.handling import (
+    ANY_ACTION,
     SITE_HANDLER,
     Approved,
     Change,
@@ -141,7 +142,8 @@ class Router:
 
     def refused(self, key: tuple[str, str | None], refusal: Refusal) -> None:
         """Tell the row of `key` (type, action) of a request refused before it could be routed (not valid)."""
-        spec = self._handlers.get(handler_key(*key))
+        kind, action = key
+        spec = self._handlers.get(handler_key(kind, action)) or self._handlers.get(handler_key(kind, ANY_ACTION))
         if spec is not None:
             _tell(spec, refusal)
 

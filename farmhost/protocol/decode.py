@@ -22,6 +22,8 @@ from farmhost.protocol.requests import (
     TasksRequest,
 )
 
+# An action name no row serves is kept this long for the audit line (it is the agent's text).
+MAX_NAMED_CHARS: Final = 128
 _ADAPTERS: Final[dict[Queue, TypeAdapter[Any]]] = {
     Queue.MESSAGES: TypeAdapter(MessagesRequest),
     Queue.TASKS: TypeAdapter(TasksRequest),
@@ -40,13 +42,15 @@ class RequestRejected(ValueError):
         kind: str | None = None,
         action: str | None = None,
         params: Any = None,
+        named: str | None = None,
     ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.request_id = request_id
         self.kind = kind
-        self.action = action  # the `action` written, when it is text (the row told of the refusal)
+        self.action = action  # the `action` written, when it is one of the host's (the row told of the refusal)
         self.params = params  # the `params` written, as they are
+        self.named = named if named is not None else action  # the `action` written, when it is text (for the audit)
 
 
 def decode_request(queue: Queue, raw: bytes, *, stem: str) -> AnyRequest:
@@ -135,6 +139,7 @@ def _explain(queue: Queue, raw: bytes, stem: str, err: ValidationError) -> Reque
         kind=kind,
         action=action if isinstance(action, str) and action in ACTION_PARAMS else None,
         params=data.get("params"),
+        named=action[:MAX_NAMED_CHARS] if isinstance(action, str) else None,
     )
 
 

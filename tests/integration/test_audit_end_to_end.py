@@ -1,8 +1,9 @@
 """SPEC section 5: every farm action, accepted or refused, appends one line to farm-state/audit.ndjson.
 
 The real daemon and Home Assistant's test instance; requests are dropped into the main group's queue the way the
-in-sandbox client writes them. A request refused before its handler runs (expired, params that are no object or of the wrong type) is
-a farm action refused all the same: it is audited with its code, and nothing reaches Home Assistant.
+in-sandbox client writes them. A request refused before its handler runs (expired, params that are no object or of
+the wrong type, an action of a name the host does not know) is a farm action refused all the same: it is audited
+with its code, and nothing reaches Home Assistant.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ REFUSED_EARLY = [
     ("r-ttl", VALVE_ON, {"ttl": 0.0001}, "expired"),
     ("r-list", [], {}, "invalid_request"),
     ("r-type", {**VALVE_ON, "domain": 5}, {}, "invalid_request"),  # a param of the wrong type: quarantined too
+    ("r-name", VALVE_ON, {"action": "ha_call_any_service"}, "invalid_request"),  # no such action: quarantined
 ]
 
 
@@ -46,7 +48,7 @@ def test_a_farm_action_refused_before_its_handler_is_audited(
 
     refused(result, code)
     (line,) = audit(data_dir, rid)
-    assert (line["group"], line["action"], line["params"]) == ("main", "ha_call_service", params), line
+    assert (line["group"], line["action"], line["params"]) == ("main", {**request, **envelope}["action"], params), line
     assert (line["status"], line["errorCode"]) == ("error", code), line
     assert line["durationMs"] >= 0 and line["ts"]
     assert ha_reset.get_state(VALVE)["state"] == "off"
