@@ -88,7 +88,8 @@ def walk_root(root: Path, on_dir: OnDir | None = None) -> dict[str, os.stat_resu
     """Memory files of one workspace root and their `lstat`; what memory_get would refuse is skipped.
 
     Symlinks (files or dirs) are skipped, and so are names and sizes memory_get refuses (`plain_name`,
-    MAX_SERVED_BYTES), so every citation of a hit is a path it opens.
+    MAX_SERVED_BYTES), so every citation of a hit is a path it opens; a file of more than one link is listed but
+    not read (`read_memory_file`).
 
     Args:
         root: The workspace directory (trusted, may itself be reached through a link).
@@ -135,7 +136,8 @@ def read_memory_file(root: Path, rel: str) -> str | None:
 
     Returns:
         The text (invalid UTF-8 replaced, at most MAX_FILE_BYTES read), or None when the file is
-        missing, is not a regular file, or any component is a symlink.
+        missing, is not a file memory_get would serve (a regular file of one link and at most MAX_SERVED_BYTES),
+        or any component is a symlink.
     """
     parts = rel.split("/")
     if any(p in ("", ".", "..") for p in parts):
@@ -146,7 +148,10 @@ def read_memory_file(root: Path, rel: str) -> str | None:
         for part in parts[:-1]:
             fds.append(os.open(part, OPEN_DIR, dir_fd=fds[-1]))
         fds.append(os.open(parts[-1], _OPEN_FILE, dir_fd=fds[-1]))
-        if not stat.S_ISREG(os.fstat(fds[-1]).st_mode):
+        opened = os.fstat(fds[-1])
+        # One link, as memory_get asks (farmhost/workspace.py): a hard link is another file's content, named here.
+        # The walk lists such a file still, so its root's watch knows to re-list it (farmhost/memory/watch.py).
+        if not _servable(opened) or opened.st_nlink != 1:
             return None
         with os.fdopen(os.dup(fds[-1]), "rb") as handle:
             data = handle.read(MAX_FILE_BYTES)

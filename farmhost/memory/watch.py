@@ -30,7 +30,8 @@ this module existed. Each cause is logged once:
 - the root has more than MAX_WATCHED_DIRS directories to watch (an agent must not spend the user's
   watches); its watches are removed until it has fewer again.
 - a memory file has `st_nlink > 1`: a hard link lets it be written through a directory that is not
-  watched. The root is re-listed at every search while any file has one.
+  watched. Such a file is not searched (memory_get refuses it too), and the root is re-listed at every
+  search while any file has one, so it is searched again as soon as it has one link again.
 - the root does not exist (listing it is one failed `open`).
 
 What inotify cannot see, and the bound on it: a store through a shared writable `mmap` of a memory file

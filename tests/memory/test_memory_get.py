@@ -32,6 +32,8 @@ def farm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     (field / "memory" / "a\\b.md").write_text("# Backslash\n\nquokkaberry notes.\n")
     (field / "memory" / "%41.md").write_text("# Escaped\n\nquokkaberry notes.\n")
     (field / "memory" / "huge.md").write_text("# Huge\n\nquokkaberry\n" + "x" * (4 * 1024 * 1024))
+    (field / "outside.txt").write_text("# Twin\n\nquokkaberry twin.\n")  # a hard link is the same file, anywhere
+    os.link(field / "outside.txt", field / "memory" / "twin.md")
     with running_daemon(root):
         yield root
 
@@ -86,6 +88,7 @@ def test_main_reads_any_registered_group_and_others_only_their_own(farm: Path) -
         ("memory/huge.md", "not_allowed", ("over the 4194304-byte limit",)),
         ("MEMORY.md\u0000.txt", "invalid_request", ("NUL character",)),  # refused with the request itself
         ("memory/passwd.md", "not_allowed", ("symlink",)),
+        ("memory/twin.md", "not_allowed", ("single link",)),
         ("memory/other.md", "not_allowed", ("symlink",)),
         ("memory/linked/MEMORY.md", "not_allowed", ("symlink",)),
         ("memory/notes.txt", "not_allowed", ("only MEMORY.md or memory/**/*.md",)),
@@ -117,7 +120,7 @@ def test_every_file_search_cites_is_one_memory_get_opens(farm: Path) -> None:
     (hit,) = ok(search(farm, "field", {"query": "zymurgite"}))["hits"]
     assert hit["path"] == "memory/50%.md"
     assert "zymurgite" in ok(get(farm, "field", {"path": hit["path"]}))["text"]
-    assert ok(search(farm, "field", {"query": "quokkaberry"}))["hits"] == []  # a\b.md, %41.md, huge.md skipped
+    assert ok(search(farm, "field", {"query": "quokkaberry"}))["hits"] == []  # a\b.md, %41.md, huge.md, twin.md
 
 
 def search(data_dir: Path, folder: str, params: dict[str, Any]) -> dict[str, Any]:
