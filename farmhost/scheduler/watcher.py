@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 # The `for` timer re-checks this much after the hold ends: HA's clock and ours agree to the millisecond here, and
 # firing a hair late is harmless while firing before the hold ended would need a second timer.
 _HOLD_SLACK: Final = 0.01
+_COOLDOWN: Final = "cooldown:"  # how a skipped row of the cooldown begins
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,12 +140,40 @@ class WhenWatcher:
     # ---- events
 
     def _changed(self, change: StateChange) -> None:
-        for watched in self._by_entity.get(change.entity_id, ()):
-            try:
-                seen_at = None if change.resync else change.seen_at
-                self._evaluate(watched, old=change.old, new=change.new, seen_at=seen_at)
-            except Exception:
-                logger.exception("task %s: evaluating its when condition failed", watched.task_id)
+        watching = self._by_entity.get(change.entity_id)
+        if not watching:
+            return
+        seen_at = None if change.resync else change.seen_at
+        # One transaction (one fsync) per state change, however many tasks follow the entity: a group's 100 tasks on
+        # a flapping sensor would otherwise cost 100 fsyncs per flip on the event loop every group shares.
+        try:
+            with self._db.tx() as conn:
+                for watched in watching:
+                    self._evaluate_isolated(conn, watched, old=change.old, new=change.new, seen_at=seen_at)
+        except Exception:
+            logger.exception("evaluating the when conditions on %s failed", change.entity_id)
+        if seen_at is not None:
+            logger.debug(
+                "when: %s evaluated %.1f ms after the event", change.entity_id, (time.monotonic() - seen_at) * 1e3
+            )
+
+    def _evaluate_isolated(
+        self,
+        conn: sqlite3.Connection,
+        watched: _Watched,
+        *,
+        old: EntityView | None,
+        new: EntityView,
+        seen_at: float | None,
+    ) -> None:
+        """Evaluate one task inside the shared transaction; a failure undoes only its own writes."""
+        conn.execute("SAVEPOINT when_task")
+        try:
+            self._evaluate_in(conn, watched, old=old, new=new, seen_at=seen_at)
+        except Exception:
+            conn.execute("ROLLBACK TO when_task")
+            logger.exception("task %s: evaluating its when condition failed", watched.task_id)
+        conn.execute("RELEASE when_task")
 
     def alert_raised(self, alert: Alert) -> None:
         """The farm-state collector raised a new alert: fire the tasks waiting for its rule."""
@@ -171,57 +200,66 @@ class WhenWatcher:
     # ---- the edge
 
     def _evaluate(self, watched: _Watched, *, old: EntityView | None, new: EntityView, seen_at: float | None) -> None:
+        if watched.condition.holds(new.state) is None:
+            return
+        with self._db.tx() as conn:
+            self._evaluate_in(conn, watched, old=old, new=new, seen_at=seen_at)
+
+    def _evaluate_in(
+        self,
+        conn: sqlite3.Connection,
+        watched: _Watched,
+        *,
+        old: EntityView | None,
+        new: EntityView,
+        seen_at: float | None,
+    ) -> None:
         condition = watched.condition
         truth = condition.holds(new.state)
         if truth is None:
             return
         now = self._clock()
-        with self._db.tx() as conn:
-            state = when_state.get(conn, watched.task_id)
-            before = condition.holds(old.state) if old is not None else None
-            if state is None and before is not None:
-                # First look at a new task, on a change (the view was away when it was created): the state before
-                # the change is its starting point, so this change can be its first edge.
-                state = WhenState(task_id=watched.task_id, fired=before)
-            elif state is None and truth and new.last_changed is not None and new.last_changed > watched.created_at:
-                # First look, with nothing seen before (the view reconnected after the task was created): HA says the
-                # entity changed after the task existed, so it became true under the task's watch: an edge.
-                state = WhenState(task_id=watched.task_id, fired=False)
-            if state is None:  # first look at a new task: true now is not an edge, it waits for the next one
-                since = (new.last_changed or now) if truth else None
-                when_state.put(conn, WhenState(task_id=watched.task_id, true_since=since, fired=truth), at=now)
-                return
-            if not truth:
-                self._cancel_timer(watched.task_id)
-                if state.true_since is not None or state.fired:
-                    when_state.put(conn, replace(state, true_since=None, fired=False), at=now)
-                return
-            if state.fired:
-                return
-            if state.true_since is None:
-                # Seen live: now (within milliseconds of HA's change, and immune to a skew between the two
-                # clocks). Found at a (re)sync: HA's last_changed says when it happened while nobody looked.
-                since = now if seen_at is not None and old is not None else min(new.last_changed or now, now)
-                state = replace(state, true_since=since)
-                when_state.put(conn, state, at=now)
-            assert state.true_since is not None
-            due = state.true_since + timedelta(seconds=condition.hold)
-            if due > now:
-                self._arm(watched, due)
-                return
-            event = {
-                "entity": new.entity_id,
-                "name": new.name,
-                "old": old.state if old is not None else None,
-                "new": new.state,
-                "at": local_iso(state.true_since, self._zone),
-                "held": condition.hold or None,
-            }
-            self._edge(conn, watched, state, due=due, event=event, now=now)
-        if seen_at is not None:
-            logger.debug(
-                "when: %s evaluated %.1f ms after the event", watched.task_id, (time.monotonic() - seen_at) * 1e3
-            )
+        state = when_state.get(conn, watched.task_id)
+        before = condition.holds(old.state) if old is not None else None
+        if state is None and before is not None:
+            # First look at a new task, on a change (the view was away when it was created): the state before
+            # the change is its starting point, so this change can be its first edge.
+            state = WhenState(task_id=watched.task_id, fired=before)
+        elif state is None and truth and new.last_changed is not None and new.last_changed > watched.created_at:
+            # First look, with nothing seen before (the view reconnected after the task was created): HA says the
+            # entity changed after the task existed, so it became true under the task's watch: an edge.
+            state = WhenState(task_id=watched.task_id, fired=False)
+        if state is None:  # first look at a new task: true now is not an edge, it waits for the next one
+            since = (new.last_changed or now) if truth else None
+            when_state.put(conn, WhenState(task_id=watched.task_id, true_since=since, fired=truth), at=now)
+            return
+        if not truth:
+            self._cancel_timer(watched.task_id)
+            if state.true_since is not None or state.fired:
+                when_state.put(conn, replace(state, true_since=None, fired=False), at=now)
+            return
+        if state.fired:
+            return
+        if state.true_since is None:
+            # Seen live: now (within milliseconds of HA's change, and immune to a skew between the two
+            # clocks). Found at a (re)sync: HA's last_changed says when it happened while nobody looked.
+            since = now if seen_at is not None and old is not None else min(new.last_changed or now, now)
+            state = replace(state, true_since=since)
+            when_state.put(conn, state, at=now)
+        assert state.true_since is not None
+        due = state.true_since + timedelta(seconds=condition.hold)
+        if due > now:
+            self._arm(watched, due)
+            return
+        event = {
+            "entity": new.entity_id,
+            "name": new.name,
+            "old": old.state if old is not None else None,
+            "new": new.state,
+            "at": local_iso(state.true_since, self._zone),
+            "held": condition.hold or None,
+        }
+        self._edge(conn, watched, state, due=due, event=event, now=now)
 
     def _edge(
         self,
@@ -243,14 +281,20 @@ class WhenWatcher:
         cooldown = timedelta(seconds=watched.condition.cooldown)
         if state.last_fired is not None and due - state.last_fired < cooldown:
             note = (
-                f"cooldown: {_what(watched)} again {_age(due - state.last_fired)} after the last run (cooldown "
+                f"{_COOLDOWN} {_what(watched)} again {_age(due - state.last_fired)} after the last run (cooldown "
                 f"{watched.condition.cooldown:g} s); not run"
             )
-            # Two alerts of the rule at once (one per entity) share a due time: the first one's claim owns it.
-            if iso(due) != iso(state.last_fired) and not task_runs.has_run(conn, task.id, due):
+            # One row per cooldown, not per crossing: a sensor flapping at its threshold would otherwise add a row
+            # (and a log line) per flip for as long as it flaps. Two alerts of the rule at once (one per entity)
+            # share a due time: the first one's claim owns it.
+            first = not task_runs.has_skipped_after(conn, task.id, state.last_fired, reason=_COOLDOWN)
+            if first and iso(due) != iso(state.last_fired) and not task_runs.has_run(conn, task.id, due):
+                note += "; later crossings within this cooldown are not recorded one by one"
                 task_runs.insert_run(conn, task_id=task.id, due_at=due, at=now, status="skipped", detail=note)
+                logger.info("task %s: %s", task.id, note, extra={"taskId": task.id})
+            else:
+                logger.debug("task %s: %s", task.id, note, extra={"taskId": task.id})
             when_state.put(conn, consumed, at=now)
-            logger.info("task %s: %s", task.id, note, extra={"taskId": task.id})
             return
         if (
             task.next_run is not None

@@ -135,6 +135,16 @@ def has_run(conn: sqlite3.Connection, task_id: str, due_at: datetime) -> bool:
     return row is not None
 
 
+def has_skipped_after(conn: sqlite3.Connection, task_id: str, after: datetime, *, reason: str) -> bool:
+    """Whether a task has a `skipped` row due strictly after `after` whose detail starts with `reason`."""
+    row = conn.execute(
+        "SELECT 1 FROM task_runs WHERE task_id = ? AND due_at > ? AND status = 'skipped' AND substr(detail, 1, ?) = ?"
+        " LIMIT 1",
+        (task_id, iso(after), len(reason), reason),
+    ).fetchone()
+    return row is not None
+
+
 def latest_run(conn: sqlite3.Connection) -> RunRecord | None:
     """The row claimed last, of any task (None before the first)."""
     row = conn.execute("SELECT * FROM task_runs ORDER BY id DESC LIMIT 1").fetchone()

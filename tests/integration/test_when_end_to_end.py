@@ -284,11 +284,23 @@ def test_the_requests_around_a_when_task(data_dir: Path, ha_reset: HaInstance, h
         assert ok(wait_result(data_dir, "main", "c1"))["status"] == "cancelled"
         ha_reset.set_state(SOIL, 40)
         ha_reset.set_state(SOIL, 20)
-        # A fence: field's task has seen all three crossings (one run, then two inside its cooldown).
-        fenced = wait_runs(data_dir, for_field["taskId"], 3)
+        # A fence: field's task has seen all three crossings (one run, then two inside its cooldown, recorded once).
+        third = datetime.fromisoformat(ha_reset.get_state(SOIL)["last_changed"]) - timedelta(milliseconds=1)
+        wait_for(
+            lambda: (
+                datetime.fromisoformat(
+                    (edge_state(data_dir, for_field["taskId"]) or {}).get("true_since") or "0001-01-01T00:00:00+00:00"
+                )
+                >= third
+            ),
+            timeout=20,
+            what="field's task to see the third crossing",
+        )
+        fenced = runs(data_dir, for_field["taskId"])
         listed = json.loads((data_dir / "ipc" / "main" / "current_tasks.json").read_text())
     assert run["status"] == "ok"
-    assert [r["status"] for r in fenced] == ["ok", "skipped", "skipped"], fenced
+    assert [r["status"] for r in fenced] == ["ok", "skipped"], fenced
+    assert "not recorded one by one" in fenced[1]["detail"], fenced
     assert task_id not in [t["id"] for t in listed]
     assert len(runs(data_dir, task_id)) == 1
 
