@@ -47,6 +47,8 @@ KEY_PREFIX: Final = "daily-report:"
 ACTUATOR_DOMAINS: Final = frozenset({"switch", "valve", "fan", "light", "input_boolean", "climate", "cover"})
 # A report names at most this many of each kind; a farm with more says "and N more".
 MAX_ITEMS: Final = 8
+# The loop looks at the wall clock at least this often, so a clock step (NTP at boot) is noticed within it.
+LOOK_SECONDS: Final = 30.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,8 +161,11 @@ class DailyReport:
         wake_outbox: Callable[[], None],
         runtime: AgentRuntime | None = None,
         clock: Callable[[], datetime] = now_utc,
+        look_seconds: float = LOOK_SECONDS,
     ) -> None:
         self._db, self._layout, self._settings, self._ha = db, layout, settings, ha
+        self._look = look_seconds
+        self._queued_day: str | None = None  # the farm day whose report is in the outbox (no database look again)
         self._limits = limits
         self._wake = wake_outbox
         self._runtime = runtime
@@ -186,12 +191,15 @@ class DailyReport:
         if now < due:
             return False
         day = due.astimezone(self._settings.zone).date().isoformat()
+        if day == self._queued_day:
+            return False
         with self._db.tx() as conn:
             main = groups.main_group(conn)
             if main is None:
                 return False
             if outbox.has_key(conn, report_key(day)):
                 logger.info("daily report for %s: queued before, not again", day)
+                self._queued_day = day
                 return False
         facts = await gather_facts(
             db=self._db, layout=self._layout, settings=self._settings, ha=self._ha, limits=self._limits, end=now
@@ -201,9 +209,11 @@ class DailyReport:
             text = await self._by_agent(main.folder, main.jid, text) or text
         with self._db.tx() as conn:
             if outbox.has_key(conn, report_key(day)):
+                self._queued_day = day
                 return False
             outbox.enqueue(conn, message_key=report_key(day), chat_jid=main.jid, source_folder=main.folder,
                            chunks=[text], at=now)  # fmt: skip
+        self._queued_day = day
         self._wake()
         logger.info("daily report for %s queued for %s", day, main.jid)
         return True
@@ -217,7 +227,9 @@ class DailyReport:
             now = self._clock()
             due = self._due_at(now)
             following = due if now < due else self._due_at(now + timedelta(days=1))
-            await asyncio.sleep(max(1.0, (following - now).total_seconds()))
+            # Never one long sleep: asyncio sleeps on the monotonic clock, and a Pi without a real-time clock boots
+            # on a stale wall clock that NTP steps later; one nap computed before the step would miss that day.
+            await asyncio.sleep(min(self._look, max(1.0, (following - now).total_seconds())))
 
     def _due_at(self, now: datetime) -> datetime:
         """The report's time on the farm day of `now`."""
