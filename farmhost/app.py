@@ -295,6 +295,7 @@ class App:
                 alerts=self.collector,
                 caller=self.sites,
                 router=self.ipc.router,
+                audit=audit,
                 main_group=self._main_group,
             )
             await self.mqtt.start()

@@ -41,7 +41,7 @@ class AuditLog:
         at: datetime,
         group: str,
         request_id: str | None,
-        action: str,
+        action: str | None,
         params: Any,
         error_code: ErrorCode | None,
         duration_ms: int,

@@ -19,6 +19,7 @@ from farmhost.sites.server import SiteServer
 if TYPE_CHECKING:
     from farmhost.agents.runtime import AgentRuntime
     from farmhost.config import SiteSettings
+    from farmhost.farm.audit import AuditLog
     from farmhost.farm.state.collector import StateCollector
     from farmhost.ipc.router import Router
     from farmhost.sites.caller import SiteCaller
@@ -40,6 +41,7 @@ class MqttService:
         alerts: StateCollector | None,
         caller: SiteCaller,
         router: Router,
+        audit: AuditLog,
         main_group: Callable[[], Group | None],
     ) -> None:
         """The link to `settings.broker` (MQTT must be on: FARMHOST_MQTT_URL set) and what uses it.
@@ -62,7 +64,7 @@ class MqttService:
         self.caller = caller
         caller.attach(self.link)
         self.server = SiteServer(
-            site=site, trusted=settings.trusted, link=self.link, router=router, main_group=main_group
+            site=site, trusted=settings.trusted, link=self.link, router=router, audit=audit, main_group=main_group
         )
         self._site = site
 

@@ -7,19 +7,21 @@ this server serves only the origins it trusts, whatever the broker lets through.
 device, Home Assistant, an unknown site) is logged once per origin and answered nothing. A retained call (the
 broker would hand it again at every subscription) and a call whose deadline is further away than any site gives
 are refused. A call runs through this site's router (`Router.run_as`, the door of every request the host runs
-itself) as its main group would run it, with `<origin>.<call id>` as its request id: the ledger makes a repeat (QoS 1 redelivery, the origin sending again after a reconnect) answer
-with the stored result instead of running again, and a call that arrives after its deadline is answered
-`expired`, not run. The answer goes back on `farmhost/<origin>/rpc/<this site>/answer`. A message that is not a
-call is logged and, when it names its id, answered `invalid_request`; it never stops the link or another call.
+itself) as its main group would run it, with `<origin>.<call id>` as its request id: the ledger makes a repeat
+(QoS 1 redelivery, the origin sending again after a reconnect) answer with the stored result instead of running
+again, and a call that arrives after its deadline is answered `expired`, not run. The answer goes back on
+`farmhost/<origin>/rpc/<this site>/answer`. A message that is not a call is logged and, when it names its id,
+answered `invalid_request`; it never stops the link or another call. A trusted site's call refused before it
+could run (retained, a deadline too far away, not a farm action) is audited like one refused while running.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import ValidationError
 
@@ -31,6 +33,7 @@ from farmhost.sites import wire
 from farmhost.store.db import now_utc
 
 if TYPE_CHECKING:
+    from farmhost.farm.audit import AuditLog
     from farmhost.ipc.router import Router
     from farmhost.mqtt.link import Incoming, MqttLink
     from farmhost.store.groups import Group
@@ -49,6 +52,8 @@ CLOCK_SKEW_SECONDS: Final = 30.0
 # Untrusted origins remembered so each is logged once; the ACL should let none through, so past this many the
 # log says so once and stays quiet (a broker without the ACL must not fill the log or this site's memory).
 MAX_ORIGINS_LOGGED: Final = 1024
+# A refused call's `action` as its audit line and answer name it; a longer one is no farm action's name.
+MAX_ACTION_CHARS: Final = 64
 
 
 class SiteServer:
@@ -61,6 +66,7 @@ class SiteServer:
         trusted: frozenset[str],
         link: MqttLink,
         router: Router,
+        audit: AuditLog,
         main_group: Callable[[], Group | None],
         clock: Callable[[], datetime] = now_utc,
     ) -> None:
@@ -68,6 +74,7 @@ class SiteServer:
         self.trusted = trusted - {site}
         self._link = link
         self._router = router
+        self._audit = audit
         self._main_group = main_group
         self._clock = clock
         self._slots = asyncio.Semaphore(MAX_CONCURRENT)
@@ -125,13 +132,13 @@ class SiteServer:
         except wire.BadMessage as err:
             logger.warning("sites: a bad call from %s: %s", origin, err)
             if err.call_id is not None:
-                self._answer(origin, err.call_id, self._refusal(ErrorCode.INVALID_REQUEST, f"not a call: {err}"))
+                refusal = Outcome.failure(ErrorCode.INVALID_REQUEST, f"not a call: {err}")
+                self._refuse(origin, err.call_id, err.request, refusal, received=received)
             return
         problem = self._problem(call, received=received, retained=retained)
         if isinstance(problem, Outcome):
             logger.warning("sites: refused call %s from %s: %s", call.id, origin, problem.error)
-            self._answer(origin, call.id, self._refusal(problem.error_code or ErrorCode.INVALID_REQUEST,
-                                                        problem.error or ""))  # fmt: skip
+            self._refuse(origin, call.id, call.request, problem, received=received)
             return
         request, group = problem
         async with self._slots:
@@ -180,15 +187,39 @@ class SiteServer:
             return Outcome.failure(ErrorCode.NOT_FOUND, f"site {self.site} has no main group to run it as")
         return request, group
 
-    def _refusal(self, code: ErrorCode, message: str) -> dict[str, object]:
-        return envelope(
-            request_id="-",
-            kind="farm_action",
-            action=None,
-            outcome=Outcome.failure(code, message),
-            executed_at=self._clock(),
+    def _refuse(
+        self,
+        origin: str,
+        call_id: str,
+        request: Mapping[str, Any] | None,
+        refusal: Outcome,
+        *,
+        received: datetime,
+    ) -> None:
+        """Audit a call refused before it could run (as every refused farm action) and answer it with why."""
+        code = refusal.error_code or ErrorCode.INVALID_REQUEST
+        request_id = f"{origin}.{call_id}"
+        named = (request or {}).get("action")
+        action = named if isinstance(named, str) and len(named) <= MAX_ACTION_CHARS else None
+        main = self._main_group()
+        self._audit.record(
+            at=received,
+            group=main.folder if main is not None else "-",
+            request_id=request_id,
+            action=action,
+            params=(request or {}).get("params"),
+            error_code=code,
             duration_ms=0,
         )
+        document = envelope(
+            request_id=request_id,
+            kind="farm_action",
+            action=action,
+            outcome=Outcome.failure(code, refusal.error or code.value),
+            executed_at=received,
+            duration_ms=0,
+        )
+        self._answer(origin, call_id, document)
 
     def _answer(self, origin: str, call_id: str, document: dict[str, object]) -> None:
         text = wire.encode(wire.Answer(v=wire.VERSION, id=call_id, result=document))

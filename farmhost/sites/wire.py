@@ -31,11 +31,12 @@ CallId = Annotated[str, StringConstraints(pattern=CALL_ID_PATTERN)]
 
 
 class BadMessage(ValueError):
-    """A message that is not a farmhost call or answer; `call_id` when it named one."""
+    """A message that is not a farmhost call or answer; `call_id` when it named one, `request` when it held one."""
 
-    def __init__(self, reason: str, call_id: str | None = None) -> None:
+    def __init__(self, reason: str, call_id: str | None = None, request: dict[str, Any] | None = None) -> None:
         super().__init__(reason)
         self.call_id = call_id
+        self.request = request
 
 
 class Call(BaseModel):
@@ -129,7 +130,8 @@ def decode_call(payload: bytes) -> Call:
         deadline = _Deadline.model_validate({"deadline": document.get("deadline")}).deadline
         return Call.model_validate({**document, "deadline": deadline})
     except ValidationError as err:
-        raise BadMessage(_first_error(err), call_id) from None
+        request = document.get("request")
+        raise BadMessage(_first_error(err), call_id, request if isinstance(request, dict) else None) from None
 
 
 def decode_answer(payload: bytes) -> tuple[Answer, RemoteResult]:

@@ -123,9 +123,11 @@ def _soon() -> str:
 def _calls_run_at(data_dir: Path, origin: str = A) -> list[str]:
     """The request ids of the calls a site ran for `origin` (its audit: one line per execution).
 
-    A call refused as expired is audited too (SPEC: every farm action, accepted or refused), but ran nothing.
+    A call refused (expired, not a farm action, one to pass on) is audited too (SPEC: every farm action, accepted
+    or refused), but ran nothing.
     """
-    ran = [line for line in audit(data_dir) if line["errorCode"] != "expired"]
+    refusals = {"expired", "invalid_request", "not_allowed"}
+    ran = [line for line in audit(data_dir) if line["errorCode"] not in refusals]
     return [line["requestId"] for line in ran if line["requestId"].startswith(f"{origin}.")]
 
 
@@ -231,6 +233,12 @@ def test_hostile_messages_on_the_call_topics_are_answered_or_dropped_and_change_
         assert errors["b"]["errorCode"] == "not_allowed" and "passed on" in errors["b"]["error"]
         assert errors["c"]["errorCode"] == "invalid_request" and "sudo" in errors["c"]["error"]
         assert wire.on(f"farmhost/{B}/rpc/{B}/answer") == []
+        refused_here = {line["requestId"]: line["errorCode"] for line in audit(sites.b_dir)}
+        assert refused_here == {
+            f"{A}.{'a' * 32}": "invalid_request",
+            f"{A}.{'b' * 32}": "not_allowed",
+            f"{A}.{'c' * 32}": "invalid_request",
+        }, refused_here
 
     # while the greenhouse is away, a third site answers the pump house's call: that answer is not taken
     sites.b.stop()
