@@ -9,10 +9,10 @@ bounded size; anything else is dropped with a log line (or answered `invalid_req
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, StringConstraints, ValidationError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, StringConstraints, ValidationError, field_validator
 
 from farmhost.protocol.codes import SITE_RE, ErrorCode, Status
 from farmhost.protocol.field_errors import expectation, field_path
@@ -75,6 +75,16 @@ class _Deadline(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
 
     deadline: AwareDatetime
+
+    @field_validator("deadline")
+    @classmethod
+    def _in_utc(cls, value: datetime) -> datetime:
+        # in UTC from here on: a time no UTC clock can show (9999-12-31T23:59:59-14:00) is refused here, not
+        # wherever it is first compared or shown
+        try:
+            return value.astimezone(UTC)
+        except OverflowError:
+            raise ValueError("a time between the years 1 and 9999 in UTC") from None
 
 
 def request_topic(target: str, origin: str) -> str:
@@ -162,7 +172,7 @@ def _document(payload: bytes) -> dict[str, Any]:
         raise BadMessage(f"the message has {len(payload)} bytes; at most {MAX_MESSAGE_BYTES} are read")
     try:
         document = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+    except (ValueError, RecursionError) as err:  # also an integer past Python's 4300 digits, not only bad JSON
         raise BadMessage(f"the message is not JSON: {err}") from None
     if not isinstance(document, dict):
         raise BadMessage("the message is not a JSON object")

@@ -102,3 +102,27 @@ def test_every_call_the_target_refuses_before_running_it_is_audited_there(
         line = lines()[f"{A}.{call_id}"]
         assert (line["group"], line["status"], line["errorCode"], line["action"]) == ("main", "error", code, action)
     assert lines()[f"{A}.{far_id}"]["params"] == PUMP_ON["params"]
+
+
+def test_a_call_python_cannot_read_is_refused_with_a_reason_not_a_traceback(
+    greenhouse: tuple[Daemon, Watcher], data_dir: Path
+) -> None:
+    daemon, wire = greenhouse
+    daemon.start(timeout=30)
+    wire.wait(f"farmhost/{B}/availability", where=lambda m: m.payload == "online", timeout=30)
+    # a deadline no UTC clock can show (year 10000 in UTC), and one whose request holds an integer of 5000 digits
+    # (past Python's limit for reading one)
+    edge_id, edge = _call(PUMP_ON)
+    edge = edge.replace(json.loads(edge)["deadline"], "9999-12-31T23:59:59-14:00")
+    huge_id, huge = _call(PUMP_ON)
+    huge = huge.replace('"turn_on"', '"turn_on", "n": ' + "1" * 5000)
+    status_id, status = _call({"type": "farm_action", "action": "ha_get_status", "params": {}})
+    for text in (edge, huge, status):
+        wire.publish(REQUEST_TOPIC, text)
+    answer = _answer(wire, edge_id)
+    assert answer["errorCode"] == "invalid_request" and "deadline" in answer["error"], answer
+    _answer(wire, status_id)  # answered after the two before it: the greenhouse reads its calls in order
+    log = daemon.log()
+    assert "4300 digits" in log and "Traceback" not in log, log[-3000:]
+    assert [m for m in wire.on(ANSWER_TOPIC) if m.json()["id"] == huge_id] == []  # no id could be read
+    assert {line["requestId"] for line in audit(data_dir)} >= {f"{A}.{edge_id}"}
