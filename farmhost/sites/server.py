@@ -52,6 +52,8 @@ CLOCK_SKEW_SECONDS: Final = 30.0
 # Untrusted origins remembered so each is logged once; the ACL should let none through, so past this many the
 # log says so once and stays quiet (a broker without the ACL must not fill the log or this site's memory).
 MAX_ORIGINS_LOGGED: Final = 1024
+# Characters of a topic that names no site kept and logged for it.
+MAX_TOPIC_SHOWN: Final = 120
 # A refused call's `action` as its audit line and answer name it; a longer one is no farm action's name.
 MAX_ACTION_CHARS: Final = 64
 
@@ -96,7 +98,8 @@ class SiteServer:
     async def _on_call(self, message: Incoming) -> None:
         origin = wire.sender_of(message.topic)
         if origin is None or origin not in self.trusted:
-            self._untrusted(origin or message.topic)
+            # a topic is up to 64 KiB: its start names it well enough, and keeps 1,024 of them small
+            self._untrusted(origin or message.topic[:MAX_TOPIC_SHOWN])
             return
         if len(self._tasks) >= MAX_HELD:
             logger.warning("sites: dropped a call from %s: %d calls are held already (sent again later)", origin,

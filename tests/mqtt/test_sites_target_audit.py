@@ -2,7 +2,9 @@
 
 The greenhouse trusts the pump house. Every call the pump house sends that the greenhouse refuses before running
 it (retained, a deadline years away, not a farm action, one to pass on, a field too many) is answered with a
-definite error and audited, as SPEC asks of every farm action, accepted or refused.
+definite error and audited, as SPEC asks of every farm action, accepted or refused; a call Python cannot read
+(a deadline past year 9999 in UTC, an integer of 5,000 digits) is refused with a reason, not a traceback. On a
+broker without the ACL, an origin of 60,000 characters costs one short log line.
 """
 
 from __future__ import annotations
@@ -126,3 +128,20 @@ def test_a_call_python_cannot_read_is_refused_with_a_reason_not_a_traceback(
     assert "4300 digits" in log and "Traceback" not in log, log[-3000:]
     assert [m for m in wire.on(ANSWER_TOPIC) if m.json()["id"] == huge_id] == []  # no id could be read
     assert {line["requestId"] for line in audit(data_dir)} >= {f"{A}.{edge_id}"}
+
+
+def test_an_origin_that_is_no_site_name_is_logged_by_the_start_of_its_topic(
+    greenhouse: tuple[Daemon, Watcher], data_dir: Path
+) -> None:
+    daemon, wire = greenhouse
+    daemon.start(timeout=30)
+    wire.wait(f"farmhost/{B}/availability", where=lambda m: m.payload == "online", timeout=30)
+    # on a broker without the ACL: topic levels of 60,000 characters, each a new origin remembered and logged once
+    for letter in "xyz":
+        wire.publish(f"farmhost/{B}/rpc/{letter.upper() * 60_000}/request", _call(PUMP_ON)[1])
+    status_id, status = _call({"type": "farm_action", "action": "ha_get_status", "params": {}})
+    wire.publish(REQUEST_TOPIC, status)
+    _answer(wire, status_id)  # answered after the three before it: the greenhouse reads its calls in order
+    lines = [line for line in daemon.log().splitlines() if "are not served" in line]
+    assert len(lines) == 3 and all(len(line) < 2000 for line in lines), [len(line) for line in lines]
+    assert audit(data_dir) == [] or all(line["requestId"] == f"{A}.{status_id}" for line in audit(data_dir))
