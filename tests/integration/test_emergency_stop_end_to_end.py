@@ -21,6 +21,8 @@ from farmhost_testing import FIELD_JID, MAIN_JID, drop, farmhost, once_time, ref
 from ha_fixture import HaInstance
 from telegram_stub import FakeTelegram
 
+from farmhost.localha.client import http_json
+
 pytestmark = pytest.mark.slow  # end to end, seconds each
 
 MAIN_CHAT = int(MAIN_JID.removeprefix("telegram:"))
@@ -362,3 +364,36 @@ def test_while_stopped_a_control_request_is_refused_and_only_the_safe_direction_
     assert valve_off["status"] == "success", valve_off
     assert states == {VALVE_1: "off", DURATION: "0.0"}
     assert [line["errorCode"] for line in audit(data_dir, "r-valve-on")] == ["not_allowed"]
+
+
+def test_while_stopped_an_agents_change_that_lands_after_the_stop_is_undone(
+    data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str]
+) -> None:
+    # A call an agent sent just before /stop (or an HA script it started) may reach Home Assistant after the stop
+    # made the valve safe. The valve's rule asks only for a rate, which this change does not break: it would stand,
+    # with the farm "stopped". Until /resume every agents' change of a guarded entity away from its safe state is
+    # held, whatever its rule asks.
+    _profile(data_dir)
+    with farm_daemon(data_dir, ha_env, fake_telegram) as daemon:
+        wait_for(lambda: "following Home Assistant" in daemon.log(), timeout=scaled(20), what="the live view")
+        fake_telegram.user_message(MAIN_CHAT, "/stop", user_id=ANA)
+        wait_told(fake_telegram, MAIN_CHAT, "EMERGENCY STOP")
+        paused = _paused(data_dir)
+        # farmhost's own HA user: what an agent's call is made as
+        http_json(
+            "POST", ha_reset.url + "/api/services/switch/turn_on", ha_reset.farmhost_token, {"entity_id": VALVE_1}
+        )
+        line = wait_for(
+            lambda: next((a for a in audit(data_dir) if a["action"] == "violation"), None),
+            timeout=scaled(20),
+            what="the violation line of the valve",
+            seen=lambda: audit(data_dir)[-3:],
+        )
+        wait_state(ha_reset, VALVE_1, "off")
+        told = wait_told(fake_telegram, MAIN_CHAT, "farmhost undid a change")
+        counted = db_rows(data_dir, "SELECT * FROM actuator_calls WHERE entity_id = ?", VALVE_1)
+
+    assert (line["params"]["entity_id"], line["params"]["rule"], line["undoneTo"]) == (VALVE_1, "paused", "off")
+    assert paused is not None and paused in line["reason"], line
+    assert "until /resume" in (told[0].text or "")
+    assert not counted  # a held change is not counted against the rate

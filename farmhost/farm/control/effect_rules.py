@@ -11,8 +11,9 @@ closed, the previous number or option) and reported: an audit line `violation`, 
 a `violation` alert. The message is told by farm/state/alert_notifier.py (`tell_event`, in the transaction of the
 report, once per undone change) as a critical alert with Acknowledge, Snooze 1 h and Stop everything; the
 notifier never tells the `violation` alert of alerts.json again. A change to the entity's safe state is never
-held, never counted; people's changes are never undone (the automatic off still applies to them,
-farm/control/auto_off.py).
+held, never counted; while agent runs are paused (/stop, the MQTT switch) every other agents' change of a guarded
+entity is held, whatever its rule asks (a call sent just before the stop lands after it). People's changes are
+never undone (the automatic off still applies to them, farm/control/auto_off.py).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from farmhost.farm.state.alert_notifier import AlertNotifier
 from farmhost.outbox.notices import enqueue_notice
 from farmhost.outbox.stop_messages import stop_keyboard
 from farmhost.protocol.codes import ErrorCode
-from farmhost.store import actuator_calls, groups
+from farmhost.store import actuator_calls, groups, host_state
 from farmhost.store.db import Database, now_utc
 
 logger = logging.getLogger(__name__)
@@ -176,6 +177,11 @@ class EffectRules:
     def _held(self, change: StateChange, mine: list[ActuatorRule]) -> tuple[str, str] | None:
         """(why, which part of a rule) when a rule holds this change; counts it against the rates when none does."""
         entity_id, state = change.entity_id, change.new.state
+        paused = host_state.get(self._db.conn, host_state.AGENTS_PAUSED)
+        if paused is not None:
+            # A call sent just before the stop, or an HA script an agent started, lands after it: the stop holds
+            # every guarded entity, whatever its rule asks, and no approval granted before it counts.
+            return f"agents are paused ({paused}): until /resume only the safe state is allowed", "paused"
         for rule in mine:
             if rule.valueRange is not None:
                 number = _number(state)
