@@ -49,6 +49,7 @@ class Approved:
     approval_id: str
     by: str
     asked_in: str  # the requestId that asked for it: its audit lines, asked, decided and run, all carry this id
+    user_id: int | None = None  # the approver's Telegram user id, held against the approvers the rules name now
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -445,6 +445,51 @@ def test_an_approval_survives_a_restart_of_thefarm_daemon(
     assert ran["approvalId"] == approval_id
 
 
+def test_an_approval_pressed_after_the_profile_narrowed_its_approvers_runs_nothing(
+    data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str]
+) -> None:
+    # Asked while any member could approve; then the farmer names one approver in the profile. A press by
+    # another member must not run the call: the approval is checked against the rules when it runs.
+    _profile(data_dir, [{"entities": [PUMP], "requireApproval": True}])
+    rid, params, folder = _pump_on("r-narrowed")
+    with farm_daemon(data_dir, ha_env, fake_telegram):
+        approval_id = _pending(_act(data_dir, rid, params, folder=folder))
+        asked = approval_asked(fake_telegram, approval_id)
+        _profile(data_dir, [{"entities": [PUMP], "requireApproval": {"approvers": [BEA]}}])
+        answer = press_approval(fake_telegram, asked, "y", user_id=ANA, username="ana")
+        row = _wait_status(data_dir, approval_id, "failed")
+        told = _wait_told(fake_telegram, FIELD_CHAT, f"Approval {approval_id}")
+        state = _state(ha_reset, PUMP)
+
+    assert state == "off"
+    assert answer == "Approved: running it now."  # the row's own approvers allowed @ana when it was asked
+    assert "not among the approvers" in row["outcome"] and str(BEA) in row["outcome"], row
+    assert "not among the approvers" in told
+    (ran,) = [line for line in audit(data_dir, rid) if line.get("approvalId") == approval_id]
+    assert (ran["errorCode"], ran["approvedBy"]) == ("not_allowed", "@ana"), ran
+
+
+def test_rules_whose_approver_lists_share_no_one_refuse_at_once_and_ask_nobody(
+    data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str]
+) -> None:
+    # Every named list must allow the approver: two lists with no one in common leave nobody who could approve.
+    _profile(
+        data_dir,
+        [
+            {"entities": [PUMP], "requireApproval": {"approvers": [ANA]}},
+            {"services": ["switch.turn_on"], "requireApproval": {"approvers": [BEA]}},
+        ],
+    )
+    rid, params, folder = _pump_on("r-nobody")
+    with farm_daemon(data_dir, ha_env, fake_telegram):
+        result = _act(data_dir, rid, params, folder=folder)
+
+    refused(result, "not_allowed", "no one is in every list", str(ANA), str(BEA), "Nothing was done")
+    assert not db_rows(data_dir, "SELECT * FROM approvals")
+    assert not _approval_notices(data_dir)
+    assert [line["errorCode"] for line in audit(data_dir, rid)] == ["not_allowed"]
+
+
 # ---------------------------------------------------------------------------------------------- rates and ranges
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from pydantic import BaseModel
 
-from farmhost.errors import PendingApproval, RateLimited
+from farmhost.errors import NotAllowed, PendingApproval, RateLimited
 from farmhost.farm.control import approval_requests as asking
 from farmhost.farm.control import effects, rules, safe_state
 from farmhost.farm.control.policy import INDIRECT_TARGETS
@@ -97,7 +97,8 @@ async def admit(
     `attributes` are the named entities' attributes (attributes_of), for the safe state of a number.
 
     Raises:
-        NotAllowed: a target the rules cannot see, or a value outside a range.
+        NotAllowed: a target the rules cannot see, a value outside a range, an approval nobody could give, or
+            an approver the rules do not name (any more).
         RateLimited: a sentence naming the entity, its count and the limit.
         PendingApproval: the call is under approval and not approved yet: asked in the main chat.
     """
@@ -109,6 +110,8 @@ async def admit(
     rules.check_targets(matched, call)
     rules.check_value_range(matched, call)
     approval = rules.approval_for(matched)
+    if approval is not None:
+        _check_approvers(call, approval, matched, ctx)
     if approval is not None and ctx.approved is None:
         with ctx.db.tx() as conn:
             problem = _rate_problem(conn, matched, call, ctx.now)
@@ -141,6 +144,37 @@ async def admit(
         problem = _rate_problem(conn, matched, call, ctx.now)  # the effects are counted by farm/control/effect_rules.py
     if problem is not None:
         raise RateLimited(await _named(deps, *problem))
+
+
+def _check_approvers(
+    call: ControlCall, approval: rules.Approval, matched: list[ActuatorRule], ctx: RequestContext
+) -> None:
+    """Someone may approve the call under the rules as they are now, and an approved call's approver is among them.
+
+    Raises:
+        NotAllowed: the rules' approver lists share no one, or the approver is not (any more) among them.
+    """
+    if approval.approvers is None:
+        return  # any member of the main chat: the desk checked the presser was one
+    named = ", ".join(str(user) for user in sorted(approval.approvers))
+    if not approval.approvers:
+        lists = "; ".join(
+            ", ".join(str(user) for user in spec.approvers)
+            for rule in matched
+            if isinstance(spec := rule.requireApproval, rules.ApprovalRule) and spec.approvers is not None
+        )
+        raise NotAllowed(
+            f"{call.action} needs an approval, and the farm profile rules that cover it name approvers ({lists}) "
+            "but no one is in every list, so nobody could approve it. Nothing was done and nobody was asked: the "
+            "farmer must fix the approvers in the farm profile's policy.rules"
+        )
+    approved = ctx.approved
+    if approved is not None and approved.user_id not in approval.approvers:
+        raise NotAllowed(
+            f"{call.action} was approved by {approved.by}, who is not among the approvers the farm profile rules "
+            f"name for it now (Telegram user {named}): the profile changed after it was asked. Nothing was done; "
+            "ask again if it is still needed"
+        )
 
 
 def only_safe(

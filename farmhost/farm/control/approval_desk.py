@@ -179,12 +179,12 @@ class ApprovalDesk:
             logger.info("approval %s: denied by %s", row.id, presser.who)
             return Press("Denied: nothing is done.", note=f"Denied by {presser.who}: nothing was done.")
         logger.info("approval %s: approved by %s; running %s", row.id, presser.who, row.action)
-        return Press("Approved: running it now.", run=self._run(row, presser.who))
+        return Press("Approved: running it now.", run=self._run(row, presser.who, presser.user_id))
 
-    async def _run(self, row: ApprovalRow, by: str) -> str:
+    async def _run(self, row: ApprovalRow, by: str, user_id: int) -> str:
         """Run the approved call once and record how it went; returns the note for the approval message."""
         try:
-            failure = await self._execute(row, by)
+            failure = await self._execute(row, by, user_id)
         except Exception:  # a bug must not leave the approval running forever, nor the group untold
             logger.exception("approval %s: running %s failed", row.id, row.action)
             failure = BROKE
@@ -196,18 +196,19 @@ class ApprovalDesk:
         logger.info("approval %s: %s", row.id, outcome)
         return f"{outcome[0].upper()}{outcome[1:]}."
 
-    async def _execute(self, row: ApprovalRow, by: str) -> str | None:
+    async def _execute(self, row: ApprovalRow, by: str, user_id: int) -> str | None:
         """Run the stored call as the asking group through the router's door; None when done, else why not.
 
-        The farm action checks it again (the profile may have changed since it was asked), counts it against the
-        rates and writes the audit line with the approver; the ledger, keyed by the approval, runs it once.
+        The farm action checks it again (the profile may have changed since it was asked: the approver must be
+        among the approvers its rules name now), counts it against the rates and writes the audit line with the
+        approver; the ledger, keyed by the approval, runs it once.
         """
         with self._db.tx() as conn:
             group = groups.get_group(conn, row.group_folder)
         if group is None:
             return f"it failed: the group {row.group_folder} is not registered any more"
         request = FarmActionRequest.model_validate({"type": "farm_action", "action": row.action, "params": row.params})
-        approved = Approved(approval_id=row.id, by=by, asked_in=row.request_id)
+        approved = Approved(approval_id=row.id, by=by, asked_in=row.request_id, user_id=user_id)
         answer = await self._door.run_as(
             group, request, request_id=f"approval:{row.id}", via="approval", approved=approved
         )
