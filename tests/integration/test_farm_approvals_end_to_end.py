@@ -490,6 +490,23 @@ def test_rules_whose_approver_lists_share_no_one_refuse_at_once_and_ask_nobody(
     assert [line["errorCode"] for line in audit(data_dir, rid)] == ["not_allowed"]
 
 
+def test_a_call_too_long_to_show_the_approvers_in_one_message_asks_nobody(
+    data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str]
+) -> None:
+    # Service data is free-form and a request file may be 1 MiB: asked as it is, one call would flood the main
+    # chat with hundreds of chunks the approvers cannot read as one, the real effect buried among them.
+    _profile(data_dir, [{"entities": [PUMP], "requireApproval": True}])
+    params = {**_target("switch", "turn_on", PUMP), "data": {"note": "approve me " * 2000}}
+    with farm_daemon(data_dir, ha_env, fake_telegram):
+        result = _act(data_dir, "r-long", params, action="ha_call_service")
+
+    refused(result, "invalid_request", "too long to show the approvers", "Nothing was done and nobody was asked")
+    assert not db_rows(data_dir, "SELECT * FROM approvals")
+    assert not _approval_notices(data_dir)
+    assert not fake_telegram.sent_texts(MAIN_CHAT)
+    assert [line["errorCode"] for line in audit(data_dir, "r-long")] == ["invalid_request"]
+
+
 # ---------------------------------------------------------------------------------------------- rates and ranges
 
 

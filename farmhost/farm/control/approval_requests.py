@@ -3,7 +3,8 @@
 Requests from the same group that lead to the same effect (the entities and the state asked, whatever the call's
 wording: farm/gate.effect_of) while one is pending get that approval back, and a group has at most
 FARMHOST_MAX_PENDING_APPROVALS pending at once, so an agent that retries or rephrases cannot flood the approvers
-(one message per pending approval). Runs inside the caller's transaction.
+(one message per pending approval). That message shows the whole call in one Telegram message: a call too long
+for it is refused (invalid_request), never cut or split. Runs inside the caller's transaction.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sqlite3
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
-from farmhost.errors import NotAllowed, RateLimited
+from farmhost.errors import InvalidRequest, NotAllowed, RateLimited
 from farmhost.farm.control.rules import Approval
 from farmhost.outbox.notices import enqueue_notice
 from farmhost.outbox.stop_messages import stop_keyboard
@@ -26,6 +27,9 @@ from farmhost.store.approvals import ApprovalRow
 Choice = Literal["y", "n"]
 CALLBACK_PREFIX: Final = "fa"
 _ID_BYTES: Final = 6
+# The approvers' message is one Telegram message (4096 at most) with room for the outcome appended to it: a call
+# longer than that to show is not asked, rather than split into chunks nobody reads as one, or cut.
+MAX_TEXT: Final = 3000
 
 
 def effect_hash(effect: dict[str, Any]) -> str:
@@ -87,6 +91,7 @@ def ask(
     Raises:
         NotAllowed: no main chat is registered to ask.
         RateLimited: the group already has `max_pending` approvals waiting; nobody is asked.
+        InvalidRequest: the approvers' message would be longer than MAX_TEXT; nobody is asked.
     """
     digest = effect_hash(effect if effect is not None else {"action": action, "params": params})
     existing = store.pending_for(conn, folder, digest)
@@ -122,6 +127,13 @@ def ask(
         created_at=at,
         expires_at=at + timedelta(minutes=approval.expires_minutes),
     )
+    text = request_text(row)
+    if len(text) > MAX_TEXT:
+        raise InvalidRequest(
+            f"{action} needs an approval, and the call is too long to show the approvers in one message "
+            f"({len(text)} characters, at most {MAX_TEXT}): leave out the data the service does not need. Nothing "
+            "was done and nobody was asked"
+        )
     store.create(conn, row)
     keyboard = {
         "inline_keyboard": [
@@ -132,7 +144,7 @@ def ask(
             *stop_keyboard()["inline_keyboard"],  # every safety message carries the emergency stop
         ]
     }
-    enqueue_notice(conn, key=f"approval:{row.id}", jid=main.jid, text=request_text(row), at=at, reply_markup=keyboard)
+    enqueue_notice(conn, key=f"approval:{row.id}", jid=main.jid, text=text, at=at, reply_markup=keyboard)
     return row, False
 
 
