@@ -8,7 +8,7 @@ from typing import Any
 
 from farmhost.cli.commands import open_existing
 from farmhost.config import Settings
-from farmhost.groups.registry import new_group, register, unregister
+from farmhost.groups.registry import left_behind, new_group, register, unregister
 from farmhost.layout import DataLayout
 from farmhost.store import groups
 from farmhost.store.db import Database, iso, now_utc
@@ -72,6 +72,7 @@ def add(args: argparse.Namespace, settings: Settings) -> int:
                 is_main=args.main,
                 at=now_utc(),
             )
+            held = left_behind(conn, layout, group.folder)
             register(conn, layout, group)
     finally:
         db.close()
@@ -79,6 +80,8 @@ def add(args: argparse.Namespace, settings: Settings) -> int:
     print(f"added {kind} {group.folder!r} for {group.jid} (trigger {group.trigger!r})")
     print(f"  workspace: {layout.workspace(group.folder)}")
     print(f"  ipc:       {layout.group_ipc(group.folder)}")
+    if held is not None:
+        print(f"  reused:    {held} left by a group removed earlier")
     return 0
 
 

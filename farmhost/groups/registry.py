@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from datetime import datetime
 
 from farmhost.errors import Conflict, InvalidRequest
 from farmhost.layout import DataLayout
 from farmhost.protocol.codes import folder_problem
+from farmhost.store import agent_ids, tasks
 from farmhost.store import groups as store
 from farmhost.store.groups import Group
 
-__all__ = ["new_group", "register", "unregister"]
+__all__ = ["left_behind", "new_group", "register", "unregister"]
 
 
 def new_group(
@@ -58,6 +60,27 @@ def new_group(
         is_main=is_main,
         added_at=at,
     )
+
+
+def left_behind(conn: sqlite3.Connection, layout: DataLayout, folder: str) -> str | None:
+    """What an unregistered `folder` still holds of a group removed earlier, as a phrase; None when it is unused.
+
+    `farmhost group remove` keeps a group's workspace, IPC directory, tasks and host uid, and the operator's
+    `group add` of the same folder serves them again. Anyone else registering the folder (a main agent's
+    `register_group`, an Approve press in the main chat) would hand another chat that group's memory, files, tasks and
+    uid, so those callers refuse or skip such a folder.
+    """
+    held = []
+    if os.path.lexists(layout.workspace(folder)):
+        held.append(f"a workspace (groups/{folder}/)")
+    if os.path.lexists(layout.group_ipc(folder)):
+        held.append(f"an IPC directory (ipc/{folder}/)")
+    count = len(tasks.list_tasks(conn, folder=folder, include_cancelled=True))
+    if count:
+        held.append(f"{count} task{'s' if count != 1 else ''}")
+    if agent_ids.lookup(conn, folder) is not None:
+        held.append("a host uid")
+    return ", ".join(held) or None
 
 
 def register(conn: sqlite3.Connection, layout: DataLayout, group: Group) -> None:

@@ -140,3 +140,6 @@ def test_group_remove_keeps_files(data_dir: Path) -> None:
     again = farmhost("group", "add", "--jid", FIELD_JID, "--name", "Field crew", "--folder", "field", data_dir=data_dir)
     assert again.returncode == 0, again.stderr
     assert memory.read_text() == "# Field crew\n"
+    assert (
+        "reused:    a workspace (groups/field/), an IPC directory (ipc/field/) left by a group removed" in again.stdout
+    )

@@ -182,6 +182,24 @@ def test_a_group_removed_with_the_cli_stops_being_served(farm: Path) -> None:
     )
 
 
+def test_a_removed_groups_folder_is_never_registered_for_another_chat_by_an_agent(farm: Path) -> None:
+    assert register(farm, "main", jid="telegram:340", name="Old shed", folder="shed")["status"] == "success"
+    task = {"type": "schedule_task", "prompt": "shed secret", "schedule_type": "interval", "schedule_value": "3600000"}
+    assert ask(farm, "shed", "tasks", task)["status"] == "success"
+    (farm / "groups" / "shed" / "MEMORY.md").write_text("the shed's private notes\n")
+    assert farmhost("group", "remove", "shed", data_dir=farm).returncode == 0
+    # main's agent (talked into it) binds a stranger's chat to the removed group's folder
+    result = register(farm, "main", jid="telegram:341", name="Stranger", folder="shed")
+    assert (result["status"], result["errorCode"]) == ("error", "conflict"), result
+    assert (
+        "removed earlier" in result["error"] and "1 task" in result["error"] and "farmhost group add" in result["error"]
+    )
+    assert _db_rows(farm, "SELECT folder FROM groups WHERE jid = 'telegram:341'") == []
+    # the operator may still give the folder back (to the same chat or, knowingly, another)
+    added = farmhost("group", "add", "--jid", "telegram:340", "--name", "Old shed", "--folder", "shed", data_dir=farm)
+    assert added.returncode == 0, added.stderr
+
+
 def _log(data_dir: Path) -> list[dict[str, Any]]:
     path = data_dir / "logs" / "requests.ndjson"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

@@ -25,7 +25,9 @@ from inbound_support import (
 )
 from telegram_stub import FakeTelegram
 
+from farmhost.groups.registry import unregister
 from farmhost.protocol.codes import FOLDER_RE, folder_problem
+from farmhost.store.db import Database
 from farmhost.telegram.inbound.new_chats import callback_data, folder_for, parse_callback
 
 MAIN = f"telegram:{MAIN_CHAT}"
@@ -176,6 +178,27 @@ async def test_folders_are_unique_and_private_chats_need_no_trigger(root: Path, 
         await until(lambda: (row := host.update(private["update_id"])) is not None and row["status"] == "done")
     assert [(r["folder"], r["requires_trigger"]) for r in rows] == [("field-2", 1), ("global-2", 1), ("ana-2", 0)]
     assert len(prompts(root, "ana-2")) == 1
+
+
+async def test_an_approved_chat_never_gets_the_folder_a_removed_group_left(
+    root: Path, fake_telegram: FakeTelegram
+) -> None:
+    tg = fake_telegram
+    register_in_process(root, jid="telegram:-310", name="Barn", folder="barn")
+    (root / "groups" / "barn" / "MEMORY.md").write_text("the old barn chat's private notes\n")
+    db = Database.open(root)
+    try:
+        with db.tx() as conn:
+            unregister(conn, "barn")  # what `farmhost group remove barn` does: the files stay
+    finally:
+        db.close()
+    async with running(settings_for(root, tg), deliver=True) as host:
+        approval = await ask(tg, host, -311, "hi @farm_test_bot", title="Barn")
+        tg.callback_query(MAIN_CHAT, approval.result["message_id"], "approve:telegram:-311", user_id=MAIN_CHAT)
+        [answered] = await wait_calls(tg, "answerCallbackQuery")
+        row = group_row(host, "telegram:-311")
+    assert row["folder"] == "barn-2" and answered.params["text"] == 'Connected "Barn" as folder barn-2.'
+    assert not (root / "groups" / "barn-2" / "MEMORY.md").exists()
 
 
 async def test_adding_the_bot_to_a_group_offers_it(root: Path, fake_telegram: FakeTelegram) -> None:

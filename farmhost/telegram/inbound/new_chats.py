@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final, Literal
 
-from farmhost.groups.registry import new_group, register
+from farmhost.groups.registry import left_behind, new_group, register
 from farmhost.layout import DataLayout
 from farmhost.outbox.notices import enqueue_notice
 from farmhost.protocol.codes import folder_problem
@@ -151,7 +151,11 @@ def decide(
             f"{jid} is already registered as folder {existing.folder}.",
             note=f"Already registered as folder {existing.folder}.",
         )
-    folder = folder_for(title, lambda name: groups.find_folder_casefold(conn, name) is not None)
+    # A removed group's folder keeps its files and tasks: a new chat gets a folder of its own, never those.
+    folder = folder_for(
+        title,
+        lambda name: groups.find_folder_casefold(conn, name) is not None or left_behind(conn, layout, name) is not None,
+    )
     private = is_private(jid)
     group = new_group(
         conn,
