@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 from datetime import datetime
+from typing import Final
 
 from farmhost.errors import Conflict, InvalidRequest
 from farmhost.layout import DataLayout
@@ -12,6 +14,9 @@ from farmhost.protocol.codes import folder_problem
 from farmhost.store import agent_ids, tasks
 from farmhost.store import groups as store
 from farmhost.store.groups import Group
+
+# A Telegram chat id as Telegram's updates write it: an integer, no leading zeros, no plus sign.
+_TELEGRAM_CHAT_RE: Final = re.compile(r"-?[1-9][0-9]{0,19}")
 
 __all__ = ["left_behind", "new_group", "register", "unregister"]
 
@@ -38,6 +43,9 @@ def new_group(
         raise InvalidRequest(problem)
     if ":" not in jid or len(jid) > 256 or any(c.isspace() for c in jid):
         raise InvalidRequest(f"jid {jid!r} is not valid: use channel:id, e.g. telegram:-1001234")
+    telegram_problem = _telegram_jid_problem(jid)
+    if telegram_problem:
+        raise InvalidRequest(telegram_problem)
     if not name.strip():
         raise InvalidRequest("name must not be empty")
     taken = store.find_folder_casefold(conn, folder)
@@ -60,6 +68,23 @@ def new_group(
         is_main=is_main,
         added_at=at,
     )
+
+
+def _telegram_jid_problem(jid: str) -> str | None:
+    """Why a `telegram:` jid is not how Telegram's updates name the chat (None when it is, or another channel).
+
+    The outbox sends to the chat the number stands for, so `telegram:0200` would be a second group bound to
+    `telegram:200`'s chat (posting there, never hearing it): only the one spelling Telegram uses is accepted.
+    """
+    channel, _, rest = jid.partition(":")
+    if channel != "telegram":
+        return None
+    if not _TELEGRAM_CHAT_RE.fullmatch(rest):
+        digits = rest.removeprefix("-")
+        if digits.isascii() and digits.isdigit() and int(digits) != 0:
+            return f"jid {jid!r} is not how Telegram writes that chat: use telegram:{int(rest)}"
+        return f"jid {jid!r} is not valid: a Telegram chat id is a non-zero integer, e.g. telegram:-1001234"
+    return None
 
 
 def left_behind(conn: sqlite3.Connection, layout: DataLayout, folder: str) -> str | None:

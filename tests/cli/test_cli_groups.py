@@ -100,6 +100,10 @@ def test_refused_registrations(data_dir: Path) -> None:
         ("telegram:308", "field", ("'field'", "already used")),
         ("telegram:309", "FIELD", ("'FIELD'", "already used", "field")),
         ("no-colon", "fine", ("jid", "telegram:")),
+        # another spelling of field's chat would bind a second group to it (its messages land in field's chat)
+        ("telegram:0200", "ghost", ("'telegram:0200'", "telegram:200")),
+        ("telegram:-0", "ghost2", ("'telegram:-0'", "chat id")),
+        ("telegram:two", "ghost3", ("'telegram:two'", "chat id")),
     ]
     with ThreadPoolExecutor(max_workers=3) as pool:
         runs = pool.map(

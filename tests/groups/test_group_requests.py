@@ -113,6 +113,9 @@ def test_register_group_with_trigger_settings(farm: Path) -> None:
         ("main", {"jid": FIELD_JID, "name": "F", "folder": "field2"}, "conflict", "already registered"),
         ("main", {"jid": "telegram:317", "name": "M", "folder": "boss", "isMain": True}, "invalid_request", "isMain"),
         ("main", {"jid": "not-a-jid", "name": "M", "folder": "nojid"}, "invalid_request", "jid"),
+        # field's chat written another way: a second group bound to it could post into field's chat
+        ("main", {"jid": "telegram:0200", "name": "Ghost", "folder": "ghost"}, "invalid_request", "telegram:200"),
+        ("main", {"jid": "telegram:-00200", "name": "Ghost", "folder": "ghost"}, "invalid_request", "telegram:-200"),
     ],
 )
 def test_register_group_refusals(farm: Path, source: str, fields: dict[str, Any], code: str, sentence: str) -> None:
