@@ -11,7 +11,7 @@ from typing import Final
 from farmhost.errors import Conflict, InvalidRequest
 from farmhost.layout import DataLayout
 from farmhost.protocol.codes import folder_problem
-from farmhost.store import agent_ids, tasks
+from farmhost.store import agent_ids, ledger, tasks
 from farmhost.store import groups as store
 from farmhost.store.groups import Group
 
@@ -92,8 +92,9 @@ def left_behind(conn: sqlite3.Connection, layout: DataLayout, folder: str) -> st
 
     `farmhost group remove` keeps a group's workspace, IPC directory, tasks and host uid, and the operator's
     `group add` of the same folder serves them again. Anyone else registering the folder (a main agent's
-    `register_group`, an Approve press in the main chat) would hand another chat that group's memory, files, tasks and
-    uid, so those callers refuse or skip such a folder.
+    `register_group`, an Approve press in the main chat) would hand another chat that group's memory, files, tasks,
+    uid and request results (a request id the old group used is answered from the ledger), so those callers refuse
+    or skip such a folder.
     """
     held = []
     if os.path.lexists(layout.workspace(folder)):
@@ -103,6 +104,9 @@ def left_behind(conn: sqlite3.Connection, layout: DataLayout, folder: str) -> st
     count = len(tasks.list_tasks(conn, folder=folder, include_cancelled=True))
     if count:
         held.append(f"{count} task{'s' if count != 1 else ''}")
+    answered = ledger.count_of(conn, folder)
+    if answered:
+        held.append(f"{answered} answered request{'s' if answered != 1 else ''} (their stored results)")
     if agent_ids.lookup(conn, folder) is not None:
         held.append("a host uid")
     return ", ".join(held) or None

@@ -34,6 +34,11 @@ def get_entry(conn: sqlite3.Connection, folder: str, request_id: str) -> LedgerE
     return None if row is None else _entry(row)
 
 
+def count_of(conn: sqlite3.Connection, folder: str) -> int:
+    """How many requests of `folder` the ledger still holds (a second file with one of their ids gets its result)."""
+    return int(conn.execute("SELECT count(*) FROM request_ledger WHERE folder = ?", (folder,)).fetchone()[0])
+
+
 def _entry(row: sqlite3.Row) -> LedgerEntry:
     return LedgerEntry(
         folder=row["folder"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing
@@ -201,6 +202,19 @@ def test_a_removed_groups_folder_is_never_registered_for_another_chat_by_an_agen
     # the operator may still give the folder back (to the same chat or, knowingly, another)
     added = farmhost("group", "add", "--jid", "telegram:340", "--name", "Old shed", "--folder", "shed", data_dir=farm)
     assert added.returncode == 0, added.stderr
+
+
+def test_a_removed_groups_stored_results_keep_its_folder_even_when_its_directories_are_gone(farm: Path) -> None:
+    assert register(farm, "main", jid="telegram:350", name="Loft", folder="loft")["status"] == "success"
+    drop(farm, "loft", "actions", {"type": "ping", "requestId": "r-1"})  # the kind of id the next agent uses too
+    assert wait_result(farm, "loft", "r-1")["status"] == "success"
+    assert farmhost("group", "remove", "loft", data_dir=farm).returncode == 0
+    wait_for(lambda: json.loads((farm / "ipc" / "loft" / "host_status.json").read_text())["status"] == "stopped")
+    shutil.rmtree(farm / "ipc" / "loft")
+    shutil.rmtree(farm / "groups" / "loft")
+    result = register(farm, "main", jid="telegram:351", name="Stranger", folder="loft")
+    assert (result["status"], result["errorCode"]) == ("error", "conflict"), result
+    assert "1 answered request" in result["error"] and "workspace" not in result["error"]
 
 
 def _log(data_dir: Path) -> list[dict[str, Any]]:
