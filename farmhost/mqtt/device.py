@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 STATE_SECONDS: Final = 10.0
+# Of a command that is not acted on, the log shows this many characters: any account the broker lets write the
+# command topic chooses the payload, and a retained one comes back at every connection.
+COMMAND_SHOWN: Final = 40
 RUNS_KEY: Final = "agent_runs:"  # + the farm's date
 
 
@@ -144,12 +147,14 @@ class HaDevice:
             self.announce()
 
     async def _pause_command(self, message: Incoming) -> None:
-        command = message.payload.decode(errors="replace").strip().upper()
+        text = message.payload.decode(errors="replace").strip()
+        command = text.upper()
+        shown = text[:COMMAND_SHOWN] + ("..." if len(text) > COMMAND_SHOWN else "")
         if message.retain:
-            logger.warning("mqtt: ignored a retained command %r on %s (commands act once)", command, message.topic)
+            logger.warning("mqtt: ignored a retained command %r on %s (commands act once)", shown, message.topic)
             return
         if command not in (ON, OFF):
-            logger.warning("mqtt: ignored %r on %s: the switch takes ON or OFF", command[:40], message.topic)
+            logger.warning("mqtt: ignored %r on %s: the switch takes ON or OFF", shown, message.topic)
             return
         changed = set_paused(self._db, self._runtime, command == ON, by="Home Assistant (MQTT)", at=self._clock())
         logger.info("mqtt: agents %s%s", "paused" if command == ON else "resumed", "" if changed else " (already)")

@@ -152,3 +152,21 @@ def test_a_wrong_broker_url_stops_the_daemon_with_a_sentence_naming_the_setting(
 
     done = farmhost("doctor", data_dir=data_dir, env=clean_env(FARMHOST_MQTT_URL=url))
     assert "FARMHOST_MQTT_URL" in done.stdout + done.stderr
+
+
+def test_a_huge_command_on_the_switch_topic_is_logged_by_its_start_retained_or_not(
+    data_dir: Path, mosquitto: Mosquitto
+) -> None:
+    # Any broker account the ACL lets write the command topic (on the Mosquitto add-on's default, every login) can
+    # leave a retained 64 KiB payload there: it came back at every (re)connection as one 64 KiB log line.
+    huge = "ON" + "X" * 65536
+    with watching(mosquitto.port, STATE) as ha:
+        ha.publish(PAUSE, huge, retain=True)
+        with _daemon(data_dir, mosquitto.url()) as daemon:
+            wait_for(lambda: "ignored a retained command 'ONXXX" in daemon.log(), timeout=scaled(20), what="it")
+            ha.publish(PAUSE, "OFF" + "Y" * 65536)
+            wait_for(lambda: "ignored 'OFFYYY" in daemon.log(), timeout=scaled(20), what="the live one")
+            ha.publish("homeassistant/status", "online")
+            ha.wait(STATE, where=lambda m: json.loads(m.payload)["agents_paused"] == "OFF")
+            lines = daemon.log().splitlines()
+    assert max(len(line) for line in lines) < 400, max(lines, key=len)[:200]
