@@ -16,6 +16,7 @@ DEFAULT_PORTS: Final = {"mqtt": 1883, "mqtts": 8883}
 # A site's availability topic holds one of these (retained; the broker publishes OFFLINE as the link's will).
 ONLINE: Final = "online"
 OFFLINE: Final = "offline"
+_FORM: Final = "mqtt://user:password@host:1883"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,11 +64,16 @@ def parse_broker(url: str) -> Broker:
     Raises:
         ConfigError: naming what is wrong with the URL.
     """
-    parts = urlsplit(url)
-    if parts.scheme not in DEFAULT_PORTS:
-        raise ConfigError(f"FARMHOST_MQTT_URL must start with mqtt:// or mqtts://, not {parts.scheme or url!r}")
+    # The URL may hold the broker's password: no sentence here repeats it, only the scheme it starts with.
+    try:
+        parts = urlsplit(url)
+    except ValueError as err:  # an unclosed [ of an IPv6 address
+        raise ConfigError(f"FARMHOST_MQTT_URL cannot be read ({err}); write it as {_FORM}") from None
+    if parts.scheme not in DEFAULT_PORTS or not url.lower().startswith(f"{parts.scheme}://"):
+        started = f", not {parts.scheme}://" if parts.scheme and "://" in url else ""
+        raise ConfigError(f"FARMHOST_MQTT_URL must start with mqtt:// or mqtts://{started}, e.g. {_FORM}")
     if not parts.hostname:
-        raise ConfigError("FARMHOST_MQTT_URL has no host (mqtt://user:password@host:1883)")
+        raise ConfigError(f"FARMHOST_MQTT_URL has no host ({_FORM})")
     try:
         port = parts.port or DEFAULT_PORTS[parts.scheme]
     except ValueError:

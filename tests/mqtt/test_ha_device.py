@@ -170,3 +170,16 @@ def test_a_huge_command_on_the_switch_topic_is_logged_by_its_start_retained_or_n
             ha.wait(STATE, where=lambda m: json.loads(m.payload)["agents_paused"] == "OFF")
             lines = daemon.log().splitlines()
     assert max(len(line) for line in lines) < 400, max(lines, key=len)[:200]
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["mqtt//farm:hunter2@broker:1883", "mqtt:farm:hunter2@broker:1883", "mqtt://farm:hunter2@[broker:1883"],
+)
+def test_a_broker_url_mistyped_is_refused_without_showing_its_password(data_dir: Path, url: str) -> None:
+    from farmhost_testing import farmhost
+
+    done = farmhost("doctor", data_dir=data_dir, env=clean_env(FARMHOST_MQTT_URL=url))
+    said = done.stdout + done.stderr
+    assert done.returncode != 0 and "FARMHOST_MQTT_URL" in said and "mqtt://user:password@host:1883" in said, said
+    assert "hunter2" not in said and "Traceback" not in said, said
