@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import unicodedata
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -22,7 +23,8 @@ _NEEDED: Final = ("telegram_bot_token", "main_chat_id", "llm_base_url", "llm_mod
 class AddonOptions(BaseModel):
     """What Home Assistant cannot give farmhost: Telegram, the main chat, the LLM, the farm profile."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    # A value pasted with a space or line break around it would reach Telegram's URL or the LLM's header as is.
+    model_config = ConfigDict(extra="ignore", frozen=True, str_strip_whitespace=True)
 
     telegram_bot_token: str | None = Field(default=None, min_length=1, repr=False)
     # Telegram chat ids are integers: negative for groups (-100... for supergroups), positive for a private chat.
@@ -35,6 +37,15 @@ class AddonOptions(BaseModel):
     # A file name in the add-on's config folder (/config here, addon_configs/<slug> in HA's file editor or Samba).
     farm_profile: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}\.json$")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @field_validator("*")
+    @classmethod
+    def _one_line(cls, value: object) -> object:
+        # Each value goes into farmhost's environment and command lines: a NUL cannot be there at all (the add-on
+        # stopped with a traceback), and a line break or other control character is no token, URL, model or name.
+        if isinstance(value, str) and any(unicodedata.category(c) == "Cc" for c in value):
+            raise ValueError("must be one line of text, without control characters")
+        return value
 
     @field_validator("llm_base_url")
     @classmethod

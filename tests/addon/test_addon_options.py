@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from farmhost_testing import clean_env
 
 from farmhost.addon.options import AddonOptions, read_options
+from farmhost.addon.run import addon_environment
 
 
 def write(tmp_path: Path, options: object) -> Path:
@@ -69,3 +73,18 @@ def test_an_unreadable_file_gives_the_defaults_and_says_why(tmp_path: Path, cont
     assert options == AddonOptions() and said in problems[0], problems
     _, missing = read_options(tmp_path / "absent.json")
     assert "cannot be read" in missing[0]
+
+
+def test_a_value_with_a_control_character_is_named_and_spaces_around_a_value_are_dropped(tmp_path: Path) -> None:
+    # JSON carries "\u0000" as well as any character: a NUL in the environment stopped addon-run with a traceback.
+    given = {
+        "telegram_bot_token": " 123:abc\n", "llm_base_url": "http://llm:11434/v1 ", "llm_model": "qwen\u0000",
+        "llm_api_key": "sk-1\nX-Injected: 1", "main_chat_name": "Office\r\n", "main_chat_id": -1001,
+    }  # fmt: skip
+    options, problems = read_options(write(tmp_path, given))
+    assert sorted(line.split(":")[0] for line in problems) == ["option llm_api_key", "option llm_model"], problems
+    assert all("one line of text" in line for line in problems) and not any("sk-1" in p for p in problems)
+    assert options.telegram_bot_token == "123:abc" and options.llm_base_url == "http://llm:11434/v1"
+    assert options.main_chat_name == "Office" and options.llm_model is None and options.llm_api_key is None
+    env = addon_environment(options, None, clean_env())
+    assert subprocess.run([sys.executable, "-c", "pass"], env=env, check=False).returncode == 0
