@@ -99,7 +99,7 @@ def addon_run(options_path: Path = OPTIONS_PATH) -> int:
         logger.error("farmhost init failed: %s", (done.stderr or done.stdout).strip())
         return 1
     if options.main_chat_id is not None:
-        _register_main(farmhost, env, options)
+        register_main(farmhost, env, options)
     logger.info("starting farmhost run (data in %s)", DATA_DIR)
     argv = [*farmhost, "run"]
     os.execvpe(argv[0], argv, env)
@@ -112,7 +112,7 @@ def _drop_privileges() -> list[str]:
     return ["setpriv", f"--reuid={RUN_UID}", f"--regid={RUN_UID}", "--clear-groups", "--"]
 
 
-def _register_main(farmhost: Sequence[str], env: dict[str, str], options: AddonOptions) -> None:
+def register_main(farmhost: Sequence[str], env: dict[str, str], options: AddonOptions) -> None:
     """Register the main chat as the main group, once; a main group that exists is kept (and a changed id said)."""
     listed = subprocess.run(
         [*farmhost, "group", "list", "--json"], env=env, capture_output=True, text=True, check=False
@@ -129,10 +129,14 @@ def _register_main(farmhost: Sequence[str], env: dict[str, str], options: AddonO
                 main[0].get("jid"),
             )
         return
-    add = [*farmhost, "group", "add", "--jid", jid, "--name", options.main_chat_name, "--folder", MAIN_FOLDER]
+    # `--name=`: a name that starts with `-` ("-= Farm office =-") is the option's value, not another option.
+    add = [*farmhost, "group", "add", "--jid", jid, f"--name={options.main_chat_name}", "--folder", MAIN_FOLDER]
     done = subprocess.run([*add, "--main"], env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        logger.error("option main_chat_id: the main group was not registered: %s", (done.stderr or done.stdout).strip())
+        logger.error(
+            "options main_chat_id and main_chat_name: the main group was not registered: %s",
+            (done.stderr or done.stdout).strip(),
+        )
     else:
         logger.info("registered %s as the main chat (%s)", jid, options.main_chat_name)
 
