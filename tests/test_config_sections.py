@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+import subprocess
+import sys
 from datetime import time, timedelta
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
+from farmhost_testing import clean_env, scaled
 
 from farmhost.broker import site_name
 from farmhost.config import Config, LlmEndpoint, QuietHours, Settings, build_config, load_settings
@@ -155,3 +158,19 @@ def test_each_section_carries_the_variables_of_its_service(tmp_path: Path) -> No
     assert built.site.trusted == frozenset({"pump-house"})  # never itself
     assert (built.site.resend_seconds, built.site.answer_grace_seconds) == (2, 0.5)
     assert config(tmp_path).site.answer_grace_seconds == 5  # the default
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["# Configuração da quinta\nHA_URL=http://ha:8123\n".encode("latin-1"), "HA_URL=http://ha:8123\n".encode("utf-16")],
+)
+def test_an_env_file_that_is_not_utf8_is_refused_in_one_line_naming_it(tmp_path: Path, content: bytes) -> None:
+    """A `.env` saved by an editor as "ANSI" or "Unicode" stopped every command with a UnicodeDecodeError traceback."""
+    (tmp_path / ".env").write_bytes(content)
+    done = subprocess.run(
+        [sys.executable, "-m", "farmhost", "group", "list", "--data-dir", str(tmp_path / "data")],
+        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, check=False, timeout=scaled(60),
+    )  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith(f"farmhost: error: {tmp_path / '.env'} is not UTF-8 text"), done.stderr
+    assert "save it as UTF-8" in done.stderr and len(done.stderr.splitlines()) == 1

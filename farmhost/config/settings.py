@@ -431,6 +431,12 @@ def load_settings(*, data_dir: Path | None = None, env_file: str | None = ".env"
     """
     try:
         settings = Settings(_env_file=env_file)  # type: ignore[call-arg]
+    except UnicodeDecodeError as err:  # only the env file is decoded here: a value of the environment is text
+        where = f"byte {err.object[err.start]:#04x} at position {err.start}"
+        raise ConfigError(
+            f"{os.path.abspath(env_file or '.env')} is not UTF-8 text ({where}): save it as UTF-8 "
+            '(an editor\'s "ANSI" or "Unicode"/UTF-16 encoding is not read)'
+        ) from None
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         if not first["loc"]:  # a rule about several settings at once: its message names them
