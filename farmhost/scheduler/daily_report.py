@@ -22,7 +22,7 @@ from farmhost.errors import FarmhostError
 from farmhost.farm.control import policy
 from farmhost.farm.state.alerts import AlertBook
 from farmhost.farm.state.collector import ALERTS
-from farmhost.farm.state.history import fetch_history, summarise
+from farmhost.farm.state.history import entity_summaries
 from farmhost.store import approvals as approval_rows
 from farmhost.store import groups, llm_usage, outbox, task_runs
 from farmhost.store.db import now_utc
@@ -274,10 +274,9 @@ async def _actuators(
     )
     if not guarded:
         return []
-    history = await fetch_history(ha, guarded, start, end)
+    summaries = await entity_summaries(ha, guarded, start, end, zone)
     out = []
-    for entity in guarded:
-        summary = summarise(history.get(entity, []), start, end, zone)
+    for entity, summary in summaries.items():
         if summary.get("kind") == "on_off":
             out.append((entity, int(summary["onSeconds"]), int(summary["turnedOn"])))
     return out

@@ -13,7 +13,7 @@ from farmhost_testing import ok, refused, wait_for, wait_for_async
 from ha_core_support import FarmHost, farm_host, make_data_dir
 from ha_fixture import HaInstance
 
-from farmhost.farm.state.history import MAX_POINTS, Change, summarise
+from farmhost.farm.state.history import MAX_POINTS, Change, entity_summaries, history_slices, summarise
 
 TEMPERATURE = "sensor.air_temperature"
 PUMP = "switch.irrigation_pump"
@@ -138,3 +138,49 @@ def test_unavailable_time_is_left_out_of_the_mean_and_the_on_time() -> None:
     )  # fmt: skip
     assert switch["kind"] == "on_off" and switch["onSeconds"] == 2 * 3600 and switch["turnedOn"] == 0
     assert summarise([], start, end, ZONE) == {"kind": "none", "changes": 0}
+
+
+def _one_command_changes(raw: Any, entity_id: str) -> list[Change]:
+    """What one command for the whole period says (the way ha_history asked before slicing), as changes."""
+    rows = raw.get(entity_id, []) if isinstance(raw, dict) else []
+    return [Change(at=datetime.fromtimestamp(r.get("lc", r["lu"]), UTC), state=str(r["s"])) for r in rows]
+
+
+async def test_a_period_fetched_in_slices_is_summarised_as_one_command_for_it_would(
+    host: FarmHost, ha: HaInstance
+) -> None:
+    assert host.ha is not None
+    begin = datetime.now(UTC)
+    last = begin
+    for value in (3.0, 8.0, 5.0, 9.0, 4.0):
+        ha.set_number(TEMPERATURE, value)
+        last = _changed_to(ha, TEMPERATURE, str(value), last)
+    for turn in ("on", "off", "on"):
+        ha.call_service("input_boolean", f"turn_{turn}", {"entity_id": "input_boolean.pump_relay"})
+        last = max(last, _changed_to(ha, PUMP, turn, last))
+    end = last + timedelta(seconds=1)
+    wait_for(lambda: datetime.now(UTC) > end, what="the end of the period to pass")
+    entities = [TEMPERATURE, PUMP]
+
+    async def whole(start: datetime) -> dict[str, list[Change]] | None:
+        raw = await host.ha.ws_command(  # type: ignore[union-attr]
+            "history/history_during_period", start_time=start.isoformat(), end_time=end.isoformat(),
+            entity_ids=entities, include_start_time_state=True, significant_changes_only=False,
+            minimal_response=True, no_attributes=True,
+        )  # fmt: skip
+        changes = {e: _one_command_changes(raw, e) for e in entities}
+        return changes if changes[PUMP] and changes[PUMP][-1].state == "on" else None  # the recorder commits each 1 s
+
+    # a few days (HA's recorder here is younger: the first slices hold nothing), in the default slices
+    start = end - timedelta(days=3)
+    expected = {e: summarise(c, start, end, ZONE) for e, c in (await wait_for_async(lambda: whole(start))).items()}
+    assert expected[TEMPERATURE]["changes"] >= 4 and expected[PUMP]["turnedOn"] >= 2  # and earlier tests'
+    assert await entity_summaries(host.ha, entities, start, end, ZONE) == expected
+    # the last seconds in slices of 0.1 s, their boundaries between and next to the changes
+    start = begin - timedelta(seconds=1)
+    expected = {e: summarise(c, start, end, ZONE) for e, c in (await wait_for_async(lambda: whole(start))).items()}
+    short = timedelta(milliseconds=100)
+    slices = [s async for s in history_slices(host.ha, TEMPERATURE, start, end, longest_slice=short)]
+    assert len(slices) >= (end - start) / short and sum(1 for s in slices if s) >= 3
+    assert summarise([c for s in slices for c in s], start, end, ZONE) == expected[TEMPERATURE]
+    assert await entity_summaries(host.ha, entities, start, end, ZONE, longest_slice=short) == expected

@@ -1,24 +1,24 @@
 """ha_history: what entities did over a period, from Home Assistant's recorder, summarised (the morning report too).
 
-The history comes over the WebSocket (`history/history_during_period`, minimal response, no attributes): one
-command on the connection farmhost already keeps open, the entity ids as a list rather than a comma-joined URL
-parameter, and HA's compressed rows (state and a float timestamp), a third of REST's size for the same period.
+The history comes over the WebSocket (`history/history_during_period`, minimal response, no attributes) on the
+connection farmhost already keeps open, with HA's compressed rows (state and a float timestamp), a third of REST's
+size for the same period. One entity at a time and the period in slices, each summarised as it arrives: a month
+of 20 sensors reporting every second (tens of millions of rows, GB once decoded) never sits in memory at once,
+and each command holds the shared connection only for its slice.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Final
 
 from farmhost.errors import InvalidRequest
 from farmhost.farm.core_actions import require_ha
+from farmhost.farm.state.history_summary import MAX_POINTS, Change, HistorySummary, summarise
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import AsyncIterator, Sequence
     from zoneinfo import ZoneInfo
 
     from farmhost.farm.deps import FarmDeps
@@ -26,25 +26,22 @@ if TYPE_CHECKING:
     from farmhost.handling import RequestContext
     from farmhost.protocol.params import HaHistoryParams
 
+__all__ = ["MAX_POINTS", "Change", "entity_summaries", "ha_history", "history_period", "history_slices", "summarise"]
+
 # SPEC §5: "a period of at most 31 days"; HA's recorder keeps 10 days unless its purge_keep_days says more.
 MAX_PERIOD: Final = timedelta(days=31)
 _RANGE: Final = "years 1-9999 in UTC, a day after the first"
 DEFAULT_PERIOD: Final = timedelta(hours=24)  # "how long did the pump run?" means the last day unless said
-# Two a hour over a day: enough to see a night's curve, small enough for a model's context at 20 entities.
-MAX_POINTS: Final = 48
-ON_STATES: Final = frozenset({"on", "open"})
-OFF_STATES: Final = frozenset({"off", "closed"})
-NO_VALUE: Final = frozenset({"unavailable", "unknown", ""})
-# Text entities (a select, the weather) report time per state; a long-lived one may have had many.
-MAX_TEXT_STATES: Final = 12
-
-
-@dataclass(frozen=True, kw_only=True)
-class Change:
-    """One recorded state of an entity and when it began."""
-
-    at: datetime
-    state: str
+# Slices of the period: the first an hour, doubling while a slice holds under half of SLICE_ROWS rows, up to a
+# day (a switch or a 5-minute sensor: one command a day of the period), shrinking to hold about SLICE_ROWS when a
+# sensor reports often (a 1 s sensor: 2-3 h slices). 10,000 rows are ~0.4 MB of JSON and ~4 MB decoded.
+LONGEST_SLICE: Final = timedelta(days=1)
+FIRST_SLICE: Final = timedelta(hours=1)
+SHORTEST_SLICE: Final = timedelta(minutes=1)
+SLICE_ROWS: Final = 10_000
+# A slice asks up to a microsecond past its end, so a row exactly at the next slice's start (which HA's
+# "after start" leaves out of that slice) is in this one; the next slice drops the rows it already had.
+_OVERLAP: Final = timedelta(microseconds=1)
 
 
 async def ha_history(deps: FarmDeps, ctx: RequestContext, p: HaHistoryParams) -> dict[str, Any]:
@@ -64,9 +61,7 @@ async def ha_history(deps: FarmDeps, ctx: RequestContext, p: HaHistoryParams) ->
     ha = require_ha(deps)
     known = {str(s.get("entity_id")) for s in await ha.get_states()}
     wanted = [e for e in dict.fromkeys(p.entityIds) if e in known]
-    history = await fetch_history(ha, wanted, start, end) if wanted else {}
-    # A month of a 30 s sensor is ~0.3 s of arithmetic: off the event loop, which serves every group meanwhile.
-    entities = await asyncio.to_thread(lambda: {e: summarise(history.get(e, []), start, end, zone) for e in wanted})
+    entities = await entity_summaries(ha, wanted, start, end, zone)
     return {
         "start": _local(start, zone),
         "end": _local(end, zone),
@@ -106,50 +101,66 @@ def history_period(start: str | None, end: str | None, *, now: datetime, zone: Z
     return start_at, end_at
 
 
-async def fetch_history(
-    ha: HAClient, entity_ids: Sequence[str], start: datetime, end: datetime
-) -> dict[str, list[Change]]:
-    """Every recorded state of `entity_ids` in the period, each list beginning with the state held at `start`."""
-    raw = await ha.ws_command(
-        "history/history_during_period",
-        start_time=start.isoformat(),
-        end_time=end.isoformat(),
-        entity_ids=list(entity_ids),
-        include_start_time_state=True,
-        significant_changes_only=False,
-        minimal_response=True,
-        no_attributes=True,
-    )
-    rows = raw if isinstance(raw, dict) else {}
-    return {str(entity): _changes(entries) for entity, entries in rows.items() if isinstance(entries, list)}
+async def entity_summaries(
+    ha: HAClient,
+    entity_ids: Sequence[str],
+    start: datetime,
+    end: datetime,
+    zone: ZoneInfo,
+    *,
+    longest_slice: timedelta = LONGEST_SLICE,
+) -> dict[str, dict[str, Any]]:
+    """Each entity's summary over the period (see `HistorySummary`), fetched one entity and one slice at a time.
 
-
-def summarise(changes: Sequence[Change], start: datetime, end: datetime, zone: ZoneInfo) -> dict[str, Any]:
-    """One entity's summary over [start, end]: a number, on/off, or text entity, told by the states it had.
-
-    A state holds from its time until the next one (the state at `start` from `start`); `unavailable` and
-    `unknown` count as no value: they are left out of the mean and the on-time, and reported as such.
+    The commands are sequential: another group's call to HA waits for one slice, not for the whole history.
     """
-    spans = _spans(changes, start, end)
-    if not spans:
-        return {"kind": "none", "changes": 0}
-    states = [s.state for s in changes if s.state not in NO_VALUE]
-    no_value = sum(seconds for state, _, seconds in spans if state in NO_VALUE)
-    base: dict[str, Any] = {"last": spans[-1][0], "changes": len(spans) - 1}
-    if no_value:
-        base["unavailableSeconds"] = round(no_value)
-    if states and all(_number(s) is not None for s in states):
-        return {"kind": "number", **base, **_numbers(spans, start, end, zone), "last": _number(spans[-1][0])}
-    if states and all(s in ON_STATES | OFF_STATES for s in states):
-        on = sum(seconds for state, _, seconds in spans if state in ON_STATES)
-        valued = [state for state, _, _ in spans if state not in NO_VALUE]  # on, unavailable, on: never turned on
-        turned_on = sum(1 for before, after in pairwise(valued) if after in ON_STATES and before in OFF_STATES)
-        return {"kind": "on_off", **base, "onSeconds": round(on), "turnedOn": turned_on}
-    per_state: dict[str, float] = {}
-    for state, _, seconds in spans:
-        per_state[state] = per_state.get(state, 0.0) + seconds
-    top = sorted(per_state.items(), key=lambda kv: -kv[1])[:MAX_TEXT_STATES]
-    return {"kind": "text", **base, "seconds": {state: round(seconds) for state, seconds in top}}
+    out: dict[str, dict[str, Any]] = {}
+    for entity in entity_ids:
+        summary = HistorySummary(start, end)
+        async for changes in history_slices(ha, entity, start, end, longest_slice=longest_slice):
+            # A slice's arithmetic is ~30 ms at 10,000 rows: off the event loop, which serves every group meanwhile.
+            await asyncio.to_thread(summary.feed, changes)
+        out[entity] = await asyncio.to_thread(summary.result, zone)
+    return out
+
+
+async def history_slices(
+    ha: HAClient, entity_id: str, start: datetime, end: datetime, *, longest_slice: timedelta = LONGEST_SLICE
+) -> AsyncIterator[list[Change]]:
+    """`entity_id`'s recorded states over the period, a slice at a time, the first beginning with the state at `start`.
+
+    Together the slices hold what one command for the whole period would: the state held at `start`, then every
+    change after it and before `end` (a row at a slice boundary once, rows HA repeats at a slice's start too).
+    """
+    length = min(FIRST_SLICE, longest_slice)
+    begin, seen_until = start, None
+    while begin < end:
+        until = min(begin + length, end)
+        asked_until = until + _OVERLAP if until < end else end
+        raw = await ha.ws_command(
+            "history/history_during_period",
+            start_time=begin.isoformat(),
+            end_time=asked_until.isoformat(),
+            entity_ids=[entity_id],
+            include_start_time_state=seen_until is None,
+            significant_changes_only=False,
+            minimal_response=True,
+            no_attributes=True,
+        )
+        entries = raw.get(entity_id) if isinstance(raw, dict) else None
+        rows = entries if isinstance(entries, list) else []
+        yield await asyncio.to_thread(_changes, rows, seen_until)
+        begin, seen_until = until, asked_until.timestamp()
+        length = next_slice_length(length, len(rows), longest_slice)
+
+
+def next_slice_length(length: timedelta, rows: int, longest: timedelta) -> timedelta:
+    """The next slice's length after one of `length` held `rows` rows: aiming at SLICE_ROWS, at most doubling."""
+    if rows > SLICE_ROWS:
+        length = max(length * (SLICE_ROWS / rows), SHORTEST_SLICE)
+    elif rows < SLICE_ROWS // 2:
+        length *= 2
+    return min(length, longest)
 
 
 # helpers ---------------------------------------------------------------------------------------------
@@ -173,85 +184,24 @@ def _parse_time(text: str, field: str, zone: ZoneInfo) -> datetime:
         ) from None
 
 
-def _changes(entries: list[Any]) -> list[Change]:
+def _changes(entries: list[Any], seen_until: float | None) -> list[Change]:
+    """HA's compressed rows as changes, without those updated before `seen_until` (the last slice had them)."""
     out: list[Change] = []
     for row in entries:
         if not isinstance(row, dict):
             continue
-        stamp = row.get("lc", row.get("lu"))
+        updated = row.get("lu")
+        if seen_until is not None and isinstance(updated, int | float) and updated < seen_until:
+            continue
+        stamp = row.get("lc", updated)
         if not isinstance(stamp, int | float):
             continue
-        out.append(Change(at=datetime.fromtimestamp(stamp, UTC), state=str(row.get("s", ""))))
+        try:
+            at = datetime.fromtimestamp(stamp, UTC)
+        except (OverflowError, ValueError, OSError):
+            continue  # not a time (HA writes its own clock's, but a restored database may hold anything)
+        out.append(Change(at=at, state=str(row.get("s", ""))))
     return out
-
-
-def _spans(changes: Sequence[Change], start: datetime, end: datetime) -> list[tuple[str, datetime, float]]:
-    """(state, from, seconds held within the period), in time order; a state recorded before `start` holds from it."""
-    ordered = sorted((c for c in changes if c.at <= end), key=lambda c: c.at)
-    spans: list[tuple[str, datetime, float]] = []
-    for i, change in enumerate(ordered):
-        begin = max(change.at, start)
-        until = ordered[i + 1].at if i + 1 < len(ordered) else end
-        if until <= start or (i + 1 < len(ordered) and until == change.at):
-            continue  # replaced before the period began, or in the same instant (HA's start row and a change at it)
-        if spans and spans[-1][0] == change.state:
-            continue  # a repeat of the same state (an attribute-only row): the span already runs on
-        spans.append((change.state, begin, 0.0))
-    return [
-        (state, begin, ((spans[i + 1][1] if i + 1 < len(spans) else end) - begin).total_seconds())
-        for i, (state, begin, _) in enumerate(spans)
-    ]
-
-
-def _numbers(
-    spans: list[tuple[str, datetime, float]], start: datetime, end: datetime, zone: ZoneInfo
-) -> dict[str, Any]:
-    valued = [(v, begin, seconds) for state, begin, seconds in spans if (v := _number(state)) is not None]
-    values = [v for v, _, _ in valued]
-    weight = sum(seconds for _, _, seconds in valued)
-    mean = sum(v * seconds for v, _, seconds in valued) / weight if weight > 0 else values[-1]
-    if len(valued) <= MAX_POINTS:
-        points = [[_local(begin, zone), v] for v, begin, _ in valued]
-    else:
-        points = _downsampled(valued, start, end, zone)
-    return {"min": min(values), "max": max(values), "mean": _round(mean), "points": points}
-
-
-def _downsampled(
-    valued: list[tuple[float, datetime, float]], start: datetime, end: datetime, zone: ZoneInfo
-) -> list[list[Any]]:
-    """MAX_POINTS equal slices of the period, each the time-weighted mean of the values within it.
-
-    One pass: each value's span adds to the slices it overlaps (a month of a 30 s sensor is ~90,000 rows).
-    """
-    origin, step = start.timestamp(), (end - start).total_seconds() / MAX_POINTS
-    totals, weights = [0.0] * MAX_POINTS, [0.0] * MAX_POINTS
-    for value, begin, seconds in valued:
-        lo = begin.timestamp() - origin
-        hi = lo + seconds
-        first, last = max(0, int(lo // step)), min(MAX_POINTS - 1, int(hi // step))
-        for i in range(first, last + 1):
-            overlap = min(hi, (i + 1) * step) - max(lo, i * step)
-            if overlap > 0:
-                totals[i] += value * overlap
-                weights[i] += overlap
-    return [
-        [_local(start + timedelta(seconds=step * i), zone), _round(totals[i] / weights[i])]
-        for i in range(MAX_POINTS)
-        if weights[i] > 0
-    ]
-
-
-def _number(state: str) -> float | None:
-    try:
-        value = float(state)
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
-
-
-def _round(value: float) -> float:
-    return round(value, 3)
 
 
 def _local(at: datetime, zone: ZoneInfo) -> str:
