@@ -3,7 +3,8 @@
 The JSON form (`farmhost run --log-format json`) is one object per line: `ts` (UTC, milliseconds), `level`,
 `logger`, `message`, then every field the log call passed as `extra` (`group`, `requestId`, `runId`, `taskId`,
 `entryId`, `chat`, ...) and `exc` for a traceback. Both forms redact bot tokens, bearer tokens, JWTs and the
-configured secrets from the whole line, tracebacks included.
+configured secrets from the whole line, tracebacks included, and neither carries a character a terminal would act
+on (farmhost/terminal.py): a message that holds a line break or an escape sequence shows it written out.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import logging
 import re
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
+
+from farmhost.terminal import for_terminal, json_for_terminal
 
 LogFormat = Literal["text", "json"]
 LOG_FORMATS: Final = ("text", "json")
@@ -51,9 +54,13 @@ class TextFormatter(logging.Formatter):
         super().__init__(TEXT_FORMAT)
         self._redact = redact
 
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        """The line without its traceback: whatever the message holds, one line a terminal only shows."""
+        return for_terminal(super().formatMessage(record))
+
     def format(self, record: logging.LogRecord) -> str:
-        """The redacted line."""
-        return self._redact(super().format(record))
+        """The redacted line (and the traceback's lines, with no escape sequence on them either)."""
+        return self._redact(for_terminal(super().format(record), keep_lines=True))
 
 
 class JsonFormatter(logging.Formatter):
@@ -79,7 +86,7 @@ class JsonFormatter(logging.Formatter):
             doc["exc"] = self.formatException(record.exc_info)
         if record.stack_info:
             doc["stack"] = self.formatStack(record.stack_info)
-        return self._redact(json.dumps(doc, ensure_ascii=False, default=str, separators=(",", ":")))
+        return self._redact(json_for_terminal(doc, default=str, separators=(",", ":")))
 
 
 def configure(level: str, *, secrets: list[str], log_format: LogFormat = "text") -> None:

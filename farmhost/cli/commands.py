@@ -14,6 +14,7 @@ from farmhost.layout import DataLayout
 from farmhost.logs import configure
 from farmhost.store import outbox, task_runs, tasks
 from farmhost.store.db import Database, iso
+from farmhost.terminal import for_terminal, json_for_terminal
 
 
 def open_existing(settings: Settings) -> Database:
@@ -111,7 +112,7 @@ def task_list(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         db.close()
     if args.json:
-        print(json.dumps([{**t.to_snapshot(), "lastRunStatus": last.get(t.id)} for t in rows], indent=2))
+        print(json_for_terminal([{**t.to_snapshot(), "lastRunStatus": last.get(t.id)} for t in rows], indent=2))
         return 0
     if not rows:
         print("no tasks")
@@ -140,7 +141,7 @@ def task_runs_list(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         db.close()
     if args.json:
-        print(json.dumps([r.to_dict() for r in runs], indent=2, ensure_ascii=False))
+        print(json_for_terminal([r.to_dict() for r in runs], indent=2))
         return 0
     schedule = f"{task.schedule_type} {task.schedule_value}"
     print(
@@ -165,7 +166,7 @@ def outbox_list(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         db.close()
     if args.json:
-        print(json.dumps([e.to_dict() for e in rows], indent=2, ensure_ascii=False))
+        print(json_for_terminal([e.to_dict() for e in rows], indent=2))
         return 0
     if not rows:
         print("outbox is empty")
@@ -178,10 +179,11 @@ def outbox_list(args: argparse.Namespace, settings: Settings) -> int:
             f"{e.source_folder or '-':<14} {text}"
         )
         if e.last_error:
-            print(f"{'':>6} last error: {e.last_error}")
+            print(f"{'':>6} last error: {for_terminal(e.last_error)}")
     return 0
 
 
 def _short(text: str, width: int = 60) -> str:
-    flat = " ".join(text.split())
+    """One table cell: on one line, what a terminal would act on written out, at most `width` characters."""
+    flat = for_terminal(" ".join(text.split()))
     return flat if len(flat) <= width else flat[: width - 1] + "…"

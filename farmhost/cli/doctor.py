@@ -51,6 +51,7 @@ from farmhost.farm.control.policy import load_profile, profile_report
 from farmhost.layout import DataLayout
 from farmhost.store import groups, host_state, outbox
 from farmhost.store.db import Database, SchemaTooNew, now_utc
+from farmhost.terminal import for_terminal
 
 __all__ = ["Check", "State", "doctor"]
 
@@ -125,9 +126,9 @@ def doctor(args: argparse.Namespace, settings: Settings) -> int:
         checks.extend(found)
         if not args.json:
             for c in found:
-                print(f"{c.part:<16} {c.state:<7} {c.detail}", flush=True)
+                print(f"{c.part:<16} {c.state:<7} {for_terminal(c.detail, keep_lines=True)}", flush=True)
                 if c.fix:
-                    print(f"{'':<16} {'':<7} fix: {c.fix}", flush=True)
+                    print(f"{'':<16} {'':<7} fix: {for_terminal(c.fix, keep_lines=True)}", flush=True)
     if args.json:
         print(json.dumps([asdict(c) for c in checks], indent=2))
     return 1 if any(c.state == "broken" for c in checks) else 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from farmhost.cli.commands import open_existing
@@ -12,6 +11,7 @@ from farmhost.groups.registry import left_behind, new_group, register, unregiste
 from farmhost.layout import DataLayout
 from farmhost.store import groups
 from farmhost.store.db import Database, iso, now_utc
+from farmhost.terminal import for_terminal, json_for_terminal
 
 
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -93,7 +93,7 @@ def list_(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         db.close()
     if args.json:
-        print(json.dumps([g.to_dict() for g in rows], indent=2, ensure_ascii=False))
+        print(json_for_terminal([g.to_dict() for g in rows], indent=2))
         return 0
     if not rows:
         print("no groups; add one with: farmhost group add --jid telegram:<id> --name <name> --folder <folder> --main")
@@ -101,8 +101,8 @@ def list_(args: argparse.Namespace, settings: Settings) -> int:
     print(f"{'FOLDER':<20} {'MAIN':<5} {'JID':<28} {'TRIGGER':<16} {'REQUIRED':<9} {'ADDED':<29} NAME")
     for g in rows:
         print(
-            f"{g.folder:<20} {'yes' if g.is_main else '':<5} {g.jid:<28} {g.trigger or '-':<16} "
-            f"{'yes' if g.requires_trigger else 'no':<9} {iso(g.added_at) or '':<29} {g.name}"
+            f"{g.folder:<20} {'yes' if g.is_main else '':<5} {g.jid:<28} {for_terminal(g.trigger or '-'):<16} "
+            f"{'yes' if g.requires_trigger else 'no':<9} {iso(g.added_at) or '':<29} {for_terminal(g.name)}"
         )
     return 0
 

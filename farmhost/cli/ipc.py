@@ -19,6 +19,7 @@ from farmhost.errors import InvalidRequest
 from farmhost.layout import DataLayout
 from farmhost.protocol.codes import HOST_STATUS, Queue
 from farmhost.store import groups
+from farmhost.terminal import json_for_terminal
 
 EXIT_SUCCESS, EXIT_ERROR, EXIT_NO_RESULT = 0, 1, 2
 # A heartbeat older than this many intervals means the daemon that wrote it is gone (kill -9, power loss).
@@ -99,7 +100,7 @@ def send(args: argparse.Namespace, settings: Settings) -> int:
         print(f"farmhost: {err.message}", file=sys.stderr)
         print(f"farmhost: {_daemon_state(group_ipc / HOST_STATUS, settings)}", file=sys.stderr)
         return EXIT_NO_RESULT
-    print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
+    print(json_for_terminal(result.to_dict(), indent=2))
     return EXIT_SUCCESS if result.ok else EXIT_ERROR
 
 

@@ -15,6 +15,8 @@ import sys
 import threading
 from typing import TextIO
 
+from farmhost.terminal import for_terminal
+
 
 class LineOutput:
     """A writer of whole lines that survives its reader going away; callable from any thread."""
@@ -26,13 +28,16 @@ class LineOutput:
         self.gone = False  # the reader went away; lines are dropped since
 
     def __call__(self, line: str) -> None:
-        """Write `line` and a newline, flushed; nothing (and no exception) once the output is gone."""
+        """Write `line` and a newline, flushed; nothing (and no exception) once the output is gone.
+
+        The chat's lines are the agent's words: what a terminal would act on in them is written out, not sent.
+        """
         with self._lock:
             if self.gone:
                 return
             stream = self._stream or sys.stdout
             try:
-                stream.write(line + "\n")
+                stream.write(for_terminal(line, keep_lines=True) + "\n")
                 stream.flush()
             except (BrokenPipeError, ConnectionResetError, ValueError):  # ValueError: the stream was closed
                 self.gone = True

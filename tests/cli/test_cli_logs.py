@@ -178,3 +178,28 @@ def test_a_bad_log_format_is_refused(tmp_path: Path) -> None:
     bad = farmhost("run", data_dir=tmp_path / "data", env=clean_env(FARMHOST_LOG_FORMAT="xml"))
     assert bad.returncode == 2 and bad.stderr.startswith("farmhost: error: FARMHOST_LOG_FORMAT:")
     assert not (tmp_path / "data").exists()
+
+
+def test_a_log_line_shows_what_others_wrote_without_control_sequences(capsys: pytest.CaptureFixture[str]) -> None:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    hostile = "x\x1b]0;owned\x07\x9b2J\u202e\n2026-01-05 07:00:01,234 ERROR   farmhost.app: forged"
+    try:
+        for log_format in ("json", "text"):
+            configure("INFO", secrets=[], log_format=log_format)  # type: ignore[arg-type]
+            try:
+                raise RuntimeError(hostile.split("\n")[0])
+            except RuntimeError:
+                logging.getLogger("farmhost.test").exception("agent said %s", hostile, extra={"text": hostile})
+            text = capsys.readouterr().err
+            for char in ("\x1b", "\x07", "\x9b", "\u202e"):
+                assert char not in text, (log_format, text)
+            if log_format == "json":
+                (line,) = (json.loads(line) for line in text.splitlines())
+                assert line["message"] == f"agent said {hostile}" and line["text"] == hostile
+            else:  # one line for the message (the traceback keeps its own lines): no forged record
+                assert "forged" in text.splitlines()[0]
+                assert not any(line.startswith("2026-01-05") for line in text.splitlines())
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)

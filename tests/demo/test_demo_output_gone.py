@@ -112,3 +112,13 @@ def test_the_demo_output_drops_lines_once_its_reader_is_gone(tmp_path: Path) -> 
         stream.flush()
     finally:
         stream.close()
+
+
+def test_the_demo_chat_prints_the_agents_words_not_its_escape_sequences() -> None:
+    """The terminal chat shows what the agent sent; an escape sequence in it is written out, lines are kept."""
+    read_end, write_end = os.pipe()
+    with os.fdopen(write_end, "w", encoding="utf-8") as stream:
+        LineOutput(stream)("agent: frost\x1b]52;c;cm0gLXJmIH4=\x07 tonight\x9b2J\n\u202eline two")
+    with os.fdopen(read_end, "rb") as reader:
+        printed = reader.read().decode()
+    assert printed == "agent: frost\\x1b]52;c;cm0gLXJmIH4=\\x07 tonight\\x9b2J\n\\u202eline two\n"
