@@ -18,6 +18,13 @@ OutboxKind = Literal["text", "file"]
 # Options that belong to the message as a whole go with its last chunk only (a keyboard under chunk 1 of 3
 # would sit in the middle of the message).
 LAST_CHUNK_OPTIONS: Final = frozenset({"reply_markup"})
+# Which pending entry of a chat (table alias `o`) goes next (see `chat_head`): an agent's message whose first
+# chunk is not sent yet waits while the host has anything to say; a message under way, and the host's own, keep
+# their places by id.
+_HEAD_ORDER: Final = (
+    "(o.source_folder IS NOT NULL AND NOT EXISTS (SELECT 1 FROM outbox AS begun WHERE begun.message_key ="
+    " o.message_key AND begun.chunk_index = 0 AND begun.status = 'sent')), o.id"
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,18 +140,25 @@ def get_entry(conn: sqlite3.Connection, entry_id: int) -> OutboxEntry | None:
 
 
 def chat_heads(conn: sqlite3.Connection) -> list[OutboxEntry]:
-    """The oldest pending entry of each chat: the only one of that chat that may go next (per-chat order)."""
+    """The head of each chat (`chat_head`): the only entry of that chat that may go next."""
     rows = conn.execute(
-        "SELECT * FROM outbox WHERE id IN (SELECT min(id) FROM outbox WHERE status = 'pending' GROUP BY chat_jid)"
-        " ORDER BY id"
+        "SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY chat_jid ORDER BY"
+        f" {_HEAD_ORDER}) AS place FROM outbox AS o WHERE o.status = 'pending') WHERE place = 1 ORDER BY id"
     )
     return [_entry(row) for row in rows]
 
 
 def chat_head(conn: sqlite3.Connection, chat_jid: str) -> OutboxEntry | None:
-    """The oldest pending entry of one chat."""
+    """The entry of one chat that goes next.
+
+    The oldest, except that the host's own messages (farm alerts, approvals, notices) go ahead of agents'
+    messages not yet begun. An agent may queue hours of Telegram's per-chat rate in a chat (main: the main
+    chat); an alert or an approval must not wait behind that. The agent message under way is finished first,
+    and each side keeps its own order.
+    """
     row = conn.execute(
-        "SELECT * FROM outbox WHERE status = 'pending' AND chat_jid = ? ORDER BY id LIMIT 1", (chat_jid,)
+        f"SELECT * FROM outbox AS o WHERE o.status = 'pending' AND o.chat_jid = ? ORDER BY {_HEAD_ORDER} LIMIT 1",
+        (chat_jid,),
     ).fetchone()
     return None if row is None else _entry(row)
 

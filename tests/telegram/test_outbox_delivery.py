@@ -68,7 +68,15 @@ class Rig:
         self.deliveries.append(delivery)
         return delivery
 
-    def queue(self, chat_id: int, chunks: list[str], *, at: datetime | None = None, **kwargs: Any) -> list[OutboxEntry]:
+    def queue(
+        self,
+        chat_id: int,
+        chunks: list[str],
+        *,
+        at: datetime | None = None,
+        source_folder: str | None = "main",
+        **kwargs: Any,
+    ) -> list[OutboxEntry]:
         self._keys += 1
         key = f"test:{self._keys}"
         with self.db.tx() as conn:
@@ -76,7 +84,7 @@ class Rig:
                 conn,
                 message_key=key,
                 chat_jid=f"telegram:{chat_id}",
-                source_folder="main",
+                source_folder=source_folder,
                 chunks=chunks,
                 at=at or now_utc(),
                 **kwargs,
@@ -222,6 +230,23 @@ async def test_retry_after_is_honoured_and_the_chunk_is_sent_once(rig: Rig) -> N
     assert done[0].attempts == 0 and done[0].last_error == "flood control: retry after 1 s"
     assert [c.text for c in rig.fake.sent(FIELD)] == ["after the flood"]
     assert rig.entry(other.id).status == "sent"
+
+
+async def test_the_hosts_own_message_goes_ahead_of_an_agents_backlog_in_its_chat(rig: Rig) -> None:
+    # A flood from an agent (main may write to the main chat without end) must not hold back a farm alert or an
+    # approval for hours behind Telegram's per-chat rate; it waits only for the agent message already under way.
+    started = rig.queue(FIELD, ["part 1 of 2", "part 2 of 2"])
+    with rig.db.tx() as conn:  # the first part went before a restart
+        outbox.mark_sent(conn, started[0].id, telegram_message_id=1, at=now_utc())
+    backlog = [rig.queue(FIELD, [f"agent message {n}"]) for n in range(20)]
+    (alert,) = rig.queue(FIELD, ["Frost risk in field 1"], source_folder=None)
+    await rig.start()
+    await rig.wait_sent(22, FIELD)
+    texts = [c.text for c in rig.fake.sent(FIELD)]
+    assert texts[:3] == ["part 2 of 2", "Frost risk in field 1", "agent message 0"]
+    assert texts[3:] == [f"agent message {n}" for n in range(1, 20)]  # the agents' own order is kept
+    done = await until(lambda: rig.settled([alert, *(e for (e,) in backlog)]))
+    assert all(e.status == "sent" for e in done)
 
 
 async def test_server_errors_and_dropped_connections_are_retried_and_delivered_once(rig: Rig) -> None:

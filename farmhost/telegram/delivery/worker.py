@@ -4,7 +4,8 @@ Every message the host sends (agent replies, IPC `messages/`, task alerts, appro
 this service sends the due ones, oldest first per chat, one chat never waiting on another.
 
 Guarantees and decisions:
-- Per-chat order: only the oldest pending entry of a chat (its head) may go; while it waits for a retry the
+- Per-chat order: only the head of a chat may go, its oldest pending entry except that the host's own messages
+  go ahead of agents' messages not begun yet (store/outbox.py `chat_head`); while it waits for a retry the
   chat's later entries wait too. Chats are delivered concurrently, one worker per chat.
 - A confirmed send is marked `sent` (with Telegram's message id) and appended to the chat's transcript in one
   transaction; only `pending` entries are ever sent, so a confirmed chunk is never sent again, restarts included.
