@@ -94,6 +94,7 @@ def build_config(settings: Settings) -> Config:
             tasks_per_group_max=settings.tasks_per_group_max,
         ),
         outbox=OutboxSettings(
+            group_max_chunks=settings.outbox_group_max_chunks,
             group_max_bytes=settings.outbox_group_max_bytes,
             file_copy_bytes_per_second=settings.file_copy_bytes_per_second,
         ),

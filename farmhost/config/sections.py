@@ -41,8 +41,9 @@ class SchedulerSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class OutboxSettings:
-    """The file/ handler's: what one group's unsent file copies may hold, and the copies' pace."""
+    """The messages/ handlers': what one group's undelivered entries and file copies may hold, and the copies' pace."""
 
+    group_max_chunks: int
     group_max_bytes: int
     file_copy_bytes_per_second: int
 

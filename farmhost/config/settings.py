@@ -162,6 +162,9 @@ class Settings(BaseSettings):
     outbox_group_max_bytes: int = Field(
         default=200 * 1024 * 1024, ge=0, validation_alias="FARMHOST_OUTBOX_GROUP_MAX_BYTES"
     )
+    # Undelivered chunks and files one group may have in the outbox: Telegram sends about 20 messages a minute in
+    # a group, so past this an agent's flood would fill the database and hold its chat for hours.
+    outbox_group_max_chunks: int = Field(default=1000, ge=1, validation_alias="FARMHOST_OUTBOX_GROUP_MAX_CHUNKS")
     # All groups' file copies into the outbox together; an SD card writes 10-40 MB/s, a Telegram upload is slower.
     file_copy_bytes_per_second: int = Field(
         default=32 * 1024 * 1024, ge=0, validation_alias="FARMHOST_FILE_COPY_BYTES_PER_SECOND"

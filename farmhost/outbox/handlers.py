@@ -45,13 +45,30 @@ def authorised_target(conn: sqlite3.Connection, source: Group, chat_jid: str) ->
     return target
 
 
-def apply_message(ctx: RequestContext, request: AnyRequest, conn: sqlite3.Connection) -> Outcome:
+def within_share(conn: sqlite3.Connection, folder: str, adding: int, limit: int) -> None:
+    """Refuse what would take a group past its share of undelivered outbox entries.
+
+    Raises:
+        RateLimited: the group's undelivered chunks and files, with these, would be more than `limit`.
+    """
+    waiting = outbox.count_pending_from(conn, folder)
+    if waiting + adding > limit:
+        raise RateLimited(
+            f"{waiting} message chunks or files of this group wait for delivery and this would add {adding} (the "
+            f"limit is {limit}); Telegram sends about 20 messages a minute in a group: send it once those are out"
+        )
+
+
+def apply_message(
+    settings: OutboxSettings, ctx: RequestContext, request: AnyRequest, conn: sqlite3.Connection
+) -> Outcome:
     """Queue a text message as Telegram-sized chunks."""
     assert isinstance(request, MessageRequest)
     authorised_target(conn, ctx.group, request.chatJid)
     chunks = split_text(request.text)
     if not chunks:
         raise InvalidRequest("text is empty (only whitespace); nothing to send")
+    within_share(conn, ctx.group.folder, len(chunks), settings.group_max_chunks)
     outbox.enqueue(
         conn,
         message_key=f"ipc:{ctx.group.folder}:{ctx.request_id}",
@@ -76,16 +93,22 @@ async def prepare_file(settings: OutboxSettings, ctx: RequestContext, request: A
     """Authorise, then copy the workspace file into the host's outbox store in a thread (it may be 50 MB)."""
     assert isinstance(request, FileRequest)
     authorised_target(ctx.db.conn, ctx.group, request.chatJid)
+    within_share(ctx.db.conn, ctx.group.folder, 1, settings.group_max_chunks)  # before copying anything
     workspace = ctx.layout.workspace(ctx.group.folder)
     target = ctx.layout.outbox_files / ctx.group.folder / f"{ctx.request_id}{_suffix(request.path)}"
     limit, rate = settings.group_max_bytes, settings.file_copy_bytes_per_second
     return await asyncio.to_thread(_copy_sync, workspace, request.path, target, limit, rate)
 
 
-def apply_file(ctx: RequestContext, request: AnyRequest, conn: sqlite3.Connection) -> Outcome:
+def apply_file(settings: OutboxSettings, ctx: RequestContext, request: AnyRequest, conn: sqlite3.Connection) -> Outcome:
     """Queue the copy `prepare_file` made."""
     assert isinstance(request, FileRequest) and isinstance(ctx.prepared, _FileCopy)
-    authorised_target(conn, ctx.group, request.chatJid)  # again inside the transaction: the registry may change
+    try:
+        authorised_target(conn, ctx.group, request.chatJid)  # again inside the transaction: the registry may change
+        within_share(conn, ctx.group.folder, 1, settings.group_max_chunks)
+    except Exception:
+        ctx.prepared.path.unlink(missing_ok=True)  # a copy nothing will send would hold the group's byte budget
+        raise
     outbox.enqueue(
         conn,
         message_key=f"ipc:{ctx.group.folder}:{ctx.request_id}",
@@ -161,8 +184,10 @@ def _copy_sync(workspace: Path, path: str, target: Path, limit: int, rate: float
 
 
 def outbox_handlers(settings: OutboxSettings) -> Handlers:
-    """The messages/ handlers; `settings` bound what a group's file copies may hold and how fast they are made."""
+    """The messages/ handlers; `settings` bound what a group may have undelivered and how fast copies are made."""
     return {
-        "message": HandlerSpec(effect=Effect.STATE, apply=apply_message),
-        "file": HandlerSpec(effect=Effect.STATE, prepare=partial(prepare_file, settings), apply=apply_file),
+        "message": HandlerSpec(effect=Effect.STATE, apply=partial(apply_message, settings)),
+        "file": HandlerSpec(
+            effect=Effect.STATE, prepare=partial(prepare_file, settings), apply=partial(apply_file, settings)
+        ),
     }

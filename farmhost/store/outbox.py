@@ -233,6 +233,14 @@ def count_by_status(conn: sqlite3.Connection) -> dict[str, int]:
     return {row[0]: row[1] for row in conn.execute("SELECT status, count(*) FROM outbox GROUP BY status")}
 
 
+def count_pending_from(conn: sqlite3.Connection, source_folder: str) -> int:
+    """How many entries one group queued that are not delivered yet (the pending-status index keeps it short)."""
+    row = conn.execute(
+        "SELECT count(*) FROM outbox WHERE status = 'pending' AND source_folder = ?", (source_folder,)
+    ).fetchone()
+    return int(row[0])
+
+
 def count_pending_since(conn: sqlite3.Connection, before: datetime) -> int:
     """How many entries are still pending that were queued before `before`."""
     row = conn.execute(

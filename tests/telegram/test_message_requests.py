@@ -247,6 +247,33 @@ def test_a_group_cannot_fill_the_disk_with_unsent_files(tmp_path: Path) -> None:
         assert result["status"] == "success", result
 
 
+def test_a_group_cannot_queue_messages_without_end(tmp_path: Path) -> None:
+    """Telegram sends about 20 messages a minute in a group: what a group queues past its share waits nowhere.
+
+    Text costs the database and holds the chat for hours; the share counts undelivered chunks and files.
+    """
+    data_dir = init_data_dir(tmp_path / "data")
+    (data_dir / "groups" / "field" / "note.txt").write_text("x")
+    with running_daemon(data_dir, env=clean_env(FARMHOST_OUTBOX_GROUP_MAX_CHUNKS="5")):
+        _, result = send(data_dir, *text("field", FIELD_JID, "a" * 4096 + " " + "b" * 4096))  # two chunks
+        assert result["status"] == "success" and result["result"]["chunks"] == 2, result
+        for _ in range(2):
+            _, result = send(data_dir, *text("field", FIELD_JID, "gate 3 is open"))
+            assert result["status"] == "success", result
+        rid, result = send(data_dir, *text("field", FIELD_JID, "c" * 4096 + " " + "d" * 4096))
+        assert result["errorCode"] == "rate_limited", result
+        assert "4 message chunks or files of this group wait" in result["error"] and "limit is 5" in result["error"]
+        assert outbox_rows(data_dir, "field", rid) == []
+        _, result = send(data_dir, *_file("field", FIELD_JID, "note.txt"))  # a file is one more: the fifth
+        assert result["status"] == "success", result
+        rid, result = send(data_dir, *text("field", FIELD_JID, "one more"))
+        assert result["errorCode"] == "rate_limited" and outbox_rows(data_dir, "field", rid) == [], result
+        rid, result = send(data_dir, *_file("field", FIELD_JID, "note.txt"))
+        assert result["errorCode"] == "rate_limited" and outbox_rows(data_dir, "field", rid) == [], result
+        _, result = send(data_dir, *text("main", MAIN_JID, "the share is per group"))
+        assert result["status"] == "success", result
+
+
 def test_file_copies_are_paced_so_they_never_saturate_the_disk(tmp_path: Path) -> None:
     """All groups' copies share one write budget: 4 MiB at 2 MiB/s takes at least 1.5 s (the first MiB is free)."""
     data_dir = init_data_dir(tmp_path / "data")
