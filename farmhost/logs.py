@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
@@ -34,7 +35,7 @@ _STANDARD: Final = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asc
 class Redactor:
     """Replaces secrets in a formatted line: known token shapes, and the configured values themselves."""
 
-    def __init__(self, secrets: list[str]) -> None:
+    def __init__(self, secrets: Sequence[str]) -> None:
         values = [s for s in secrets if s and len(s) >= 6]
         # A secret inside a JSON line may appear escaped; redact that spelling too.
         self._secrets = sorted({*values, *(json.dumps(s)[1:-1] for s in values)}, key=len, reverse=True)
@@ -89,7 +90,7 @@ class JsonFormatter(logging.Formatter):
         return self._redact(json_for_terminal(doc, default=str, separators=(",", ":")))
 
 
-def configure(level: str, *, secrets: list[str], log_format: LogFormat = "text") -> None:
+def configure(level: str, *, secrets: Sequence[str], log_format: LogFormat = "text") -> None:
     """Send every log record to stderr at `level`, one line per event in `log_format`."""
     redact = Redactor(secrets)
     # No line shows the process, thread or multiprocessing names: skip looking them up for every record (a

@@ -49,6 +49,25 @@ def test_the_llm_chain_is_a_list_in_the_order_of_the_variables(tmp_path: Path) -
     assert config(tmp_path).agents.llm.endpoints == () and not config(tmp_path).agents.llm.enabled
 
 
+def test_every_token_key_and_password_is_one_list_the_logs_and_the_sandboxes_keep_out(tmp_path: Path) -> None:
+    settings = Settings(  # type: ignore[call-arg]
+        _env_file=None,
+        FARMHOST_DATA_DIR=tmp_path,
+        HA_TOKEN="ha-long-lived",
+        TELEGRAM_BOT_TOKEN="1:telegram",
+        FARMHOST_LLM_BASE_URL="http://a/v1",
+        FARMHOST_LLM_MODEL="m",
+        FARMHOST_LLM_2_BASE_URL="http://b/v1",
+        FARMHOST_LLM_2_MODEL="n",
+        FARMHOST_LLM_2_API_KEY="sk-second",
+        FARMHOST_MQTT_URL="mqtt://farm:broker-pass@broker.lan",
+    )
+    wanted = {"ha-long-lived", "1:telegram", "sk-second", "broker-pass"}  # the fallback's key, the broker's password
+    assert set(settings.secret_values()) == wanted
+    built = build_config(settings)
+    assert set(built.secrets) == wanted and built.agents.secrets == built.secrets
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [

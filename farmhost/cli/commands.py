@@ -40,9 +40,8 @@ def init(args: argparse.Namespace, settings: Settings) -> int:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     """Run the daemon until a signal stops it."""
-    secrets = [s for s in (settings.ha_token, settings.telegram_bot_token, settings.llm_api_key) if s]
     log_format = args.log_format or settings.log_format
-    configure("DEBUG" if args.verbose else settings.log_level, secrets=secrets, log_format=log_format)
+    configure("DEBUG" if args.verbose else settings.log_level, secrets=settings.secret_values(), log_format=log_format)
     from farmhost.app import App  # the daemon's whole dependency tree; other commands start faster without it
 
     asyncio.run(App(settings).run())

@@ -75,8 +75,7 @@ def build_config(settings: Settings) -> Config:
     site = site_name(settings.site or host_name())
     ha = HaSettings(url=settings.ha_url, token=settings.ha_token)
     llm = _llm(settings, zone)
-    keys = (key for _number, _url, _model, key, _vision in settings.llm_fields())
-    secrets = tuple(s for s in (settings.ha_token, settings.telegram_bot_token, *keys) if s)
+    secrets = settings.secret_values()
     profile_path = settings.farm_profile_path or settings.data_dir / "farm-profile.json"
     return Config(
         data_dir=settings.data_dir,

@@ -402,6 +402,12 @@ class Settings(BaseSettings):
             previous = prefix
         return self
 
+    def secret_values(self) -> tuple[str, ...]:
+        """Every token, key and password set: redacted from the logs, kept out of the sandboxes."""
+        keys = (key for _number, _url, _model, key, _vision in self.llm_fields())
+        broker_password = parse_broker(self.mqtt_url).password if self.mqtt_url else None
+        return tuple(s for s in (self.ha_token, self.telegram_bot_token, *keys, broker_password) if s)
+
     def llm_fields(self) -> tuple[tuple[int, str | None, str | None, str | None, bool], ...]:
         """Each LLM endpoint's place, base URL, model, key and vision as written, in the order they are tried."""
         return (

@@ -326,8 +326,7 @@ class Demo:
         Warnings stay in the file: the chat already says what they would (a run refused for want of an LLM).
         """
         settings = self.base_settings
-        secrets = [s for s in (settings.llm_api_key, settings.telegram_bot_token) if s]
-        configure("DEBUG" if self.options.verbose else "INFO", secrets=secrets)
+        configure("DEBUG" if self.options.verbose else "INFO", secrets=settings.secret_values())
         root = logging.getLogger()
         to_stderr = root.handlers[0]
         to_stderr.setLevel(logging.INFO if self.options.verbose else logging.ERROR)
