@@ -26,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from farmhost.agents.pause import set_paused
+from farmhost.agents.pause import STOPPED_IN_CHAT, set_paused
 from farmhost.farm.audit import AuditLog
 from farmhost.farm.control import policy
 from farmhost.farm.control.effects import guarded
@@ -98,7 +98,7 @@ class ResumeReport:
 
 def stop_reason(by: str, at: datetime) -> str:
     """The pause reason /status, doctor and refused runs show: `stopped by /stop (who, when)`."""
-    return f"stopped by /stop ({by}, {at:%Y-%m-%d %H:%M} UTC)"
+    return f"{STOPPED_IN_CHAT} ({by}, {at:%Y-%m-%d %H:%M} UTC)"
 
 
 class EmergencyStop:

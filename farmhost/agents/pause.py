@@ -12,6 +12,13 @@ if TYPE_CHECKING:
     from farmhost.agents.runtime import AgentRuntime
 
 PAUSED_KEY: Final = host_state.AGENTS_PAUSED
+# The reason of the emergency stop's pause begins so (farmhost/emergency_stop.py): only /resume lifts it.
+STOPPED_IN_CHAT: Final = "stopped by /stop"
+
+
+def stopped_in_chat(reason: str | None) -> bool:
+    """Whether the pause in force is the emergency stop's, which only /resume in the main chat lifts."""
+    return reason is not None and reason.startswith(STOPPED_IN_CHAT)
 
 
 def restore_pause(db: Database, runtime: AgentRuntime) -> None:

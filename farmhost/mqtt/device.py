@@ -5,8 +5,9 @@ discovery document is published again, then `online` and the state. The state (a
 outbox, approvals, LLM use today, a heartbeat, agents paused) is read from the database and the runtime every
 STATE_SECONDS. A new farm alert is one event. The `Agents paused` switch is the only command: it is taken
 only from this site's command topic (the broker's ACL says who may publish there), a retained command is
-ignored (it would act again at every reconnect), and pausing is idempotent and kept in the database, so a
-command redelivered by QoS 1 or a restart changes nothing twice.
+ignored (it would act again at every reconnect), `OFF` never lifts the emergency stop's pause (only `/resume` in
+the main chat does), and pausing is idempotent and kept in the database, so a command redelivered by QoS 1 or a
+restart changes nothing twice.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from datetime import datetime, tzinfo
 from typing import TYPE_CHECKING, Any, Final
 
-from farmhost.agents.pause import set_paused
+from farmhost.agents.pause import set_paused, stopped_in_chat
 from farmhost.background import cancel_and_wait, every
 from farmhost.broker import OFFLINE, ONLINE
 from farmhost.mqtt.discovery import HA_STATUS, OFF, ON, Topics, discovery_config
@@ -155,6 +156,14 @@ class HaDevice:
             return
         if command not in (ON, OFF):
             logger.warning("mqtt: ignored %r on %s: the switch takes ON or OFF", shown, message.topic)
+            return
+        if command == OFF and stopped_in_chat(self._runtime.paused):
+            # Any broker login the ACL lets write this topic would undo the farmer's emergency stop.
+            logger.warning(
+                "mqtt: the switch did not resume the agents: they were %s; only /resume in the main chat lifts it",
+                self._runtime.paused,
+            )
+            self.publish_state()  # the switch in Home Assistant goes back to on
             return
         changed = set_paused(self._db, self._runtime, command == ON, by="Home Assistant (MQTT)", at=self._clock())
         logger.info("mqtt: agents %s%s", "paused" if command == ON else "resumed", "" if changed else " (already)")

@@ -154,6 +154,30 @@ def test_a_wrong_broker_url_stops_the_daemon_with_a_sentence_naming_the_setting(
     assert "FARMHOST_MQTT_URL" in done.stdout + done.stderr
 
 
+def test_the_switch_never_lifts_an_emergency_stop_made_in_the_main_chat(data_dir: Path, mosquitto: Mosquitto) -> None:
+    # On the Mosquitto add-on's default ACL every broker login may write the command topic: an OFF from any of them
+    # resumed agents the farmer had stopped with /stop. Only /resume in the main chat lifts that pause.
+    stopped = "stopped by /stop (Ana (telegram:1001), 2026-12-08 06:00 UTC)"
+    with closing(sqlite3.connect(data_dir / "farmhost.db")) as conn, conn:
+        conn.execute("INSERT INTO host_state (key, value) VALUES ('agents_paused', ?)", (stopped,))
+    paused = lambda m: json.loads(m.payload)["agents_paused"] == "ON"
+    with watching(mosquitto.port, STATE) as ha, _daemon(data_dir, mosquitto.url()) as daemon:
+        ha.wait(STATE, where=paused)
+        before = len(ha.on(STATE))
+        ha.publish(PAUSE, "OFF")
+        ha.wait(STATE, before + 1, where=paused)  # the switch is set back at once: still paused
+        refusal = "mqtt: the switch did not resume the agents: they were stopped by /stop"
+        wait_for(lambda: refusal in daemon.log(), timeout=scaled(20), what="the refusal in the log")
+        assert "/resume in the main chat" in daemon.log()
+        assert "agent runs resumed" not in daemon.log()
+        ha.publish(PAUSE, "ON")  # pausing is always allowed, and keeps the stop's reason
+        ha.publish("homeassistant/status", "online")
+        ha.wait(STATE, len(ha.on(STATE)) + 1, where=paused)
+    with closing(sqlite3.connect(data_dir / "farmhost.db")) as conn:
+        (reason,) = conn.execute("SELECT value FROM host_state WHERE key = 'agents_paused'").fetchone()
+    assert reason == stopped
+
+
 def test_a_huge_command_on_the_switch_topic_is_logged_by_its_start_retained_or_not(
     data_dir: Path, mosquitto: Mosquitto
 ) -> None:
