@@ -112,8 +112,10 @@ def remove(args: argparse.Namespace, settings: Settings) -> int:
     db = open_existing(settings)
     try:
         with db.tx() as conn:
-            group = unregister(conn, args.folder)
+            group, dropped = unregister(conn, args.folder)
     finally:
         db.close()
     print(f"removed group {group.folder!r} ({group.jid}); its workspace and IPC files were kept")
+    if dropped:
+        print(f"dropped:   {dropped} undelivered message chunk(s) of the group will not be sent (farmhost outbox list)")
     return 0

@@ -11,7 +11,7 @@ from typing import Final
 from farmhost.errors import Conflict, InvalidRequest
 from farmhost.layout import DataLayout
 from farmhost.protocol.codes import folder_problem
-from farmhost.store import agent_ids, ledger, tasks
+from farmhost.store import agent_ids, ledger, outbox, tasks
 from farmhost.store import groups as store
 from farmhost.store.groups import Group
 
@@ -121,8 +121,15 @@ def register(conn: sqlite3.Connection, layout: DataLayout, group: Group) -> None
     store.insert_group(conn, group)
 
 
-def unregister(conn: sqlite3.Connection, folder: str) -> Group:
-    """Remove a registration; the workspace and IPC files are kept.
+# What a removed group's agent queued and Telegram has not taken yet is not sent to its chat any more.
+DROPPED_WITH_GROUP: Final = "its group was removed before it was sent"
+
+
+def unregister(conn: sqlite3.Connection, folder: str) -> tuple[Group, int]:
+    """Remove a registration; the workspace and IPC files are kept, the group's undelivered messages dropped.
+
+    Returns:
+        The group removed, and how many of its outbox entries (message chunks, files) will not be sent.
 
     Raises:
         InvalidRequest: no such group.
@@ -131,4 +138,4 @@ def unregister(conn: sqlite3.Connection, folder: str) -> Group:
     if group is None:
         raise InvalidRequest(f"no group with folder {folder!r}; see `farmhost group list`")
     store.delete_group(conn, folder)
-    return group
+    return group, outbox.fail_pending_from(conn, folder, error=DROPPED_WITH_GROUP)

@@ -221,6 +221,15 @@ def mark_failed(conn: sqlite3.Connection, entry: OutboxEntry, *, error: str, cou
     return 1 + rest.rowcount
 
 
+def fail_pending_from(conn: sqlite3.Connection, source_folder: str, *, error: str) -> int:
+    """Give up on every entry one group queued that is not sent yet (the group was removed); how many."""
+    return conn.execute(
+        "UPDATE outbox SET status = 'failed', last_error = ?, next_attempt_at = NULL"
+        " WHERE status = 'pending' AND source_folder = ?",
+        (error, source_folder),
+    ).rowcount
+
+
 def set_options(conn: sqlite3.Connection, entry_id: int, options: Mapping[str, Any]) -> None:
     """Replace an entry's delivery options (e.g. to remember that it goes as plain text from now on)."""
     conn.execute(

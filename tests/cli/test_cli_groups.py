@@ -8,7 +8,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from farmhost_testing import FIELD_JID, MAIN_JID, farmhost
+from farmhost_testing import FIELD_JID, MAIN_JID, drop, farmhost, ok, running_daemon, wait_result
 
 QUEUES = ("messages", "tasks", "actions", "action_results")
 GROUP_KEYS = {"jid", "name", "folder", "trigger", "requiresTrigger", "isMain", "addedAt"}
@@ -147,3 +147,32 @@ def test_group_remove_keeps_files(data_dir: Path) -> None:
     assert (
         "reused:    a workspace (groups/field/), an IPC directory (ipc/field/) left by a group removed" in again.stdout
     )
+
+
+def test_a_removed_groups_undelivered_messages_are_dropped_not_sent_to_its_chat(data_dir: Path) -> None:
+    with running_daemon(data_dir):  # no Telegram: what the agents send waits in the outbox
+        for n in (1, 2):
+            drop(
+                data_dir,
+                "field",
+                "messages",
+                {"type": "message", "requestId": f"m-{n}", "chatJid": FIELD_JID, "text": f"row {n} is dry"},
+            )
+            ok(wait_result(data_dir, "field", f"m-{n}"))
+        drop(
+            data_dir,
+            "main",
+            "messages",
+            {"type": "message", "requestId": "m-main", "chatJid": MAIN_JID, "text": "the office is open"},
+        )
+        ok(wait_result(data_dir, "main", "m-main"))
+        done = farmhost("group", "remove", "field", data_dir=data_dir)  # while the daemon runs
+    assert done.returncode == 0, done.stderr
+    assert "dropped:   2 undelivered message chunk(s) of the group will not be sent" in done.stdout
+    with sqlite3.connect(data_dir / "farmhost.db") as conn:
+        rows = conn.execute("SELECT source_folder, status, last_error FROM outbox ORDER BY id").fetchall()
+    assert rows == [
+        ("field", "failed", "its group was removed before it was sent"),
+        ("field", "failed", "its group was removed before it was sent"),
+        ("main", "pending", None),
+    ]
