@@ -359,6 +359,7 @@ class FakeTelegram:
         self._file_ids = itertools.count(1)
         self._callbacks: dict[str, bool] = {}  # query id -> answered
         self._members: dict[int, dict[int, dict[str, Any]]] = {}  # chat id -> user id -> ChatMember
+        self._migrated: dict[int, int] = {}  # a group's id -> the supergroup it became
         self._callback_ids = itertools.count(7000000000000000001)
         self._failures: list[_Failure] = []
         self._server: ThreadingHTTPServer | None = None
@@ -565,6 +566,28 @@ class FakeTelegram:
             self._members.setdefault(chat_id, {})[user_id] = _chat_member(
                 _user(user_id, first_name, username), status, is_member=is_member
             )
+
+    def migrate(
+        self, chat_id: int, supergroup_id: int, *, from_first: bool = False, user_id: int = 42, title: str = "Farm"
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Upgrade group `chat_id` to supergroup `supergroup_id`, as Telegram does; returns the two Updates.
+
+        The old group gets a service message with `migrate_to_chat_id`, the supergroup one with
+        `migrate_from_chat_id` (`from_first`: that one is queued first; Telegram promises no order). From then
+        on a send to the old id is refused with 400 and `migrate_to_chat_id`, as Telegram answers.
+        """
+        with self._cond:
+            user = _user(user_id, "Ana", "ana")
+            old = {"id": chat_id, "type": "group", "title": title}
+            new = {"id": supergroup_id, "type": "supergroup", "title": title}
+            self._chats[chat_id], self._chats[supergroup_id] = old, new
+            self._migrated[chat_id] = supergroup_id
+            to = self._new_message(old, user, {"migrate_to_chat_id": supergroup_id})
+            back = self._new_message(new, user, {"migrate_from_chat_id": chat_id})
+            if from_first:
+                from_update = self._queue_update("message", back)
+                return self._queue_update("message", to), from_update
+            return self._queue_update("message", to), self._queue_update("message", back)
 
     def redeliver(self, update_id: int) -> None:
         """Deliver an already delivered update once more (the client sees a duplicate), whatever its offset."""
@@ -955,6 +978,9 @@ class FakeTelegram:
             raise _bad("chat_id is empty")
         if not isinstance(chat_id, int) or chat_id in self.unknown_chats:
             raise _bad("chat not found")
+        if chat_id in self._migrated:
+            parameters = {"migrate_to_chat_id": self._migrated[chat_id]}
+            raise ApiError(400, "Bad Request: group chat was upgraded to a supergroup chat", parameters)
         return self._chat(chat_id)
 
     def _new_message(

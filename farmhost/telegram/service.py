@@ -49,15 +49,17 @@ class TelegramService:
             layout: The data directory (workspaces for inbound media, the outbox's file copies).
             runtime: Where triggered chat messages become agent runs.
             status: The app's part of `/status` (version, start time, Home Assistant).
-            on_groups_changed: Called when an approved chat was registered (GroupRegistry.reload: the registry
-                re-reads the table and announces the new group, which the IPC service then serves).
+            on_groups_changed: Called when an approved chat was registered, or a group moved to its supergroup's id
+                (GroupRegistry.reload: the registry re-reads the table and announces the change to the IPC service).
             desk: Decides the Approve / Deny buttons of farm actions under approval.
             stop: The emergency stop behind /stop, /resume and the Stop everything button.
             alerts: Records the Acknowledge and Snooze 1 h buttons of farm alerts.
             stt: Hears voice notes (None: they are saved to the group's inbox only).
         """
         self.bot: telegram.Bot = make_bot(settings)
-        self.delivery = OutboxDelivery(db=db, settings=settings, layout=layout, bot=self.bot)
+        self.delivery = OutboxDelivery(
+            db=db, settings=settings, layout=layout, bot=self.bot, on_groups_changed=on_groups_changed
+        )
         self.inbound = TelegramInbound(
             db=db,
             settings=settings,

@@ -177,7 +177,15 @@ async def running(
     telegram = build_config(settings).telegram
     bot = make_bot(telegram)
     delivery = (
-        OutboxDelivery(db=db, settings=telegram, layout=DataLayout(settings.data_dir), bot=bot) if deliver else None
+        OutboxDelivery(
+            db=db,
+            settings=telegram,
+            layout=DataLayout(settings.data_dir),
+            bot=bot,
+            on_groups_changed=lambda: groups_changed(),
+        )
+        if deliver
+        else None
     )
     host: Host
 

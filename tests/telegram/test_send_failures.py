@@ -30,7 +30,7 @@ CASES: list[tuple[Callable[[], Exception], FailureKind, str]] = [
     (lambda: BadRequest("Bad Request: chat not found"), FailureKind.PERMANENT, "Bad Request: Chat not found"),
     (lambda: BadRequest("Bad Request: message is too long"), FailureKind.PERMANENT, "Bad Request: Message is too long"),
     (lambda: Forbidden("Forbidden: bot was blocked by the user"), FailureKind.PERMANENT, "bot was blocked by the user"),
-    (lambda: ChatMigrated(-1009), FailureKind.PERMANENT, "register telegram:-1009 instead"),
+    (lambda: ChatMigrated(-1009), FailureKind.MIGRATED, "register telegram:-1009 instead"),
     (lambda: NetworkError("Internal Server Error"), FailureKind.RETRY, "Internal Server Error"),
     (
         lambda: caused(NetworkError("httpx.RemoteProtocolError: gone"), httpx.RemoteProtocolError("gone")),

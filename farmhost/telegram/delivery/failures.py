@@ -27,7 +27,8 @@ class FailureKind(StrEnum):
     FLOOD = "flood"  # Telegram said when to come back (429): wait exactly that, not counted as an attempt
     UNREACHED = "unreached"  # the request never left the host (no connection): back off, not counted
     RETRY = "retry"  # may be transient (5xx, timeout, dropped connection): back off, counted
-    PERMANENT = "permanent"  # Telegram refused this message for good (400, 403, migrated chat): failed at once
+    PERMANENT = "permanent"  # Telegram refused this message for good (400, 403): failed at once
+    MIGRATED = "migrated"  # the group became a supergroup (`new_chat_id`): the chat follows it, the entry goes there
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,6 +38,7 @@ class Failure:
     kind: FailureKind
     reason: str
     retry_after: float | None = None
+    new_chat_id: int | None = None
 
 
 # Transport errors raised before a single byte of the request reached Telegram: retrying them cannot duplicate a
@@ -59,9 +61,10 @@ def classify(err: Exception) -> Failure:
         return Failure(kind=FailureKind.FLOOD, reason=f"flood control: retry after {seconds:g} s", retry_after=seconds)
     if isinstance(err, ChatMigrated):
         return Failure(
-            kind=FailureKind.PERMANENT,
+            kind=FailureKind.MIGRATED,
             reason=f"the group became a supergroup with chat id {err.new_chat_id}; register telegram:"
             f"{err.new_chat_id} instead",
+            new_chat_id=err.new_chat_id,
         )
     if isinstance(err, BadRequest):  # PTB drops Telegram's "Bad Request: " prefix; it says who refused
         return Failure(kind=FailureKind.PERMANENT, reason=f"Bad Request: {message}")

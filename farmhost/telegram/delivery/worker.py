@@ -18,8 +18,11 @@ Guarantees and decisions:
   each counted; after `outbox_max_attempts` the entry is `failed` with the last error.
 - No connection at all (the request never left the host): backoff, not counted, so a long uplink outage loses
   nothing; `farmhost doctor` reports entries pending for more than 10 minutes.
-- Other 400s and 403 (chat not found, bot blocked or removed), a migrated chat, a missing file: `failed` at once
-  with the reason, together with the later chunks of the same message.
+- Other 400s and 403 (chat not found, bot blocked or removed), a missing file: `failed` at once with the reason,
+  together with the later chunks of the same message.
+- A group that became a supergroup (400 with `migrate_to_chat_id`): its registration and its undelivered entries
+  follow it to the new id (store/chat_moves.py, as the inbound side does on Telegram's notice) and go there; only a
+  chat that is not registered (or whose new id is registered already) has its entry failed.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from farmhost.store import outbox, transcripts
+from farmhost.store import chat_moves, outbox, transcripts
 from farmhost.store.db import now_utc
+from farmhost.telegram.bot import jid_of
 from farmhost.telegram.delivery.failures import Failure, FailureKind, classify
 from farmhost.telegram.delivery.sending import Delivered, Undeliverable, send_entry
 
@@ -73,6 +77,7 @@ class OutboxDelivery:
         backoff_cap: float = BACKOFF_CAP,
         rescan_interval: float = RESCAN_INTERVAL,
         stop_grace: float = STOP_GRACE,
+        on_groups_changed: Callable[[], None] | None = None,
     ) -> None:
         """Prepare the service (nothing runs before `start()`).
 
@@ -86,6 +91,7 @@ class OutboxDelivery:
             backoff_cap: The longest wait between retries.
             rescan_interval: Seconds between scans of the outbox when nobody calls `wake()`.
             stop_grace: Seconds `stop()` waits for sends in flight.
+            on_groups_changed: Called after a group was moved to its supergroup's id (GroupRegistry.reload).
         """
         self._db = db
         self._settings = settings
@@ -95,6 +101,7 @@ class OutboxDelivery:
         self._backoff_cap = backoff_cap
         self._rescan_interval = rescan_interval
         self._stop_grace = stop_grace
+        self._on_groups_changed = on_groups_changed
         self._wake = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
@@ -238,7 +245,9 @@ class OutboxDelivery:
     def _failed(self, entry: OutboxEntry, failure: Failure) -> None:
         """Record a failed try: wait, back off, or give up."""
         what = _describe(entry)
-        if failure.kind is FailureKind.PERMANENT:
+        if failure.kind is FailureKind.MIGRATED and self._follow(entry, failure):
+            return
+        if failure.kind in (FailureKind.PERMANENT, FailureKind.MIGRATED):
             self._give_up(entry, failure.reason)
             return
         if failure.kind is FailureKind.FLOOD:
@@ -266,6 +275,21 @@ class OutboxDelivery:
             "" if counted else ", not counted",
             extra={**outbox_ids(entry), "attempt": attempts},
         )
+
+    def _follow(self, entry: OutboxEntry, failure: Failure) -> bool:
+        """Move the group of a chat that became a supergroup to its new id; False when nothing was moved."""
+        assert failure.new_chat_id is not None
+        new_jid = jid_of(failure.new_chat_id)
+        with self._db.tx() as conn:
+            moved = chat_moves.move_chat(conn, entry.chat_jid, new_jid)
+        if moved is None:
+            return False
+        logger.warning("%s: the group %s became the supergroup %s; group %s and its undelivered messages follow it",
+                       _describe(entry), entry.chat_jid, new_jid, moved.folder, extra=outbox_ids(entry))  # fmt: skip
+        if self._on_groups_changed is not None:
+            self._on_groups_changed()
+        self._wake.set()
+        return True
 
     def _retry(self, entry: OutboxEntry, wait: float, reason: str, *, counted: bool) -> None:
         with self._db.tx() as conn:

@@ -18,10 +18,14 @@ from datetime import datetime
 from typing import Any, Final
 from zoneinfo import ZoneInfo
 
+from telegram import Bot, BotCommand, BotCommandScopeChat
+from telegram.error import TelegramError
+
 from farmhost.outbox.text import one_line
 from farmhost.store import outbox, tasks
 from farmhost.store.groups import Group
 from farmhost.store.tasks import Task
+from farmhost.telegram.bot import chat_id_of
 from farmhost.telegram.inbound.routing import MAIN_ONLY_COMMANDS
 
 # Telegram's command menu (setMyCommands): everyone sees /help, the main chat also the operator commands.
@@ -45,6 +49,20 @@ _KNOWN_STATUS_KEYS: Final = (
     "tasks_active",
     "agents_paused",
 )
+
+
+async def set_menus(bot: Bot, main: Group | None) -> str | None:
+    """Set Telegram's command menus: MENU for everyone, MAIN_MENU in the main chat; returns why it failed, or None."""
+    try:
+        await bot.set_my_commands([BotCommand(name, text) for name, text in MENU.items()])
+        if main is not None:
+            await bot.set_my_commands(
+                [BotCommand(name, text) for name, text in MAIN_MENU.items()],
+                scope=BotCommandScopeChat(chat_id_of(main.jid)),
+            )
+    except (TelegramError, ValueError) as err:
+        return str(err)
+    return None
 
 
 def help_text(group: Group, bot_username: str) -> str:

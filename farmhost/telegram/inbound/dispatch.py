@@ -52,21 +52,15 @@ async def on_message(
     ports: InboundPorts, messages: MessageStore, update_id: int, message: Message, *, edited: bool, busy: bool = False
 ) -> None:
     """Route a new or edited message and act on the decision."""
+    if membership.is_migration(message):
+        await membership.on_migration(ports, update_id, message)
+        return
     chat = message.chat
     jid = jid_of(chat.id)
     group = groups.find_by_jid(ports.db.conn, jid)
     text = message.text or message.caption or ""
     ref = media_of(message, max_bytes=ports.settings.media_max_bytes)
     sender = message.from_user
-    if group is not None and message.migrate_to_chat_id is not None:
-        logger.warning(
-            "telegram: chat %s (folder %s) became a supergroup with id %d; register telegram:%d for it "
-            "(farmhost group add) and remove the old registration",
-            jid,
-            group.folder,
-            message.migrate_to_chat_id,
-            message.migrate_to_chat_id,
-        )
     if not text and ref is None:
         ports.finish(update_id, jid, "ignored", "no text or media (a service message)", ports.seen_chat(chat))
         return

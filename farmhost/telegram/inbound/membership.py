@@ -1,8 +1,14 @@
-"""Chats that are not registered yet: offering them to the main chat, and the bot joining or leaving a chat.
+"""Chats coming and going: offers to the main chat, the bot joining or leaving a chat, a group's new id.
 
 An unregistered chat that addresses the bot, or a group that adds it, is offered once for approval
 (approvals.offer, which queues the question to the main chat and a hello to the chat); the answer is a button
 press (callbacks.py). The bot being removed from a registered group only warns: the registration stays.
+
+A group upgraded to a supergroup gets a new id from Telegram, and its old id is dead (sends to it are refused).
+Telegram says so with a service message in each chat (`migrate_to_chat_id` in the old one, `migrate_from_chat_id`
+in the new one, in no promised order); the first one seen moves the registration and everything keyed by the
+chat to the new id (store/chat_moves.py), so the group keeps its folder, context and undelivered messages, and
+the main chat stays the main chat. The second one finds nothing left to move.
 """
 
 from __future__ import annotations
@@ -10,11 +16,12 @@ from __future__ import annotations
 import logging
 import sqlite3
 
-from telegram import Chat, ChatMemberUpdated, User
+from telegram import Chat, ChatMemberUpdated, Message, User
 
 from farmhost.outbox.text import chat_name, user_name
-from farmhost.store import groups, telegram_state
+from farmhost.store import chat_moves, groups, telegram_state
 from farmhost.telegram.bot import jid_of
+from farmhost.telegram.inbound import commands
 from farmhost.telegram.inbound import new_chats as approvals
 from farmhost.telegram.inbound.update_context import INBOUND_LOGGER, InboundPorts
 
@@ -68,3 +75,38 @@ def on_membership(ports: InboundPorts, update_id: int, change: ChatMemberUpdated
             group.folder,
         )
     ports.finish(update_id, jid, "ignored", f"the bot's membership changed: {old} -> {new}", ports.seen_chat(chat))
+
+
+def is_migration(message: Message) -> bool:
+    """Whether `message` is Telegram's notice that a group became a supergroup (in either of the two chats)."""
+    return message.migrate_to_chat_id is not None or message.migrate_from_chat_id is not None
+
+
+async def on_migration(ports: InboundPorts, update_id: int, message: Message) -> None:
+    """A group became a supergroup: its registration (and all that hangs on it) follows it to the new id."""
+    chat = message.chat
+    if message.migrate_to_chat_id is not None:
+        old, new = jid_of(chat.id), jid_of(message.migrate_to_chat_id)
+    else:
+        assert message.migrate_from_chat_id is not None
+        old, new = jid_of(message.migrate_from_chat_id), jid_of(chat.id)
+    moved: list[groups.Group] = []
+
+    def work(conn: sqlite3.Connection) -> None:
+        if (group := chat_moves.move_chat(conn, old, new)) is not None:
+            moved.append(group)
+        if jid_of(chat.id) == new:
+            ports.seen_chat(chat)(conn)
+
+    detail = f"the group {old} became the supergroup {new}"
+    ports.finish(update_id, jid_of(chat.id), "stored" if moved else "ignored", detail, work)
+    if moved:
+        logger.warning("telegram: %s; group %s follows it (its folder, context and undelivered messages)",
+                       detail, moved[0].folder)  # fmt: skip
+        if ports.on_groups_changed is not None:
+            ports.on_groups_changed()
+        ports.wake_outbox()
+    # The outbox may have moved the group first (a send to the old id): the main chat's menu follows it here.
+    group = groups.find_by_jid(ports.db.conn, new)
+    if group is not None and group.is_main and (failed := await commands.set_menus(ports.bot, group)) is not None:
+        logger.warning("telegram: the main chat's command menu was not moved (%s)", failed)

@@ -15,13 +15,12 @@ import warnings
 from dataclasses import dataclass
 from typing import Final
 
-from telegram import BotCommand, BotCommandScopeChat, Update
+from telegram import Update
 from telegram.error import Forbidden, InvalidToken, RetryAfter, TelegramError
 from telegram.warnings import PTBUserWarning
 
 from farmhost.outbox.text import describe_error, one_line
 from farmhost.store import groups, telegram_state
-from farmhost.telegram.bot import chat_id_of
 from farmhost.telegram.delivery.failures import classify
 from farmhost.telegram.inbound import commands
 from farmhost.telegram.inbound.chat_queues import ChatQueues, UpdateHandler
@@ -100,16 +99,9 @@ class Poller:
         return True
 
     async def _set_commands(self) -> None:
-        main = groups.main_group(self._ports.db.conn)
-        try:
-            await self._bot.set_my_commands([BotCommand(name, text) for name, text in commands.MENU.items()])
-            if main is not None:
-                await self._bot.set_my_commands(
-                    [BotCommand(name, text) for name, text in commands.MAIN_MENU.items()],
-                    scope=BotCommandScopeChat(chat_id_of(main.jid)),
-                )
-        except (TelegramError, ValueError) as err:
-            logger.warning("telegram: setMyCommands failed (%s); the command menu may be out of date", err)
+        failed = await commands.set_menus(self._bot, groups.main_group(self._ports.db.conn))
+        if failed is not None:
+            logger.warning("telegram: setMyCommands failed (%s); the command menu may be out of date", failed)
 
     async def _poll(self) -> None:
         while True:
