@@ -257,6 +257,14 @@ def get_pending(conn: sqlite3.Connection, jid: str) -> PendingChat | None:
     )
 
 
+def count_waiting(conn: sqlite3.Connection, *, since: datetime) -> int:
+    """How many chats asked since `since` and still wait for the operator's decision."""
+    row = conn.execute(
+        "SELECT count(*) FROM pending_chats WHERE status = 'pending' AND requested_at >= ?", (iso(since),)
+    ).fetchone()
+    return int(row[0])
+
+
 def add_pending(
     conn: sqlite3.Connection, *, jid: str, title: str | None, requested_by: str | None, at: datetime
 ) -> None:

@@ -243,3 +243,25 @@ def test_a_folder_from_any_title_is_valid_free_and_not_reserved(title: str, take
 def test_callback_data_round_trips_within_64_bytes(chat_id: int, choice: str) -> None:
     data = callback_data(choice, f"telegram:{chat_id}")  # type: ignore[arg-type]
     assert len(data.encode()) <= 64 and parse_callback(data) == (choice, f"telegram:{chat_id}")
+
+
+async def test_strangers_cannot_flood_the_main_chat_with_requests(root: Path, fake_telegram: FakeTelegram) -> None:
+    tg = fake_telegram
+    strangers = range(9001, 9031)  # thirty accounts writing to the bot in private
+    async with running(settings_for(root, tg), deliver=True) as host:
+        for user in strangers:
+            last = tg.user_message(user, "hi", user_id=user, chat_type="private", first_name=f"Spam {user}")
+        await until(lambda: host.offset() == last["update_id"] + 1, what="every request handled")
+        await until(lambda: not [r for r in host.outbox() if r["status"] == "pending"], what="the outbox empty")
+        asked = tg.sent(MAIN_CHAT)
+        hellos = [call for call in tg.sent() if call.chat_id in strangers]
+        waiting = host.rows("SELECT jid FROM pending_chats WHERE status = 'pending'")
+        refused = host.update(last["update_id"])
+        # once the operator rejects one, the next stranger is asked about again
+        tg.callback_query(MAIN_CHAT, asked[0].result["message_id"], "reject:telegram:9001", user_id=MAIN_CHAT)
+        await until(lambda: pending(host, "telegram:9001")["status"] == "rejected", what="rejected")
+        again = tg.user_message(9031, "hi", user_id=9031, chat_type="private")
+        await until(lambda: host.offset() == again["update_id"] + 1)
+        await wait_sent(tg, len(asked) + 1, MAIN_CHAT)
+    assert len(asked) == 5 and len(hellos) == 5 and len(waiting) == 5
+    assert refused["detail"].startswith("not offered: 5 chats already wait for the operator's approval")

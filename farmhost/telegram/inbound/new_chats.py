@@ -1,7 +1,9 @@
 """Connecting new chats: offered to the main chat, approved (registered as a group) or rejected by its operator.
 
 An unregistered chat that addresses the bot is offered once while pending; Approve registers it with a folder
-made from its title, Reject records the refusal.
+made from its title, Reject records the refusal. Anyone can write to a bot or add it to a group, so at most
+MAX_WAITING offers asked within WAITING_WINDOW wait at once: past that a request is not offered, nor recorded
+(the chat may ask again once the operator decided one), and the asking chat gets no answer.
 
 Everything here runs inside the caller's transaction; messages go through the outbox.
 """
@@ -13,7 +15,7 @@ import sqlite3
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Final, Literal
 
 from farmhost.groups.registry import left_behind, new_group, register
@@ -29,6 +31,10 @@ Choice = Literal["approve", "reject"]
 CALLBACK_MAX_BYTES: Final = 64
 _CALLBACK_RE: Final = re.compile(r"^(approve|reject):(telegram:-?[0-9]{1,20})$")
 _FOLDER_STEM: Final = 56  # room for a "-NNN" suffix within the 64 characters of a folder
+# A flood of strangers (accounts writing to the bot, groups adding it) asks the operator this much at most.
+MAX_WAITING: Final = 5
+# An offer left undecided longer than this no longer holds a place.
+WAITING_WINDOW: Final = timedelta(days=1)
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,12 @@ def offer(
         return "already waiting for approval"
     if pending is not None and pending.status == "rejected":
         return "rejected earlier; register it with `farmhost group add` to connect it"
+    waiting = telegram_state.count_waiting(conn, since=at - WAITING_WINDOW)
+    if waiting >= MAX_WAITING:
+        return (
+            f"not offered: {waiting} chats already wait for the operator's approval (at most {MAX_WAITING}); "
+            "it can ask again once one is decided"
+        )
     main = groups.main_group(conn)
     telegram_state.add_pending(conn, jid=jid, title=title, requested_by=requested_by, at=at)
     if main is None:
