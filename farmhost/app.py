@@ -24,6 +24,7 @@ from farmhost.agents.jobs import AgentJob
 from farmhost.agents.limits import LimitsReader
 from farmhost.agents.pause import restore_pause
 from farmhost.agents.runtime import AgentRuntime
+from farmhost.agents.sandbox.identity import describe_ids
 from farmhost.config import Config, Settings, build_config
 from farmhost.emergency_stop import EmergencyStop
 from farmhost.errors import ConfigError
@@ -278,6 +279,7 @@ class App:
             fallback=AssistFallback(self.ipc.router),
         )
         await self.runtime.start()
+        self._record_walls(self.runtime)
         restore_pause(self.db, self.runtime)
         self.emergency_stop = EmergencyStop(
             db=self.db,
@@ -509,6 +511,17 @@ class App:
         record = {"connected": following, "since": iso(now_utc()), "detail": detail}
         with self.db.tx() as conn:
             host_state.put(conn, host_state.HA_LIVE_VIEW, json.dumps(record))
+
+    def _record_walls(self, runtime: AgentRuntime) -> None:
+        """Keep what this daemon found of its agents' walls where `farmhost doctor` reads it (host_state)."""
+        if self.db is None:
+            return
+        support = runtime.cgroups
+        cgroup = None if support is None else {"version": support.version, "reason": support.reason}
+        ids = describe_ids(self.config.agents.sandbox)
+        record = {"pid": self.identity.pid, "ids": ids, "cgroup": cgroup}
+        with self.db.tx() as conn:
+            host_state.put(conn, host_state.AGENT_WALLS, json.dumps(record))
 
     def _wake_outbox(self) -> None:
         if self.telegram is not None:

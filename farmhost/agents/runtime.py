@@ -139,6 +139,11 @@ class AgentRuntime:
         """The sandbox backend in use (None before `start()` or when it could not be set up)."""
         return self._backend
 
+    @property
+    def cgroups(self) -> CgroupSupport | None:
+        """Where this daemon's bwrap runs get their cgroups, or why none (None: not bwrap, or not started)."""
+        return self._cgroups
+
     async def start(self) -> None:
         """Set up the backend (an unusable one makes every run fail with the reason), clean up, open the proxy."""
         if self._backend is None:

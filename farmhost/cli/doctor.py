@@ -11,6 +11,7 @@ import asyncio
 import functools
 import json
 import os
+import pwd
 import shutil
 import sqlite3
 import subprocess
@@ -29,7 +30,7 @@ from farmhost.agents.launch import sealed_memfd
 from farmhost.agents.limits import LimitsFile, default_limits, explain
 from farmhost.agents.sandbox.backends.base import SandboxError
 from farmhost.agents.sandbox.backends.host_paths import PYTHON_PROBE_TIMEOUT, find_python_install_sync
-from farmhost.agents.sandbox.cgroups import detect_sync
+from farmhost.agents.sandbox.cgroups import CgroupSupport, detect_sync
 from farmhost.agents.sandbox.identity import describe_ids
 from farmhost.agents.sandbox.seccomp import SeccompMode, SeccompUnavailable, build_filter_sync
 from farmhost.cli import safety_checks, voice_check
@@ -43,6 +44,7 @@ from farmhost.cli.hostchecks import (
     inotify_check,
     inotify_in_use,
     python_check,
+    running_walls,
     timezone_check,
 )
 from farmhost.config import AgentSettings, Config, LlmEndpoint, SandboxSettings, Settings, build_config
@@ -495,23 +497,35 @@ def _agent_limits(config: Config) -> Check:
     try:
         parsed = LimitsFile.model_validate(json.loads(path.read_bytes()))
     except FileNotFoundError:
-        return _enforcement(config.agents, Check("agent limits", "ok", f"every group: {defaults} (no {path.name})"))
+        return _enforcement(
+            config.agents, Check("agent limits", "ok", f"every group: {defaults} (no {path.name})"), config.data_dir
+        )
     except (OSError, ValueError) as err:
         fix = f"correct {path} (docs/agent-runtime.md); until then every group runs with the defaults"
         return Check("agent limits", "broken", f"{path}: {explain(err)}", fix)
     detail = f"defaults {defaults}; {len(parsed.groups)} group override(s) in {path.name}"
-    return _enforcement(config.agents, Check("agent limits", "ok", detail))
+    return _enforcement(config.agents, Check("agent limits", "ok", detail), config.data_dir)
 
 
-def _enforcement(agents: AgentSettings, check: Check) -> Check:
-    """Say which of the limits the kernel holds on this host and which it does not (docs/agent-runtime.md)."""
+def _enforcement(agents: AgentSettings, check: Check, data_dir: Path) -> Check:
+    """Say which of the limits the kernel holds on this host and which it does not (docs/agent-runtime.md).
+
+    While a daemon runs, what it found at its start (an operator's doctor is another user in another cgroup);
+    otherwise what this command finds, changing nothing.
+    """
     runtime = agents.sandbox.runtime
+    walls = running_walls(data_dir)
+    ids = walls.ids if walls is not None else describe_ids(agents.sandbox)
     if runtime in ("docker", "podman"):
-        return Check(check.part, check.state, f"{check.detail}; {describe_ids(agents.sandbox)}")
+        return Check(check.part, check.state, f"{check.detail}; {ids}")
     if runtime != "bwrap":
         return check
-    held = f"{describe_ids(agents.sandbox)}; held: wall time, /tmp and /dev/shm sizes, workspace size (before each run)"
-    support = detect_sync()
+    if walls is not None:
+        support = CgroupSupport(version=walls.cgroup_version, reason=walls.cgroup_reason)
+    else:
+        support = detect_sync(enable=False)
+    whose = f"the running daemon (pid {walls.pid})" if walls is not None else _this_command()
+    held = f"{whose}: {ids}; held: wall time, /tmp and /dev/shm sizes, workspace size (before each run)"
     if support.available:
         cgroup = (
             f"memory summed over a run's processes and its tmpfs, processes and CPU share per run (cgroup "
@@ -525,8 +539,15 @@ def _enforcement(agents: AgentSettings, check: Check) -> Check:
         return Check(check.part, "warn", f"{check.detail}; {held}; {missing}", fix)
     refused = f"agent runs are refused: no cgroup for them ({support.reason})"
     fix = "delegate cgroups to farmhost (docs/agent-runtime.md#limits), or set FARMHOST_AGENT_UNENFORCED_LIMITS=allow"
-    who = describe_ids(agents.sandbox)
-    return Check(check.part, "broken", f"{check.detail}; {refused}; {who}", fix)
+    return Check(check.part, "broken", f"{check.detail}; {whose}: {refused}; {ids}", fix)
+
+
+def _this_command() -> str:
+    try:
+        user = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        user = f"uid {os.geteuid()}"
+    return f"no daemon is running, so as this command ({user}) finds it"
 
 
 def _llm_probes(config: Config, settings: Settings) -> list[Probe]:

@@ -6,6 +6,7 @@ parameters so a test can provoke each state on real files.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import pwd
@@ -14,6 +15,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
+from contextlib import closing
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,7 +24,9 @@ from zoneinfo import ZoneInfo
 
 import farmhost
 from farmhost import __version__
+from farmhost.cli.health import lock_holder
 from farmhost.layout import DataLayout
+from farmhost.store import host_state
 from farmhost.store.newest import newest_written
 
 State = Literal["ok", "warn", "off", "broken"]
@@ -245,6 +249,41 @@ def daemon_pid(data_dir: Path) -> int | None:
     except (OSError, ValueError):
         return None
     return pid if b"farmhost" in cmdline else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DaemonWalls:
+    """What the running daemon recorded of its agents' walls at its start (host_state AGENT_WALLS)."""
+
+    pid: int
+    ids: str
+    cgroup_version: Literal[1, 2] | None
+    cgroup_reason: str
+
+
+def running_walls(data_dir: Path) -> DaemonWalls | None:
+    """The walls the daemon holding `data_dir`'s lock recorded; None when none runs or it recorded nothing yet."""
+    layout = DataLayout(data_dir)
+    pid = lock_holder(layout.lock_path)
+    if pid is None or not layout.db_path.is_file():
+        return None
+    try:
+        with closing(sqlite3.connect(f"file:{layout.db_path}?mode=ro", uri=True, timeout=2)) as conn:
+            recorded = host_state.get(conn, host_state.AGENT_WALLS)
+        record = json.loads(recorded) if recorded else None
+    except (sqlite3.Error, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("pid") != pid:
+        return None  # a record of an earlier daemon, or this one has not reached its agent runtime yet
+    cgroup = record.get("cgroup")
+    version = cgroup.get("version") if isinstance(cgroup, dict) else None
+    reason = cgroup.get("reason") if isinstance(cgroup, dict) else None
+    return DaemonWalls(
+        pid=pid,
+        ids=str(record.get("ids", "")),
+        cgroup_version=version if version in (1, 2) else None,
+        cgroup_reason=str(reason) if reason else "the daemon's bwrap agent runtime is not running (see its log)",
+    )
 
 
 def newest_record(db_path: Path) -> datetime | None:

@@ -9,6 +9,9 @@ from typing import Final
 AGENTS_PAUSED: Final = "agents_paused"
 # The live view of Home Assistant, as the daemon last saw it (JSON: connected, since, detail), for the doctor.
 HA_LIVE_VIEW: Final = "ha_live_view"
+# What the running daemon found of its agents' walls at start (JSON: pid, ids, cgroup), for the doctor: an operator's
+# `farmhost doctor` runs as another user, in another cgroup, and would otherwise report what its own process could do.
+AGENT_WALLS: Final = "agent_walls"
 
 
 def get(conn: sqlite3.Connection, key: str) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -455,3 +456,14 @@ def logged_answer(log: Path) -> dict[str, Any]:
     line = text.split("--- stdout ---", 1)[1].split("--- stderr ---", 1)[0].strip().splitlines()[-1]
     report: dict[str, Any] = json.loads(json.loads(line)["answer"])
     return report
+
+
+def python_as_user(tmp: Path, uid: int) -> Path:
+    """An interpreter that runs farmhost as `uid` as deploy/'s unit does (User=, NoNewPrivileges, no capability)."""
+    wrapper = tmp / "python-as-user"
+    setpriv = shutil.which("setpriv")
+    assert setpriv is not None
+    unit = f"--reuid={uid} --regid={uid} --clear-groups --no-new-privs --bounding-set=-all --inh-caps=-all"
+    wrapper.write_text(f'#!/bin/sh\nexec {setpriv} {unit} {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper

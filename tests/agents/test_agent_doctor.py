@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
-from farmhost_testing import clean_env, farmhost, init_data_dir_in_process, scaled
+from farmhost_testing import Daemon, clean_env, farmhost, init_data_dir_in_process, scaled, wait_for
+from runtime_support import python_as_user
 
 from farmhost.agents.sandbox.cgroups import detect_sync
 from farmhost.agents.sandbox.seccomp import build_filter_sync
 from farmhost.cli.doctor import SECCOMP_TRIAL
 from farmhost.config import AGENT_UID_BASE
+
+SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 @pytest.fixture
@@ -124,3 +129,39 @@ def test_a_missing_libseccomp_is_broken(data_dir: Path, tmp_path: Path) -> None:
         "libseccomp cannot be loaded: Unable to find libseccomp: bwrap agent runs are refused"
     )
     assert "FARMHOST_SANDBOX_SECCOMP=off" in found["seccomp"]["fix"]
+
+
+@pytest.mark.slow  # a real daemon
+@pytest.mark.skipif(os.geteuid() != 0, reason="the doctor is run as root beside a daemon of another user")
+def test_the_doctor_says_what_the_running_daemon_holds_not_what_its_own_process_could(tmp_path: Path) -> None:
+    """An operator's `sudo farmhost doctor` sits in another cgroup than the daemon: it reports the daemon's limits.
+
+    The daemon runs as an ordinary user, who may create no cgroup here, so its runs are refused; the doctor, run as
+    root in a cgroup root may write, once said the limits held.
+    """
+    if not os.path.exists(SYSTEM_PYTHON):
+        pytest.skip(f"{SYSTEM_PYTHON} (a Python any user can run) is missing")
+    tmp = Path(tempfile.mkdtemp(prefix="farmhost-doctor-"))  # the daemon's user must reach it: not pytest's 0700
+    try:
+        tmp.chmod(0o755)
+        uid = AGENT_UID_BASE - 65536 * random.randrange(1, 4096)
+        data_dir = init_data_dir_in_process(tmp / "data")
+        for path in (data_dir, *data_dir.rglob("*")):
+            os.chown(path, uid, uid, follow_symlinks=False)
+        env = clean_env(FARMHOST_AGENT_RUNTIME="bwrap", FARMHOST_AGENT_PYTHON=SYSTEM_PYTHON)
+        daemon = Daemon(data_dir, env=env, python=python_as_user(tmp, uid)).start()
+        try:
+            started = lambda: "agent runtime bwrap" in daemon.log()  # its cgroup look is done by then
+            wait_for(started, timeout=scaled(30), what="the agent runtime", seen=lambda: daemon.log()[-3000:])
+            assert "agent runs cannot get a cgroup here" in daemon.log(), daemon.log()[-3000:]
+            limits = checks(data_dir, FARMHOST_AGENT_RUNTIME="bwrap", FARMHOST_AGENT_PYTHON=SYSTEM_PYTHON)
+            check = limits["agent limits"]
+            assert check["state"] == "broken", check
+            assert f"the running daemon (pid {daemon.proc.pid if daemon.proc else '?'})" in check["detail"], check
+            assert "agent runs are refused: no cgroup" in check["detail"], check
+            assert daemon.stop() == 0, daemon.log()[-3000:]
+        finally:
+            if daemon.proc is not None and daemon.proc.poll() is None:
+                daemon.kill()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -14,7 +14,6 @@ import random
 import shlex
 import shutil
 import sqlite3
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Final
@@ -22,7 +21,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from farmhost_testing import Daemon, clean_env, drop, init_data_dir_in_process, ok, once_time, wait_for, wait_result
-from runtime_support import Sandbox
+from runtime_support import Sandbox, python_as_user
 
 from farmhost.agents.sandbox.backends.share import inotify_share
 from farmhost.config import AGENT_UID_BASE
@@ -156,17 +155,6 @@ def test_groups_get_their_own_uids_so_one_cannot_starve_another(tmp_path: Path, 
             daemon.kill()
 
 
-def _as_user(tmp: Path, uid: int) -> Path:
-    """An interpreter that runs farmhost as `uid` as deploy/'s unit does (User=, NoNewPrivileges, no capability)."""
-    wrapper = tmp / "python-as-user"
-    setpriv = shutil.which("setpriv")
-    assert setpriv is not None
-    unit = f"--reuid={uid} --regid={uid} --clear-groups --no-new-privs --bounding-set=-all --inh-caps=-all"
-    wrapper.write_text(f'#!/bin/sh\nexec {setpriv} {unit} {sys.executable} "$@"\n')
-    wrapper.chmod(0o755)
-    return wrapper
-
-
 def test_a_daemon_that_is_not_root_keeps_each_run_to_its_own_share(sandbox: Sandbox) -> None:
     """All runs share the daemon's uid; each run's limits are set inside its own user namespace (share.py)."""
     if sandbox.name != "bwrap":
@@ -193,7 +181,7 @@ def test_a_daemon_that_is_not_root_keeps_each_run_to_its_own_share(sandbox: Sand
             FARMHOST_MAX_AGENTS="2",
             FARMHOST_AGENT_UNENFORCED_LIMITS="allow",  # cgroups are root's here: the per-uid limits are what holds
         )
-        daemon = Daemon(data_dir, env=env, python=_as_user(tmp, uid)).start()
+        daemon = Daemon(data_dir, env=env, python=python_as_user(tmp, uid)).start()
         try:
             _schedule(data_dir, "main", name="hog", forks=4 * PIDS, inotify=INOTIFY, hold=True)
             hog = _report(daemon, "main", "hog")

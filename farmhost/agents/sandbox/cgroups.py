@@ -54,11 +54,15 @@ def own_paths(text: str) -> dict[str, str]:
     return paths
 
 
-def detect_sync(root: Path = ROOT) -> CgroupSupport:
-    """Find where this daemon may create run cgroups (v2 first); blocking, call it once at start in a thread."""
+def detect_sync(root: Path = ROOT, *, enable: bool = True) -> CgroupSupport:
+    """Find where this daemon may create run cgroups (v2 first); blocking, call it once at start in a thread.
+
+    `enable=False` (the doctor) changes nothing: v2 controllers the process may enable are taken as available, and
+    no process is moved into a `daemon` leaf.
+    """
     mine = own_paths(Path("/proc/self/cgroup").read_text())
     if (root / "cgroup.controllers").exists():
-        return _detect_v2(root / mine.get("", "/").lstrip("/"))
+        return _detect_v2(root / mine.get("", "/").lstrip("/"), enable=enable)
     parents: dict[str, Path] = {}
     for controller in V1_CONTROLLERS:
         mount = root / controller
@@ -71,7 +75,7 @@ def detect_sync(root: Path = ROOT) -> CgroupSupport:
     return CgroupSupport(version=1, parents=parents)
 
 
-def _detect_v2(parent: Path) -> CgroupSupport:
+def _detect_v2(parent: Path, *, enable: bool) -> CgroupSupport:
     wanted = {"memory", "pids", "cpu"}
     available = set((parent / "cgroup.controllers").read_text().split())
     if not wanted <= available:
@@ -81,7 +85,7 @@ def _detect_v2(parent: Path) -> CgroupSupport:
         reason = f"{parent} is not delegated to the daemon (systemd: Delegate=yes in its unit)"
         return CgroupSupport(version=None, reason=reason)
     enabled = set((parent / "cgroup.subtree_control").read_text().split())
-    if not wanted <= enabled:
+    if not wanted <= enabled and enable:
         try:
             _enable(parent, wanted)
         except OSError as err:
