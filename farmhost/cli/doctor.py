@@ -438,6 +438,9 @@ def _bwrap(binary: str, sandbox: SandboxSettings) -> list[Check]:
         detail = f"bwrap cannot create its namespaces: {done.stderr.strip()}"
         fix = "allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1) or use docker"
         return [Check("sandbox", "broken", detail, fix)]
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        detail = "setpriv is not installed: a root daemon's runs drop to their group's uid with it, so all are refused"
+        return [Check("sandbox", "broken", detail, "apt-get install util-linux (it ships setpriv)")]
     trial_check = Check("sandbox", "ok", f"bwrap ({binary}), agent interpreter {python.executable}")
     checks = [trial_check, _seccomp(binary, str(python.executable), sandbox.seccomp)]
     if sandbox.proc == "container":

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 from farmhost_testing import Daemon, clean_env, farmhost, init_data_dir_in_process, scaled, wait_for
-from runtime_support import python_as_user
+from runtime_support import python_as_user, settings_for
 
+from farmhost.agents.sandbox.backends import SandboxError, create_backend
 from farmhost.agents.sandbox.cgroups import detect_sync
 from farmhost.agents.sandbox.seccomp import build_filter_sync
 from farmhost.cli.doctor import SECCOMP_TRIAL
-from farmhost.config import AGENT_UID_BASE
+from farmhost.config import AGENT_UID_BASE, build_config
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 
@@ -165,3 +166,32 @@ def test_the_doctor_says_what_the_running_daemon_holds_not_what_its_own_process_
                 daemon.kill()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root daemon drops to its groups' uids with setpriv")
+def test_a_root_host_without_setpriv_is_broken_not_ok(data_dir: Path, tmp_path: Path) -> None:
+    """Every run of a root daemon drops to its group's uid with setpriv: without it the sandbox is not `ok`."""
+    bwrap = shutil.which("bwrap")
+    assert bwrap is not None
+    bin_dir = tmp_path / "bin"  # a PATH with bwrap and what the doctor's trial runs, no setpriv
+    bin_dir.mkdir()
+    (bin_dir / "bwrap").symlink_to(bwrap)
+    (bin_dir / "true").symlink_to(shutil.which("true") or "/bin/true")
+    env = {"FARMHOST_AGENT_RUNTIME": "bwrap", "FARMHOST_AGENT_PYTHON": sys.executable, "PATH": str(bin_dir)}
+    sandbox = checks(data_dir, **env)["sandbox"]
+    assert sandbox["state"] == "broken" and "setpriv" in sandbox["detail"], sandbox
+    assert "util-linux" in sandbox["fix"], sandbox
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root daemon drops to its groups' uids with setpriv")
+async def test_a_root_daemon_without_setpriv_says_so_at_start(data_dir: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The daemon refuses the backend at start (its log says why) instead of failing each run later."""
+    bwrap = shutil.which("bwrap")
+    assert bwrap is not None
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "bwrap").symlink_to(bwrap)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # the host's PATH, without util-linux
+    settings = settings_for(data_dir, FARMHOST_AGENT_RUNTIME="bwrap", FARMHOST_AGENT_PYTHON=sys.executable)
+    with pytest.raises(SandboxError, match=r"setpriv \(util-linux\) is needed"):
+        await create_backend(build_config(settings).agents.sandbox)

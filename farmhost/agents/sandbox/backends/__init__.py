@@ -107,6 +107,8 @@ async def create_backend(settings: SandboxSettings) -> SandboxBackend:
         as_root = os.geteuid() == 0
         identity = None if as_root else daemon_identity()  # root: each group's own, given per run (for_identity)
         setpriv = shutil.which("setpriv")
+        if as_root and setpriv is None:
+            raise SandboxError("setpriv (util-linux) is needed to run agents as their group's uid under root")
         if as_root:
             ids = IdRange.of(settings)
             logger.info(
