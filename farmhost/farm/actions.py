@@ -201,6 +201,8 @@ async def _guarded(deps: FarmDeps, ctx: RequestContext, name: str, spec: FarmAct
     checked = parse_params(spec.row.params, params, name)
     check_calls(checked, loaded)  # what could never run is refused before the rules ask anyone for approval
     call = gate.describe(name, checked)
+    if call is not None and loaded.rules:
+        call = await gate.reached(deps, call)  # a group's members: what HA will act on, judged before it acts
     if call is not None:
         asked = checked.model_dump(mode="json", exclude_none=True)
         attributes = await gate.attributes_of(deps, call, loaded.rules)

@@ -14,6 +14,7 @@ The safe direction is always open: a call that only puts the entities it names i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from datetime import timedelta
@@ -23,11 +24,11 @@ from pydantic import BaseModel
 
 from farmhost.errors import NotAllowed, PendingApproval, RateLimited
 from farmhost.farm.control import approval_requests as asking
-from farmhost.farm.control import effects, rules, safe_state
+from farmhost.farm.control import effects, reach, rules, safe_state
 from farmhost.farm.control.policy import INDIRECT_TARGETS
 from farmhost.farm.control.rules import ActuatorRule, ControlCall
 from farmhost.farm.core_actions import SWITCH_DOMAINS, service_targets, set_entity_service
-from farmhost.farm.homeassistant.errors import HaError
+from farmhost.farm.homeassistant.errors import HaError, HaNotFound
 from farmhost.handling import Change
 from farmhost.protocol.catalog import CONTROL_ACTIONS
 from farmhost.protocol.params import HaCallServiceParams, HaSetEntityParams
@@ -64,6 +65,36 @@ def describe(action: str, params: BaseModel) -> ControlCall | None:
         service = f"{domain}.{set_entity_service(params)}"
         return effects.service_call(action, service, (params.entityId,), value=params.value)
     return ControlCall(action=action)
+
+
+async def reached(deps: FarmDeps, call: ControlCall) -> ControlCall:
+    """`call` naming what it reaches: the members of the groups it names (farm/control/reach.py).
+
+    Read from the live view while it follows HA, else from HA; a group farmhost cannot read makes the call
+    `indirect` (as an area target: a rule that names entities refuses it).
+    """
+    if call.service is None or not call.entities or deps.ha is None:
+        return call
+    ha, view = deps.ha, deps.view
+    unreadable = False
+
+    async def attributes(entity: str) -> Mapping[str, Any] | None:
+        nonlocal unreadable
+        if view is not None and view.connected:
+            seen = view.get(entity)
+            return seen.attributes if seen is not None else None
+        try:
+            return (await ha.get_state(entity)).get("attributes") or {}
+        except HaNotFound:
+            return None
+        except HaError:
+            unreadable = True
+            return None
+
+    entities, overflow = await reach.reached(call.entities, call.service.split(".", 1)[0], attributes)
+    if entities == call.entities and not (overflow or unreadable):
+        return call
+    return dataclasses.replace(call, entities=entities, indirect=call.indirect or overflow or unreadable)
 
 
 async def attributes_of(deps: FarmDeps, call: ControlCall, under: tuple[ActuatorRule, ...]) -> Attributes:

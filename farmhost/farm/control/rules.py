@@ -194,7 +194,8 @@ def check_targets(rules: list[ActuatorRule], call: ControlCall) -> None:
             named = ", ".join(rule.entities or rule.services or ())
             raise NotAllowed(
                 f"the farm profile has rules for {named}: call {call.service} with target.entity_id "
-                '(not by device, area, floor or label, not "all", and not without a target)'
+                '(not by device, area, floor or label, not "all", not through a group farmhost cannot read, and not '
+                "without a target)"
             )
 
 

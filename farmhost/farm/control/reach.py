@@ -1,0 +1,63 @@
+"""The entities a service call reaches through the ones it names: the members of the groups among them.
+
+Home Assistant replaces a `group.*` entity id in an entity service call with the group's members (its `entity_id`
+attribute, recursively: helpers/group.py `expand_entity_ids`) and acts on those of the service's domain; a group
+helper of a domain (a switch, light, fan, cover or valve group) passes the call it gets on to its members, in the
+call's own context. The gate (farm/control/actuator_gate.py) judges a call on what it reaches, so a group holding a
+guarded pump is held as the pump is (approval, rate, range, the safe direction) before anything is switched, not run
+and undone afterwards. A `group.*` id is left out of what a call of another domain reaches (HA does not act on it);
+members of another domain than the service's are left out too (HA's service acts on its own domain only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, Final
+
+from farmhost.farm.control.safe_state import domain_of
+
+OLD_GROUP_DOMAIN: Final = "group"
+# Entities looked at at most for one call (named and members): past it the call is not judged by name (`indirect`).
+MAX_LOOKED_AT: Final = 1000
+
+# entity id -> its attributes as Home Assistant reports them; None when HA does not know the entity.
+Lookup = Callable[[str], Awaitable[Mapping[str, Any] | None]]
+
+
+async def reached(named: Iterable[str], service_domain: str, attributes: Lookup) -> tuple[tuple[str, ...], bool]:
+    """(the entities a call of `service_domain` on `named` acts on, whether some could not be followed).
+
+    Args:
+        named: the entity ids the call names (without `all`).
+        service_domain: the domain of the service called.
+        attributes: how to read an entity's attributes (raises what it cannot read: the caller handles it).
+    """
+    found: list[str] = []
+    seen: set[str] = set()
+    queue = list(dict.fromkeys(named))
+    named_set = set(queue)
+    while queue:
+        entity = queue.pop(0)
+        if entity in seen:
+            continue
+        seen.add(entity)
+        if len(seen) > MAX_LOOKED_AT:
+            return tuple(found), True
+        expanded = domain_of(entity) == OLD_GROUP_DOMAIN and service_domain != OLD_GROUP_DOMAIN
+        if not expanded and (entity in named_set or domain_of(entity) == service_domain):
+            found.append(entity)
+        if not expanded and domain_of(entity) != service_domain:
+            continue  # HA passes nothing on through an entity it does not act on
+        members = _members(await attributes(entity))
+        queue.extend(member for member in members if member not in seen)
+    return tuple(found), False
+
+
+def _members(attributes: Mapping[str, Any] | None) -> list[str]:
+    """A group's members (its `entity_id` attribute), lower case as HA reads them; none for another entity."""
+    listed = (attributes or {}).get("entity_id")
+    if isinstance(listed, str):
+        listed = [listed]
+    if not isinstance(listed, list):
+        return []
+    return [member.strip().lower() for member in listed if isinstance(member, str) and "." in member]
