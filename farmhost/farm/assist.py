@@ -4,16 +4,18 @@ Assist is HA's built-in intent agent (`conversation.home_assistant`, sentence te
 "turn on the irrigation pump" or "is the barn light on" against the entities *exposed* to it, calls the service
 itself and says what it did. Since Assist, not the agent, picks the entity and the service, the service policy is
 applied to what Assist can reach before the sentence is sent (policy.check_assist): the entities exposed to it
-(HA's `homeassistant/expose_entity/list`), plus entities HA would expose by default that it has not decided on yet.
+(HA's `homeassistant/expose_entity/list`), plus entities HA would expose by default that it has not decided on yet,
+plus what the scenes and groups among them set (farm/control/reach.py): activating a scene switches what it lists.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from farmhost.errors import Unavailable
-from farmhost.farm.control import policy
+from farmhost.farm.control import policy, reach
 from farmhost.farm.homeassistant.client import HaRejected
 from farmhost.protocol.params import HaAssistParams
 
@@ -93,7 +95,8 @@ async def exposed_entities(ha: HAClient) -> frozenset[str]:
     }
     registry = await ha.ws_command("config/entity_registry/list_for_display")
     registered = {str(e.get("ei")) for e in _list(_dict(registry).get("entities")) if isinstance(e, dict)}
-    present = {str(state.get("entity_id", "")) for state in await ha.get_states()}
+    states = await ha.get_states()
+    present = {str(state.get("entity_id", "")) for state in states}
     # An entity without a registry entry is exposed by its domain's default the first time Assist looks at it.
     undecided = {
         entity_id
@@ -101,7 +104,16 @@ async def exposed_entities(ha: HAClient) -> frozenset[str]:
         if entity_id not in registered and entity_id.split(".", 1)[0] in DEFAULT_EXPOSED_DOMAINS
     }
     # HA keeps the exposure of an entity that is gone (a deleted scene): Assist cannot act on what does not exist.
-    return frozenset((exposed & present) | undecided)
+    reachable = (exposed & present) | undecided
+    # A scene or group Assist turns on sets the entities it lists, exposed or not: Assist reaches those too.
+    attributes = {str(state.get("entity_id", "")): state.get("attributes") for state in states}
+
+    async def lookup(entity_id: str) -> Mapping[str, Any] | None:
+        found = attributes.get(entity_id)
+        return found if isinstance(found, Mapping) else None
+
+    members, _ = await reach.reached(sorted(reachable), None, lookup, limit=None)
+    return frozenset(reachable | set(members))
 
 
 def _result(answer: Any) -> dict[str, Any]:

@@ -24,11 +24,12 @@ pytestmark = pytest.mark.slow  # end to end, seconds each
 PUMP = "switch.irrigation_pump"
 VALVE_1 = "switch.field_1_valve"
 DURATION = "number.irrigation_duration"
+PUMP_RELAY = "input_boolean.pump_relay"
 OPEN = {"ha_call_service": ["main", "field"], "ha_set_entity": ["main", "field"]}
 
 
 def _profile(data_dir: Path, rules: list[dict[str, Any]], **policy: Any) -> None:
-    document = {"policy": {"actionGroups": OPEN, "rules": rules, **policy}}
+    document = {"policy": {"actionGroups": OPEN, "rules": rules} | policy}
     (data_dir / "farm-profile.json").write_text(json.dumps(document))
 
 
@@ -90,3 +91,26 @@ def test_a_call_through_a_group_is_judged_on_its_members_before_anything_is_swit
     assert off["status"] == "success", off
     assert ha_reset.get_state(PUMP)["state"] == "off" and ha_reset.get_state(VALVE_1)["state"] == "off"
     assert not _violations(data_dir)  # nothing was switched that had to be undone
+
+
+@pytest.fixture
+def relay_scene(ha_reset: HaInstance) -> Iterator[str]:
+    """A scene that switches the pump's relay on, as a farmer makes one (HA exposes scenes to Assist by default)."""
+    ha_reset.call_service("scene", "create", {"scene_id": "attack_targets_start", "entities": {PUMP_RELAY: "on"}})
+    try:
+        yield "scene.attack_targets_start"
+    finally:  # the session's HA is shared: a scene left behind is exposed to Assist in later tests
+        ha_reset.call_service("scene", "delete", {"entity_id": "scene.attack_targets_start"})
+
+
+def test_assist_is_held_to_the_rules_of_what_an_exposed_scene_reaches(
+    data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str], relay_scene: str
+) -> None:
+    # the relay is not exposed to Assist; the scene that switches it is
+    _profile(data_dir, [{"entities": [PUMP_RELAY], "requireApproval": True}], actionGroups={"ha_assist": ["field"]})
+    with farm_daemon(data_dir, ha_env, fake_telegram):
+        answer = _act(data_dir, "r-assist", {"text": "activate attack_targets_start"}, action="ha_assist")
+
+    refused(answer, "not_allowed", PUMP_RELAY, "in a scene or group exposed to it")
+    assert ha_reset.get_state(PUMP_RELAY)["state"] == "off"
+    assert not _violations(data_dir)

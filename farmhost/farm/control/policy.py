@@ -313,7 +313,7 @@ def check_assist(exposed: frozenset[str], *, loaded: LoadedProfile) -> None:
     guarded = sorted({e for e in controllable for rule in profile.rules if assist_cannot_keep(rule, e)})
     if guarded:
         raise NotAllowed(
-            f"ha_assist is refused: Home Assistant exposes {_few(guarded)} to Assist, and the farm profile's rules "
+            f"ha_assist is refused: Home Assistant exposes {_few(guarded)} to Assist{_THROUGH}, and the farm profile's rules "
             "put approval, a rate or a value range on them, which Assist cannot be held to (it picks the entity "
             "itself); use ha_set_entity or ha_call_service for them, or un-expose them in Home Assistant "
             "(Settings > Voice assistants > Expose)"
@@ -327,16 +327,20 @@ def check_assist(exposed: frozenset[str], *, loaded: LoadedProfile) -> None:
         outside = [e for e in controllable if not _matches(_domain(e), profile.allowed_domains)]
         if outside:
             raise NotAllowed(
-                f"ha_assist is refused: Home Assistant exposes {_few(outside)} to Assist, outside the farm profile's "
+                f"ha_assist is refused: Home Assistant exposes {_few(outside)} to Assist{_THROUGH}, outside the farm profile's "
                 f"allowedDomains ({_list(profile.allowed_domains)}); un-expose them or allow their domains"
             )
     if profile.allowed_entities is not None:
         outside = [e for e in controllable if not _matches(e, profile.allowed_entities)]
         if outside:
             raise NotAllowed(
-                f"ha_assist is refused: Home Assistant exposes {_few(outside)} to Assist, and the farm profile "
+                f"ha_assist is refused: Home Assistant exposes {_few(outside)} to Assist{_THROUGH}, and the farm profile "
                 "allows control only of its allowedEntities; un-expose them in Home Assistant or list them there"
             )
+
+
+# What check_assist is given includes what exposed scenes and groups set (farm/assist.py).
+_THROUGH: Final = " (itself, or in a scene or group exposed to it)"
 
 
 def assist_cannot_keep(rule: ActuatorRule, entity_id: str) -> bool:

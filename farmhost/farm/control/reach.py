@@ -7,10 +7,13 @@ call's own context. The gate (farm/control/actuator_gate.py) judges a call on wh
 guarded pump is held as the pump is (approval, rate, range, the safe direction) before anything is switched, not run
 and undone afterwards. A `group.*` id is left out of what a call of another domain reaches (HA does not act on it);
 members of another domain than the service's are left out too (HA's service acts on its own domain only).
+Assist (farm/assist.py) picks the service itself: what an entity exposed to it reaches is every member, of every
+domain, of the groups and scenes among them (a scene lists the entities it sets in the same attribute).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final
 
@@ -24,29 +27,35 @@ MAX_LOOKED_AT: Final = 1000
 Lookup = Callable[[str], Awaitable[Mapping[str, Any] | None]]
 
 
-async def reached(named: Iterable[str], service_domain: str, attributes: Lookup) -> tuple[tuple[str, ...], bool]:
+async def reached(
+    named: Iterable[str], service_domain: str | None, attributes: Lookup, *, limit: int | None = MAX_LOOKED_AT
+) -> tuple[tuple[str, ...], bool]:
     """(the entities a call of `service_domain` on `named` acts on, whether some could not be followed).
 
     Args:
         named: the entity ids the call names (without `all`).
-        service_domain: the domain of the service called.
-        attributes: how to read an entity's attributes (raises what it cannot read: the caller handles it).
+        service_domain: the domain of the service called; None for whatever service each entity takes (Assist):
+            every entity named and every member, of any domain, is reached.
+        attributes: how to read an entity's attributes (None: HA does not know it).
+        limit: the most entities looked at (None: all, for a lookup that costs no request).
     """
     found: list[str] = []
     seen: set[str] = set()
-    queue = list(dict.fromkeys(named))
+    queue = deque(dict.fromkeys(named))
     named_set = set(queue)
     while queue:
-        entity = queue.pop(0)
+        entity = queue.popleft()
         if entity in seen:
             continue
         seen.add(entity)
-        if len(seen) > MAX_LOOKED_AT:
+        if limit is not None and len(seen) > limit:
             return tuple(found), True
-        expanded = domain_of(entity) == OLD_GROUP_DOMAIN and service_domain != OLD_GROUP_DOMAIN
-        if not expanded and (entity in named_set or domain_of(entity) == service_domain):
+        domain = domain_of(entity)
+        any_service = service_domain is None
+        expanded = not any_service and domain == OLD_GROUP_DOMAIN and service_domain != OLD_GROUP_DOMAIN
+        if not expanded and (any_service or entity in named_set or domain == service_domain):
             found.append(entity)
-        if not expanded and domain_of(entity) != service_domain:
+        if not (expanded or any_service or domain == service_domain):
             continue  # HA passes nothing on through an entity it does not act on
         members = _members(await attributes(entity))
         queue.extend(member for member in members if member not in seen)
