@@ -21,6 +21,7 @@ from farmhost.farm.audit import AuditLog, approval_keys
 from farmhost.farm.control import actuator_gate as gate
 from farmhost.farm.control import policy, stopped
 from farmhost.farm.control.effect_rules import ON
+from farmhost.farm.control.rules import as_number
 from farmhost.farm.core_actions import check_calls
 from farmhost.farm.dashboards import actions as dashboard_actions
 from farmhost.farm.dashboards import screenshots
@@ -188,7 +189,7 @@ def permit_target(call: ControlCall) -> str | float | None:
     if isinstance(call.value, bool):
         return None
     if isinstance(call.value, int | float):
-        return float(call.value)
+        return as_number(call.value)
     if isinstance(call.value, str):
         return call.value
     return None

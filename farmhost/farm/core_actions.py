@@ -34,6 +34,7 @@ SELECT_DOMAINS: Final = frozenset({"input_select", "select"})
 SETTABLE_DOMAINS: Final = NUMBER_DOMAINS | SWITCH_DOMAINS | SELECT_DOMAINS
 ON_WORDS: Final = frozenset({"on", "true", "1", "yes"})
 OFF_WORDS: Final = frozenset({"off", "false", "0", "no"})
+INT64: Final = (-(2**63), 2**64 - 1)  # the integers HA's JSON reader (orjson) takes
 
 
 async def ha_get_status(deps: FarmDeps, ctx: RequestContext, p: HaGetStatusParams) -> dict[str, Any]:
@@ -73,6 +74,7 @@ async def ha_call_service(deps: FarmDeps, ctx: RequestContext, p: HaCallServiceP
         NotFound: HA has no such service. HaRejected: HA refused the data (its sentence is kept).
     """
     data, target = dict(p.data or {}), dict(p.target or {})
+    _check_integers(data, "data")
     try:
         changed = await require_ha(deps).call_service(p.domain, p.service, data, target=target or None)
     except HaRejected as err:  # HA refused the data: the agent's request was invalid, HA's sentence says why
@@ -235,10 +237,34 @@ def _number(value: Any, entity_id: str) -> float:
     try:
         number = float(value)
     except ValueError:
-        raise InvalidRequest(f"{entity_id} takes a number, not {value!r}") from None
+        raise InvalidRequest(f"{entity_id} takes a number, not {_shown(value)}") from None
+    except OverflowError:  # an integer past the largest float
+        number = math.inf
     if not math.isfinite(number):
-        raise InvalidRequest(f"{entity_id} takes a finite number, not {value!r}")
+        raise InvalidRequest(f"{entity_id} takes a finite number, not {_shown(value)}")
     return number
+
+
+def _check_integers(value: Any, where: str) -> None:
+    """Every integer in the service data fits 64 bits: HA's JSON reader drops the connection on a larger one.
+
+    Raises:
+        InvalidRequest: naming where the integer is.
+    """
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_integers(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_integers(item, f"{where}[{index}]")
+    elif isinstance(value, int) and not isinstance(value, bool) and not INT64[0] <= value <= INT64[1]:
+        raise InvalidRequest(f"{where} is {_shown(value)}: Home Assistant takes integers of at most 64 bits")
+
+
+def _shown(value: Any) -> str:
+    """The value as the agent sent it, cut short (a 400-digit number is not repeated back whole)."""
+    text = repr(value) if not isinstance(value, int) else str(value)
+    return text if len(text) <= 40 else f"{text[:40]}... ({len(text)} characters)"
 
 
 def _switch(value: Any, entity_id: str) -> bool:

@@ -114,3 +114,23 @@ def test_assist_is_held_to_the_rules_of_what_an_exposed_scene_reaches(
     refused(answer, "not_allowed", PUMP_RELAY, "in a scene or group exposed to it")
     assert ha_reset.get_state(PUMP_RELAY)["state"] == "off"
     assert not _violations(data_dir)
+
+
+HUGE = 10**400  # a JSON integer no float holds
+
+
+@pytest.mark.parametrize("ruled", [False, True], ids=["no rule", "under a range"])
+def test_a_number_no_float_holds_is_refused_as_invalid_not_an_internal_error(
+    ruled: bool, data_dir: Path, fake_telegram: FakeTelegram, ha_reset: HaInstance, ha_env: dict[str, str]
+) -> None:
+    _profile(data_dir, [{"entities": [DURATION], "valueRange": [0, 120]}] if ruled else [])
+    duration = ha_reset.get_state(DURATION)["state"]
+    with farm_daemon(data_dir, ha_env, fake_telegram):
+        by_set = _act(data_dir, "r-set", {"entityId": DURATION, "value": HUGE}, action="ha_set_entity")
+        by_text = _act(data_dir, "r-text", {"entityId": DURATION, "value": "9" * 400}, action="ha_set_entity")
+        by_call = _act(data_dir, "r-call", {"domain": "number", "service": "set_value", "target": {"entity_id": DURATION}, "data": {"value": HUGE}})  # fmt: skip
+
+    refused(by_set, "not_allowed" if ruled else "invalid_request", DURATION)
+    refused(by_text, "not_allowed" if ruled else "invalid_request", DURATION)
+    refused(by_call, "not_allowed" if ruled else "invalid_request", DURATION if ruled else "data.value")
+    assert ha_reset.get_state(DURATION)["state"] == duration

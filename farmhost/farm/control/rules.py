@@ -9,6 +9,7 @@ automatic off (farm/control/auto_off.py) keep their state in the database.
 from __future__ import annotations
 
 import fnmatch
+import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Self
 
@@ -223,11 +224,19 @@ def check_value_range(rules: list[ActuatorRule], call: ControlCall) -> None:
 
 
 def as_number(value: Any) -> float | None:
-    """A value asked for as a number (an int, float or numeric string; never a boolean), else None."""
+    """A value asked for as a number (an int, float or numeric string; never a boolean), else None.
+
+    An integer or a text past the largest float is infinite: outside every range, never a safe state.
+    """
     if isinstance(value, bool):
         return None
-    if isinstance(value, int | float):
-        return float(value)
+    if isinstance(value, int):
+        try:
+            return float(value)
+        except OverflowError:  # a JSON integer past any float: as far outside any range as it gets
+            return math.inf if value > 0 else -math.inf
+    if isinstance(value, float):
+        return value
     if isinstance(value, str):
         try:
             return float(value)
