@@ -32,6 +32,7 @@ class Exit:
     exit_code: int | None
     timed_out: bool
     cancelled: bool
+    ended: str | None  # why the host ended it over a limit other than wall time (the disk), None otherwise
     stdout: OutputCapture
     stderr: OutputCapture
     duration_seconds: float
@@ -48,6 +49,7 @@ class Launch:
         self._term_grace = term_grace
         self._cancel = asyncio.Event()
         self._cancel_grace = term_grace
+        self._ended: str | None = None
         self.stdout = OutputCapture(output_bytes)
         self.stderr = OutputCapture(output_bytes)
 
@@ -55,6 +57,12 @@ class Launch:
         """Stop the run now (the daemon is stopping); `grace` overrides the SIGTERM grace."""
         if grace is not None:
             self._cancel_grace = grace
+        self._cancel.set()
+
+    def end(self, reason: str) -> None:
+        """End the run over a limit (SIGTERM, SIGKILL after the grace); its Exit says `reason`."""
+        if self._ended is None and not self._cancel.is_set():
+            self._ended = reason
         self._cancel.set()
 
     async def run(self, stdin: bytes, *, timeout: float) -> Exit:
@@ -106,7 +114,8 @@ class Launch:
         return Exit(
             exit_code=proc.returncode,
             timed_out=timed_out,
-            cancelled=was_cancelled,
+            cancelled=was_cancelled and self._ended is None,
+            ended=self._ended if was_cancelled else None,
             stdout=self.stdout,
             stderr=self.stderr,
             duration_seconds=time.monotonic() - started,

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, Final
 
+from farmhost.agents.disk_watch import DiskWatch
 from farmhost.agents.fallback import (
     ASSISTANT_NAME,
     WHY_LLM_FAILED,
@@ -36,7 +37,7 @@ from farmhost.agents.sandbox.backends import (
     for_identity,
     group_ids,
 )
-from farmhost.agents.sandbox.backends.base import LaunchPlan
+from farmhost.agents.sandbox.backends.base import LaunchPlan, SandboxSpec
 from farmhost.agents.sandbox.backends.bwrap import BwrapBackend
 from farmhost.agents.sandbox.backends.docker import DockerBackend
 from farmhost.agents.sandbox.cgroups import CgroupSupport, detect_sync, open_run_cgroup_sync
@@ -133,6 +134,7 @@ class AgentRuntime:
         # each group's writable trees as the last run left them (journals need runs refused hard links)
         self.trees = GroupTrees(journal=settings.sandbox.seccomp == "required")
         self._paused: str | None = None
+        self.disk_walks = 0  # the walks of the group's disk during the last run that ended (for the tests)
 
     @property
     def backend(self) -> SandboxBackend | None:
@@ -333,7 +335,7 @@ class AgentRuntime:
                 record.usage = usage
                 procs = cgroup.procs_files if cgroup is not None else ()
                 stdin = json.dumps(document).encode()
-                run = await self._launch(job.run_id, plan, stdin, limits.timeout_seconds, procs)
+                run = await self._launch(spec, plan, stdin, procs)
         except OSError as err:
             return await self._failed(record, started, f"cannot start the agent: {err}")
         finally:
@@ -453,18 +455,21 @@ class AgentRuntime:
             return []
         return trim_memory(hits, budget)
 
-    async def _launch(
-        self, run_id: str, plan: LaunchPlan, stdin: bytes, timeout: float, cgroup_procs: tuple[str, ...]
-    ) -> Exit:
+    async def _launch(self, spec: SandboxSpec, plan: LaunchPlan, stdin: bytes, cgroup_procs: tuple[str, ...]) -> Exit:
         output = self._settings.output_bytes
         launch = Launch(plan, output_bytes=output, term_grace=self._term_grace, cgroup_procs=cgroup_procs)
-        self._active[run_id] = launch
+        watch = DiskWatch(spec, reserve_mb=self._settings.disk_reserve_mb, end=launch.end)
+        self._active[spec.run_id] = launch
+        watching = asyncio.create_task(watch.run(), name="agent:disk")
         try:
             if self._stopping:
                 launch.cancel(grace=STOP_GRACE)
-            return await launch.run(stdin, timeout=timeout)
+            return await launch.run(stdin, timeout=spec.limits.timeout_seconds)
         finally:
-            del self._active[run_id]
+            del self._active[spec.run_id]
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+            self.disk_walks = watch.walks
 
     async def _finish(self, record: RunRecord, run: Exit, started: float) -> AgentOutcome:
         job, log = record.job, log_name(record.job.run_id)
@@ -473,6 +478,8 @@ class AgentRuntime:
         status: Status
         if run.cancelled:
             status, error = "cancelled", "the agent runtime stopped while the run was going on"
+        elif run.ended is not None:
+            status, error = "error", run.ended
         elif run.timed_out:
             status, error = "timeout", f"the run took longer than {record.limits.timeout_seconds:g} s and was stopped"
         else:

@@ -520,7 +520,7 @@ def _enforcement(agents: AgentSettings, check: Check, data_dir: Path) -> Check:
     walls = running_walls(data_dir)
     ids = walls.ids if walls is not None else describe_ids(agents.sandbox)
     if runtime in ("docker", "podman"):
-        return Check(check.part, check.state, f"{check.detail}; {ids}")
+        return Check(check.part, check.state, f"{check.detail}; {ids}; {_disk_watched(agents)}")
     if runtime != "bwrap":
         return check
     if walls is not None:
@@ -528,21 +528,32 @@ def _enforcement(agents: AgentSettings, check: Check, data_dir: Path) -> Check:
     else:
         support = detect_sync(enable=False)
     whose = f"the running daemon (pid {walls.pid})" if walls is not None else _this_command()
-    held = f"{whose}: {ids}; held: wall time, /tmp and /dev/shm sizes, workspace size (before each run)"
+    held = f"{whose}: {ids}; held: wall time, /tmp and /dev/shm sizes"
+    watched = _disk_watched(agents)
     if support.available:
         cgroup = (
             f"memory summed over a run's processes and its tmpfs, processes and CPU share per run (cgroup "
             f"v{support.version}; no RLIMIT_AS, so an agent starts as many threads as its process limit allows)"
         )
-        return Check(check.part, "ok", f"{check.detail}; {held}, {cgroup}")
+        return Check(check.part, "ok", f"{check.detail}; {held}, {cgroup}; {watched}")
     if agents.unenforced_limits == "allow":
         held += ", memory per process (RLIMIT_AS: at 256 MB a Python agent starts about 6 threads)"
         missing = f"not held: memory summed over a run's processes, processes per run, CPU share ({support.reason})"
         fix = "delegate cgroups to farmhost (docs/agent-runtime.md#limits); runs start anyway (FARMHOST_AGENT_UNENFORCED_LIMITS=allow)"
-        return Check(check.part, "warn", f"{check.detail}; {held}; {missing}", fix)
+        return Check(check.part, "warn", f"{check.detail}; {held}; {watched}; {missing}", fix)
     refused = f"agent runs are refused: no cgroup for them ({support.reason})"
     fix = "delegate cgroups to farmhost (docs/agent-runtime.md#limits), or set FARMHOST_AGENT_UNENFORCED_LIMITS=allow"
     return Check(check.part, "broken", f"{check.detail}; {whose}: {refused}; {ids}", fix)
+
+
+def _disk_watched(agents: AgentSettings) -> str:
+    """What farmhost itself, not the kernel, holds of a run's disk (farmhost/agents/disk_watch.py)."""
+    reserve = agents.disk_reserve_mb
+    free = f", and {reserve} MB left free on the data directory's disk" if reserve else ""
+    return (
+        "not by the kernel but by farmhost, which ends a run within seconds of passing them: "
+        f"workspace size (checked before each run and watched during it){free}"
+    )
 
 
 def _this_command() -> str:

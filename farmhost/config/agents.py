@@ -107,6 +107,7 @@ class AgentSettings:
     memory_prompt_chars: int
     unenforced_limits: Literal["refuse", "allow"]
     zone: ZoneInfo
+    disk_reserve_mb: int  # a run is ended when a filesystem it writes to has less free (0: never)
     secrets: tuple[str, ...] = field(repr=False)  # the host's tokens and keys: never in a sandbox's command or env
     limits: LimitSettings
     llm: LlmSettings

@@ -182,6 +182,7 @@ def _agents(settings: Settings, zone: ZoneInfo, llm: LlmSettings, secrets: tuple
         output_bytes=settings.agent_output_bytes,
         memory_prompt_chars=settings.memory_prompt_chars,
         unenforced_limits=settings.agent_unenforced_limits,
+        disk_reserve_mb=settings.disk_reserve_mb,
         zone=zone,
         secrets=secrets,
         limits=LimitSettings(

@@ -86,6 +86,8 @@ class Settings(BaseSettings):
     agent_pids: int = Field(default=256, ge=8, le=65536, validation_alias="FARMHOST_AGENT_PIDS")
     agent_tmp_mb: int = Field(default=256, ge=1, le=65536, validation_alias="FARMHOST_AGENT_TMP_MB")
     agent_workspace_mb: int = Field(default=1024, ge=1, le=1048576, validation_alias="FARMHOST_AGENT_WORKSPACE_MB")
+    # Free space a run must leave on the filesystems it writes to (the data directory's): under it, it is ended.
+    disk_reserve_mb: int = Field(default=256, ge=0, le=1048576, validation_alias="FARMHOST_DISK_RESERVE_MB")
     agent_cpu_percent: int = Field(default=100, ge=1, le=6400, validation_alias="FARMHOST_AGENT_CPU_PERCENT")
     # Where the host cannot hold memory, process and CPU limits per run (no cgroup for the daemon), runs are
     # refused unless the operator allows them to start with only the limits that do hold.

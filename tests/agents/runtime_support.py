@@ -261,6 +261,16 @@ for top, depth in todo.get("deep_setid", {}).items():  # a setuid file below `de
     os.close(fd)
 report["deep_setid"] = deep
 
+if "trickle" in todo:  # [path, MB a second, MB at most]: keeps writing 1 MB chunks (until the host ends the run)
+    path, rate, most = todo["trickle"]
+    begun = time.monotonic()
+    with open(path, "wb") as f:
+        for index in range(most):
+            f.write(b"t" * (1024 * 1024))
+            f.flush()
+            time.sleep(max(0.0, begun + (index + 1) / rate - time.monotonic()))
+    report["trickled"] = most
+
 fills = {}
 for path, mb in todo.get("fill", {}).items():
     written = 0
