@@ -261,3 +261,32 @@ def test_a_button_whose_call_a_rule_written_by_service_holds_is_refused(
     staged = (data_dir / "dashboards" / "farm.yaml").read_text()
     assert "light.turn_off" in staged
     assert "light.toggle" not in staged and "light.turn_on" not in staged and BARN_RELAY not in staged
+
+
+def test_a_button_on_a_group_holding_a_guarded_entity_is_refused(
+    tmp_path: Path, ha_env: dict[str, str], ha_reset: HaInstance
+) -> None:
+    # Home Assistant turns on a group's members: a button on a `group.*` entity holding the approval-guarded pump
+    # (nested in another group) would turn the pump on with no approval, as the gate holds an agent's call.
+    data_dir = make_data_dir(tmp_path / "data")
+    (data_dir / "farm-profile.json").write_text(
+        json.dumps({"policy": {"rules": [{"entities": ["switch.irrigation_pump"], "requireApproval": True}]}})
+    )
+    inner, outer = "group.dash_attack_water", "group.dash_attack_outer"
+    tap = {"action": "perform-action", "perform_action": "switch.turn_on", "target": {"entity_id": outer}}
+    card = {"type": "button", "name": "Water", "tap_action": tap}
+    operations = [{"op": "add_card", "viewPath": "overview", "card": card}]
+    ha_reset.write_state(inner, "off", {"entity_id": ["switch.irrigation_pump", "switch.field_1_valve"]})
+    ha_reset.write_state(outer, "off", {"entity_id": [inner, "light.barn_light"]})
+    daemon = Daemon(data_dir, env=clean_env(**ha_env)).start()
+    try:
+        wait_for(lambda: "following Home Assistant" in daemon.log(), timeout=20, what="the live view")
+        request = {"type": "farm_action", "requestId": "p-group", "action": "ha_dashboard_patch"}
+        drop(data_dir, "main", "actions", {**request, "params": {"operations": operations}})
+        result = wait_result(data_dir, "main", "p-group", timeout=30)
+    finally:
+        daemon.stop()
+        for entity_id in (outer, inner):
+            ha_reset.api("DELETE", f"/api/states/{entity_id}")
+    refused(result, "not_allowed", "switch.irrigation_pump, which the farm profile's rules guard")
+    assert outer not in (data_dir / "dashboards" / "farm.yaml").read_text()

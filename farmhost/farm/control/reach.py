@@ -14,8 +14,8 @@ domain, of the groups and scenes among them (a scene lists the entities it sets 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
+from typing import Any, Final, cast
 
 from farmhost.farm.control.safe_state import domain_of
 
@@ -39,6 +39,32 @@ async def reached(
         attributes: how to read an entity's attributes (None: HA does not know it).
         limit: the most entities looked at (None: all, for a lookup that costs no request).
     """
+    walk = _walk(named, service_domain, limit)
+    try:
+        entity = next(walk)
+        while True:
+            entity = walk.send(await attributes(entity))
+    except StopIteration as done:
+        return cast("tuple[tuple[str, ...], bool]", done.value)
+
+
+def reached_now(
+    named: Iterable[str], service_domain: str | None, attributes: Callable[[str], Mapping[str, Any] | None]
+) -> tuple[tuple[str, ...], bool]:
+    """`reached` with attributes already at hand (the live view's states): every entity is looked at."""
+    walk = _walk(named, service_domain, None)
+    try:
+        entity = next(walk)
+        while True:
+            entity = walk.send(attributes(entity))
+    except StopIteration as done:
+        return cast("tuple[tuple[str, ...], bool]", done.value)
+
+
+def _walk(
+    named: Iterable[str], service_domain: str | None, limit: int | None
+) -> Generator[str, Mapping[str, Any] | None, tuple[tuple[str, ...], bool]]:
+    """The walk of `reached`: yields each entity whose attributes it needs, and is sent them."""
     found: list[str] = []
     seen: set[str] = set()
     queue = deque(dict.fromkeys(named))
@@ -57,7 +83,7 @@ async def reached(
             found.append(entity)
         if not (expanded or any_service or domain == service_domain):
             continue  # HA passes nothing on through an entity it does not act on
-        members = _members(await attributes(entity))
+        members = _members((yield entity))
         queue.extend(member for member in members if member not in seen)
     return tuple(found), False
 

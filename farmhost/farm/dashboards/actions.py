@@ -30,6 +30,8 @@ from farmhost.protocol.params import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from farmhost.farm.deps import FarmDeps
     from farmhost.farm.homeassistant.client import HAClient
     from farmhost.handling import RequestContext
@@ -117,8 +119,17 @@ async def ha_apply_dashboard(deps: FarmDeps, ctx: RequestContext, p: HaApplyDash
 
 
 def _rules(deps: FarmDeps) -> dashboard_policy.ContentRules:
-    drives = deps.view.drives() if deps.view is not None else {}
-    return dashboard_policy.rules_for(policy.load_profile(deps.settings.profile_path), drives=drives)
+    view = deps.view
+    drives = view.drives() if view is not None else {}
+
+    def attributes(entity: str) -> Mapping[str, Any] | None:
+        seen = view.get(entity) if view is not None else None
+        return seen.attributes if seen is not None else None
+
+    following = view is not None and view.connected
+    return dashboard_policy.rules_for(
+        policy.load_profile(deps.settings.profile_path), drives=drives, attributes=attributes if following else None
+    )
 
 
 def _what(name: str | None) -> str:

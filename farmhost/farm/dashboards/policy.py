@@ -20,20 +20,22 @@ loading of staged copies and the screenshot action (on what HA currently holds).
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import re
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import unquote
 
 from farmhost.errors import NotAllowed
-from farmhost.farm.control import effects
+from farmhost.farm.control import effects, reach
 from farmhost.farm.control.policy import LoadedProfile, check_service, origin_of
-from farmhost.farm.control.rules import entities_under, matching
-from farmhost.farm.control.safe_state import guarded_patterns
+from farmhost.farm.control.reach import OLD_GROUP_DOMAIN
+from farmhost.farm.control.rules import ControlCall, entities_under, matching
+from farmhost.farm.control.safe_state import domain_of, guarded_patterns
 
 # Home Assistant's own card types (frontend 2025.4, create-card-element.ts): nothing here loads outside code.
 BUILTIN_CARDS: Final = frozenset(
@@ -101,6 +103,9 @@ class ContentRules:
     profile: LoadedProfile | None = field(default=None, compare=False)
     # entity -> the entities it was seen driving (LiveView.drives): a button on a helper acts on what it drives
     drives: Mapping[str, frozenset[str]] = field(default_factory=dict, compare=False)
+    # An entity's attributes as the live view last saw them (None: not following HA): a button on a group acts on
+    # its members (farm/control/reach.py)
+    attributes: Callable[[str], Mapping[str, Any] | None] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -114,18 +119,28 @@ class Violation:
         return f"{self.where}: {self.rule}"
 
 
-def rules_for(loaded: LoadedProfile, *, drives: Mapping[str, frozenset[str]] | None = None) -> ContentRules:
+def rules_for(
+    loaded: LoadedProfile,
+    *,
+    drives: Mapping[str, frozenset[str]] | None = None,
+    attributes: Callable[[str], Mapping[str, Any] | None] | None = None,
+) -> ContentRules:
     """The content rules of the farm profile as loaded (the defaults when there is none or it is broken).
 
     `drives` is which entity drives which (LiveView.drives), so a button on a helper behind a guarded entity is
-    refused as one on the entity.
+    refused as one on the entity; `attributes` reads an entity's attributes from the live view, so a button on a
+    group is refused as one on its members (without it a `group.*` target is judged as an area is).
     """
     profile = loaded.profile
     seen = drives or {}
     if profile is None:
-        return ContentRules(profile=loaded, drives=seen)
+        return ContentRules(profile=loaded, drives=seen, attributes=attributes)
     return ContentRules(
-        iframe_origins=profile.iframe_origins, custom_cards=profile.custom_cards, profile=loaded, drives=seen
+        iframe_origins=profile.iframe_origins,
+        custom_cards=profile.custom_cards,
+        profile=loaded,
+        drives=seen,
+        attributes=attributes,
     )
 
 
@@ -343,6 +358,7 @@ class _Walker:
             return
         # Matched as the gate matches a call: a rule naming light.turn_on holds a light.toggle button too.
         call = effects.service_call(effects.EFFECT, service, [e.strip().lower() for e in entities], indirect=indirect)
+        call = self._through_groups(call, domain)
         matched = matching(loaded.rules, call)
         guards = sorted({entity for rule in matched for entity in entities_under(rule, call)})
         driving = [
@@ -369,6 +385,16 @@ class _Walker:
                 f"whoever taps this calls {service} on a device, area, floor or label, which may reach an entity the "
                 "farm profile's rules guard; name the entities with target.entity_id",
             )
+
+    def _through_groups(self, call: ControlCall, domain: str) -> ControlCall:
+        """The call naming what it reaches through the groups it names, as the gate judges an agent's call."""
+        if not call.entities:
+            return call
+        if self.rules.attributes is None:  # not following HA: a group's members are unknown
+            unknown = any(domain_of(e) == OLD_GROUP_DOMAIN for e in call.entities)
+            return dataclasses.replace(call, indirect=True) if unknown else call
+        entities, overflow = reach.reached_now(call.entities, domain, self.rules.attributes)
+        return dataclasses.replace(call, entities=entities, indirect=call.indirect or overflow)
 
 
 def _child_role(role: str | None, key: str, value: Any) -> str | None:
