@@ -34,6 +34,7 @@ from farmhost.farm.control.rules import ActuatorRule
 from farmhost.farm.control.safe_state import SafeTarget, is_safe_state, safe_target
 from farmhost.farm.homeassistant.client import HAClient
 from farmhost.farm.homeassistant.errors import HaError
+from farmhost.farm.homeassistant.names import friendly_name
 from farmhost.outbox.notices import enqueue_notice
 from farmhost.protocol.codes import ErrorCode
 from farmhost.store import approvals as store
@@ -310,7 +311,7 @@ def _outcome(
     rules: tuple[ActuatorRule, ...],
     errors: Mapping[str, str],
 ) -> EntityOutcome:
-    name = (before.get("attributes") or {}).get("friendly_name")
+    name = friendly_name(before.get("attributes") or {})
     was = before.get("state")
     now = after.get("state") if after is not None else None
     safe_words = f"{target.state:g}" if isinstance(target.state, float) else target.state
@@ -320,7 +321,7 @@ def _outcome(
         error = f"{reported} ({errors[target.entity_id]})" if target.entity_id in errors else reported
     return EntityOutcome(
         entity_id=target.entity_id,
-        name=name if isinstance(name, str) and name else target.entity_id,
+        name=name or target.entity_id,
         safe=safe_words,
         before=was if isinstance(was, str) else None,
         after=now if isinstance(now, str) else None,

@@ -29,6 +29,7 @@ from farmhost.farm.control.policy import INDIRECT_TARGETS
 from farmhost.farm.control.rules import ActuatorRule, ControlCall
 from farmhost.farm.core_actions import SWITCH_DOMAINS, service_targets, set_entity_service
 from farmhost.farm.homeassistant.errors import HaError, HaNotFound
+from farmhost.farm.homeassistant.names import friendly_name
 from farmhost.handling import Change
 from farmhost.protocol.catalog import CONTROL_ACTIONS
 from farmhost.protocol.params import HaCallServiceParams, HaSetEntityParams
@@ -313,9 +314,9 @@ async def _named(deps: FarmDeps, entity: str, sentence: str) -> str:
     name = entity
     if deps.ha is not None:
         try:
-            friendly = (await deps.ha.get_state(entity)).get("attributes", {}).get("friendly_name")
+            friendly = friendly_name((await deps.ha.get_state(entity)).get("attributes") or {})
         except HaError:
             friendly = None
-        if isinstance(friendly, str) and friendly:
+        if friendly:
             name = f"the {friendly[0].lower()}{friendly[1:]} ({entity})"
     return sentence.format(name=name)

@@ -28,6 +28,7 @@ from typing import Any, Final
 import aiohttp
 
 from farmhost.farm.control.safe_state import UNKNOWN_STATES, is_on
+from farmhost.farm.homeassistant.names import friendly_name
 from farmhost.store.db import now_utc
 
 logger = logging.getLogger(__name__)
@@ -84,8 +85,8 @@ class EntityView:
     @property
     def name(self) -> str:
         """The friendly name and id ("Irrigation pump (switch.irrigation_pump)"), or the id alone."""
-        name = self.attributes.get("friendly_name")
-        return f"{name} ({self.entity_id})" if isinstance(name, str) and name else self.entity_id
+        name = friendly_name(self.attributes)
+        return f"{name} ({self.entity_id})" if name else self.entity_id
 
 
 @dataclass(frozen=True, kw_only=True)

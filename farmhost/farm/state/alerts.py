@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from farmhost.config import AlertThresholds
+from farmhost.farm.homeassistant.names import friendly_name
 
 # HA's placeholders for "no value": a rule never fires on them, and an alert is held (not resolved) while its
 # entity shows one, so an HA restart (every entity briefly `unavailable`) does not resolve and re-raise alerts.
@@ -325,8 +326,7 @@ def _domain(entity_id: str) -> str:
 
 
 def _name(entity_id: str, attrs: Mapping[str, Any]) -> str:
-    name = attrs.get("friendly_name")
-    return name if isinstance(name, str) and name else entity_id
+    return friendly_name(attrs) or entity_id
 
 
 def _number(state: Mapping[str, Any]) -> float | None:

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
 from farmhost.farm.control.safe_state import UNKNOWN_STATES
+from farmhost.farm.homeassistant.names import friendly_name
 from farmhost.protocol.catalog import CONTROL_ACTIONS
 from farmhost.protocol.codes import ErrorCode
 from farmhost.store.db import now_utc
@@ -148,5 +149,4 @@ def _said(change: SeenChange) -> str:
 
 
 def _name(attributes: Mapping[str, Any], entity_id: str) -> str:
-    name = attributes.get("friendly_name")
-    return name if isinstance(name, str) and name else entity_id
+    return friendly_name(attributes) or entity_id
