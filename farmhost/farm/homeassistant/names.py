@@ -2,7 +2,8 @@
 
 Whoever names a device in Home Assistant (a user, an integration, an MQTT discovery message) chooses its
 friendly_name; farmhost puts names into agents' prompts (a when task's event, the daily report) and chat messages,
-where a line break would let a name start a line that reads as the host's own ("[farmhost: ...]").
+where a line break would let a name start a line that reads as the host's own ("[farmhost: ...]"). Flattened as
+chat names are (outbox/text.py: control characters and every line break as one space, at most 200 characters).
 """
 
 from __future__ import annotations
@@ -10,10 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-
-def one_line(text: str) -> str:
-    """`text` with every run of whitespace (each line break Python knows, U+2028 too) as one space."""
-    return " ".join(text.split())
+from farmhost.outbox.text import one_line
 
 
 def friendly_name(attributes: Mapping[str, Any]) -> str | None:
