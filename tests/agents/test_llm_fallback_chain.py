@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
-from llm_stub import Fail, Reply, ScriptedLLM
+from llm_stub import Fail, Raw, Reply, ScriptedLLM
 from runtime_support import settings_for
 from test_llm_proxy import ask, proxied
 
 from farmhost.config import Settings
+from farmhost_dev.testing import scaled
 
 HOSTED_KEY = "sk-hosted-secret-0123456789"
 LOCAL_KEY = "sk-local-secret-9876543210"
@@ -137,3 +140,30 @@ async def test_when_every_endpoint_fails_the_agent_is_told_so(root: Path, second
         with pytest.raises(openai.APIStatusError, match="cannot reach any of the 2 LLM endpoints") as raised:
             await ask(client.with_options(max_retries=0))
     assert raised.value.status_code == 502 and usage.upstream_failures == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_endpoint_that_timed_out_is_charged_its_bound_when_the_next_one_answers(
+    root: Path, first: ScriptedLLM, second: ScriptedLLM, stream: bool
+) -> None:
+    # Endpoint 1 took the request and may have done the work (a hosted model thinking past the deadline bills it)
+    # before the proxy gave up on it: as when no endpoint answers, that request keeps its bound.
+    gate = threading.Event()
+    first.script(lambda _: (gate.wait(scaled(30)), Raw(b"{}"))[1])  # Raw: its late answer may find no one
+    second.script(then=Reply("from the second"))
+    # A stream waits for endpoint 1's headers for the idle timeout, out of the whole exchange's request timeout.
+    timeouts = {"request_timeout": scaled(10 if stream else 0.5), "stream_idle_timeout": scaled(0.5)}
+    try:
+        async with proxied(chain(root, first.base_url, second), **timeouts) as (client, usage, _):
+            if stream:
+                chunks = [chunk async for chunk in await ask(client, stream=True, max_tokens=50)]
+                text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            else:
+                text = (await ask(client, max_tokens=50)).choices[0].message.content
+    finally:
+        gate.set()
+    assert text == "from the second" and len(first.requests) == 1
+    (reported,) = second.usages
+    assert usage.completion_tokens == reported["completion_tokens"] + 50  # endpoint 1's max_tokens, and 2's answer
+    # and endpoint 1's prompt: a token a byte of its body, which holds the messages
+    assert usage.prompt_tokens >= reported["prompt_tokens"] + len(json.dumps(first.requests[0].messages))

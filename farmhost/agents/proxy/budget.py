@@ -184,12 +184,18 @@ class LlmBudgets:
         today.held += prompt + completion
         self._record(reservation, requests=1)
 
-    def settle(self, reservation: Reservation, used: tuple[int, int] | None) -> None:
-        """Replace a sent request's hold by what it used: the upstream's prompt and completion tokens, else its bound."""
+    def settle(self, reservation: Reservation, used: tuple[int, int] | None, *, given_up: int = 0) -> None:
+        """Replace a sent request's hold by what it used: the upstream's prompt and completion tokens, else its bound.
+
+        `given_up`: endpoints that took the request and were given up on before another answered (or none did);
+        each may have done the work and is charged the bound too.
+        """
         if not reservation.committed or reservation.settled:
             return
         reservation.settled = True
         prompt, completion = used if used is not None else (reservation.prompt, reservation.completion)
+        prompt += given_up * reservation.prompt
+        completion += given_up * reservation.completion
         usage = reservation.usage
         usage.prompt_tokens += prompt
         usage.completion_tokens += completion

@@ -1,8 +1,9 @@
 """RunHandler: one run's exchanges with its agent: the budget reserved, the body read and prepared, an answer given.
 
 Before a request goes upstream its bound in tokens is held against the group's day (proxy/budget.py); its answer,
-buffered (UpstreamClient.forward) or streamed (proxy/stream.py), settles it however it ends. Every answer the proxy makes itself is OpenAI-shaped
-(proxy/errors.py); the upstream's own answers pass through redacted. What every run shares (the upstream client, the
+buffered (UpstreamClient.forward) or streamed (proxy/stream.py), settles it however it ends, with the bound of each
+endpoint given up on after it took the request added (it may have done the work). Every answer the proxy makes
+itself is OpenAI-shaped (proxy/errors.py); the upstream's own answers pass through redacted. What every run shares (the upstream client, the
 body parser, the budgets, the rules) is handed in by LlmProxy (proxy/server.py), which owns their lifetimes.
 """
 
@@ -24,7 +25,7 @@ from farmhost.agents.proxy.errors import error_json
 from farmhost.agents.proxy.parse import BodyParser, PreparedBody
 from farmhost.agents.proxy.stream import StreamRelay, StreamTally
 from farmhost.agents.proxy.tokens import answer_tokens
-from farmhost.agents.proxy.upstream import MAX_RESPONSE_BYTES, UpstreamClient, failure_reason
+from farmhost.agents.proxy.upstream import MAX_RESPONSE_BYTES, Attempts, UpstreamClient, failure_reason
 from farmhost.config import LlmEndpoint
 
 # The proxy's own log lines keep the logger name operators and tests know.
@@ -139,25 +140,32 @@ class RunHandler:
             self._budgets.commit(reservation, prompt=body.prompt_bound, completion=body.completion_bound)
         except BudgetExceeded as refused:
             return _error(429, refused.message, refused.kind)
+        attempts = Attempts()
         if body.stream:
-            return await self._stream(request, body, reservation, StreamTally(relay_usage=body.relay_usage))
+            tally = StreamTally(relay_usage=body.relay_usage)
+            return await self._stream(request, body, reservation, attempts, tally)
         try:
-            status, data, content_type, endpoint = await self._upstream.forward(body)
+            status, data, content_type, endpoint = await self._upstream.forward(body, attempts)
         except (TimeoutError, aiohttp.ClientError) as err:
-            return self._unreachable(reservation, err, self._rules.request_timeout)
-        return self._answer(reservation, status, data, content_type, endpoint, body)
+            return self._unreachable(reservation, attempts, err, self._rules.request_timeout)
+        return self._answer(reservation, attempts, status, data, content_type, endpoint, body)
 
     async def _stream(
-        self, request: web.Request, body: PreparedBody, reservation: Reservation, tally: StreamTally
+        self,
+        request: web.Request,
+        body: PreparedBody,
+        reservation: Reservation,
+        attempts: Attempts,
+        tally: StreamTally,
     ) -> web.StreamResponse:
         """Relay a streamed answer; its tokens are counted however it ends."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._rules.request_timeout
         headers_within = min(self._rules.request_timeout, self._rules.stream_idle_timeout)
         try:
-            opened = await self._upstream.open(body, stream=True, headers_within=headers_within)
+            opened = await self._upstream.open(body, attempts, stream=True, headers_within=headers_within)
         except (TimeoutError, aiohttp.ClientError) as err:
-            return self._unreachable(reservation, err, headers_within)
+            return self._unreachable(reservation, attempts, err, headers_within)
         endpoint = opened.endpoint
         async with opened.response as upstream:
             if upstream.status != 200 or upstream.content_type != "text/event-stream":
@@ -165,8 +173,9 @@ class RunHandler:
                     async with asyncio.timeout_at(deadline):
                         data = await self._upstream.read(upstream)
                 except (TimeoutError, aiohttp.ClientError) as err:
-                    return self._unreachable(reservation, err, self._rules.request_timeout)
-                return self._answer(reservation, upstream.status, data, upstream.content_type, endpoint, body)
+                    attempts.failed(err)
+                    return self._unreachable(reservation, attempts, err, self._rules.request_timeout)
+                return self._answer(reservation, attempts, upstream.status, data, upstream.content_type, endpoint, body)
             self._answered(endpoint, body)
             extra = {"group": self._folder, "runId": self._run_id}
             relay = StreamRelay(
@@ -190,11 +199,12 @@ class RunHandler:
                         self._run_id,
                         extra=extra,
                     )
-                self._budgets.settle(reservation, tally.reported)
+                self._budgets.settle(reservation, tally.reported, given_up=attempts.timed_out)
 
     def _answer(
         self,
         reservation: Reservation,
+        attempts: Attempts,
         status: int,
         data: bytes,
         content_type: str | None,
@@ -203,9 +213,9 @@ class RunHandler:
     ) -> web.Response:
         if 200 <= status < 300:
             self._answered(endpoint, body)
-            self._budgets.settle(reservation, answer_tokens(data))
-        else:
-            self._budgets.settle(reservation, (0, 0))  # the endpoint said it did not do it
+            self._budgets.settle(reservation, answer_tokens(data), given_up=attempts.timed_out)
+        else:  # the endpoint said it did not do it
+            self._budgets.settle(reservation, (0, 0), given_up=attempts.timed_out)
             if status >= 500:
                 self._usage.upstream_failures += 1
         return web.Response(status=status, body=data, content_type=content_type or "application/json")
@@ -223,13 +233,15 @@ class RunHandler:
         logger.warning("llm %s run %s: request refused: %s", self._folder, self._run_id, message, extra=extra)
         return _error(400, message, "invalid_request")
 
-    def _unreachable(self, reservation: Reservation, err: BaseException, timeout: float) -> web.Response:
+    def _unreachable(
+        self, reservation: Reservation, attempts: Attempts, err: BaseException, timeout: float
+    ) -> web.Response:
         """The 502 for an upstream that did not answer in time or could not be reached, logged.
 
-        A request that timed out keeps its bound (the endpoint may have done the work); one that reached no endpoint
-        costs nothing.
+        Each endpoint that took the request and did not answer in time is charged its bound (it may have done the
+        work); one that could not be connected to costs nothing.
         """
-        self._budgets.settle(reservation, None if isinstance(err, TimeoutError) else (0, 0))
+        self._budgets.settle(reservation, (0, 0), given_up=attempts.timed_out)
         self._usage.upstream_failures += 1
         extra = {"group": self._folder, "runId": self._run_id}
         several = len(self._upstream.endpoints) > 1

@@ -3,7 +3,8 @@
 A prepared body is POSTed to each endpoint in the chain's order (proxy/chain.py) until one answers below 500, with
 the endpoint's key added, its model set and, for one that cannot see, each image part made text (proxy/images.py);
 a buffered answer is read within MAX_RESPONSE_BYTES. Whatever comes back toward an agent passes through `redact`,
-so no endpoint's key ever reaches one.
+so no endpoint's key ever reaches one. Each endpoint given up on after it took the request (no answer in time) is
+counted in the request's `Attempts`: it may have done the work, so the budgets charge it (proxy/exchange.py).
 """
 
 from __future__ import annotations
@@ -34,6 +35,20 @@ class Upstream:
     response: aiohttp.ClientResponse
     endpoint: LlmEndpoint
     tried: int
+
+
+@dataclass
+class Attempts:
+    """What one request's walk over the endpoints left unaccounted for."""
+
+    # Endpoints given up on for want of an answer after the connection was up: each may have done (and billed) the
+    # work. One that refused the connection, could not be connected to in time, or answered 5xx did not.
+    timed_out: int = 0
+
+    def failed(self, err: BaseException) -> None:
+        """An endpoint failed with `err`."""
+        if isinstance(err, TimeoutError) and not isinstance(err, aiohttp.ConnectionTimeoutError):
+            self.timed_out += 1
 
 
 def failure_reason(err: BaseException, timeout: float) -> str:
@@ -81,22 +96,29 @@ class UpstreamClient:
         """The endpoints in the operator's order (the first is FARMHOST_LLM_*)."""
         return self._chain.endpoints
 
-    async def forward(self, body: PreparedBody) -> tuple[int, bytes, str, LlmEndpoint]:
+    async def forward(self, body: PreparedBody, attempts: Attempts) -> tuple[int, bytes, str, LlmEndpoint]:
         """POST `body` to the chat completions of the first endpoint that answers; status, body, type, endpoint.
 
         Raises:
             aiohttp.ClientError, TimeoutError: no endpoint could be reached or answered in time.
         """
-        upstream = await self.open(body)
+        upstream = await self.open(body, attempts)
         async with upstream.response as response:
-            return response.status, await self.read(response), response.content_type, upstream.endpoint
+            try:
+                data = await self.read(response)
+            except (TimeoutError, aiohttp.ClientError) as err:
+                attempts.failed(err)
+                raise
+            return response.status, data, response.content_type, upstream.endpoint
 
-    async def open(self, body: PreparedBody, *, stream: bool = False, headers_within: float | None = None) -> Upstream:
+    async def open(
+        self, body: PreparedBody, attempts: Attempts, *, stream: bool = False, headers_within: float | None = None
+    ) -> Upstream:
         """POST `body` to each endpoint in the chain's order until one answers below 500; its response (headers in).
 
         An endpoint that cannot be reached, sends no headers within `headers_within` seconds or answers 5xx is
-        marked failed (proxy/chain.py) and the next is tried; the last one's failure is what the caller gets. The
-        caller releases the response. A stream has no aiohttp deadline: the caller bounds the rest of it.
+        marked failed (proxy/chain.py) and the next is tried; the last one's failure is what the caller gets. Each
+        failure is told to `attempts`. The caller releases the response. A stream has no aiohttp deadline: the caller bounds the rest of it.
 
         Raises:
             aiohttp.ClientError, TimeoutError: the last endpoint tried cannot be reached or does not answer in time.
@@ -108,6 +130,7 @@ class UpstreamClient:
                 async with asyncio.timeout(headers_within):
                     response = await self._post(endpoint, body, stream=stream)
             except (TimeoutError, aiohttp.ClientError) as err:
+                attempts.failed(err)
                 self._chain.failed(endpoint, failure_reason(err, headers_within or self.timeout), next_one=after)
                 if after is None:
                     raise
