@@ -3,20 +3,32 @@
 from __future__ import annotations
 
 import json
+import os
+import random
 import shutil
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from farmhost_testing import drop, group_lookup, ok, once_time, register_in_process, wait_result
+from farmhost_testing import (
+    drop,
+    group_lookup,
+    init_data_dir_in_process,
+    ok,
+    once_time,
+    register_in_process,
+    wait_result,
+)
 
 from farmhost.agents.jobs import AgentJob, AgentOutcome
 from farmhost.agents.runtime import AgentRuntime
 from farmhost.agents.sandbox.backends import SandboxBackend
-from farmhost.config import Settings, build_config
+from farmhost.config import AGENT_UID_BASE, Settings, build_config
 from farmhost.layout import DataLayout
 
 # Secrets the host holds; no sandbox may ever see one (argv, environment, files).
@@ -466,6 +478,35 @@ def logged_answer(log: Path) -> dict[str, Any]:
     line = text.split("--- stdout ---", 1)[1].split("--- stderr ---", 1)[0].strip().splitlines()[-1]
     report: dict[str, Any] = json.loads(json.loads(line)["answer"])
     return report
+
+
+# A Python any user can run: another user cannot reach the tests' own interpreter under /root.
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@dataclass(frozen=True)
+class OtherUser:
+    """A data directory owned by a uid no user or other test has, and the interpreter that runs farmhost as it."""
+
+    uid: int
+    data_dir: Path
+    python: Path
+
+
+@contextmanager
+def as_another_user(prefix: str) -> Iterator[OtherUser]:
+    """A farm for a daemon of another user, outside pytest's tmp dir (root's 0700: that user must reach it)."""
+    assert os.path.exists(SYSTEM_PYTHON), f"{SYSTEM_PYTHON} (a Python any user can run) is missing"
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        tmp.chmod(0o755)
+        uid = AGENT_UID_BASE - 65536 * random.randrange(1, 4096)  # nothing else counts against it
+        data_dir = init_data_dir_in_process(tmp / "data")
+        for path in (data_dir, *data_dir.rglob("*")):
+            os.chown(path, uid, uid, follow_symlinks=False)
+        yield OtherUser(uid=uid, data_dir=data_dir, python=python_as_user(tmp, uid))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def python_as_user(tmp: Path, uid: int) -> Path:

@@ -4,24 +4,20 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 from farmhost_testing import Daemon, clean_env, farmhost, init_data_dir_in_process, scaled, wait_for
-from runtime_support import python_as_user, settings_for
+from runtime_support import SYSTEM_PYTHON, as_another_user, settings_for
 
 from farmhost.agents.sandbox.backends import SandboxError, create_backend
 from farmhost.agents.sandbox.cgroups import detect_sync
 from farmhost.agents.sandbox.seccomp import build_filter_sync
 from farmhost.cli.doctor import SECCOMP_TRIAL
 from farmhost.config import AGENT_UID_BASE, build_config
-
-SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 @pytest.fixture
@@ -144,22 +140,14 @@ def test_the_doctor_says_what_the_running_daemon_holds_not_what_its_own_process_
     The daemon runs as an ordinary user, who may create no cgroup here, so its runs are refused; the doctor, run as
     root in a cgroup root may write, once said the limits held.
     """
-    if not os.path.exists(SYSTEM_PYTHON):
-        pytest.skip(f"{SYSTEM_PYTHON} (a Python any user can run) is missing")
-    tmp = Path(tempfile.mkdtemp(prefix="farmhost-doctor-"))  # the daemon's user must reach it: not pytest's 0700
-    try:
-        tmp.chmod(0o755)
-        uid = AGENT_UID_BASE - 65536 * random.randrange(1, 4096)
-        data_dir = init_data_dir_in_process(tmp / "data")
-        for path in (data_dir, *data_dir.rglob("*")):
-            os.chown(path, uid, uid, follow_symlinks=False)
+    with as_another_user("farmhost-doctor-") as user:
         env = clean_env(FARMHOST_AGENT_RUNTIME="bwrap", FARMHOST_AGENT_PYTHON=SYSTEM_PYTHON)
-        daemon = Daemon(data_dir, env=env, python=python_as_user(tmp, uid)).start()
+        daemon = Daemon(user.data_dir, env=env, python=user.python).start()
         try:
             started = lambda: "agent runtime bwrap" in daemon.log()  # its cgroup look is done by then
             wait_for(started, timeout=scaled(30), what="the agent runtime", seen=lambda: daemon.log()[-3000:])
             assert "agent runs cannot get a cgroup here" in daemon.log(), daemon.log()[-3000:]
-            limits = checks(data_dir, FARMHOST_AGENT_RUNTIME="bwrap", FARMHOST_AGENT_PYTHON=SYSTEM_PYTHON)
+            limits = checks(user.data_dir, FARMHOST_AGENT_RUNTIME="bwrap", FARMHOST_AGENT_PYTHON=SYSTEM_PYTHON)
             check = limits["agent limits"]
             assert check["state"] == "broken", check
             assert f"the running daemon (pid {daemon.proc.pid if daemon.proc else '?'})" in check["detail"], check
@@ -168,8 +156,6 @@ def test_the_doctor_says_what_the_running_daemon_holds_not_what_its_own_process_
         finally:
             if daemon.proc is not None and daemon.proc.poll() is None:
                 daemon.kill()
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only a root daemon drops to its groups' uids with setpriv")

@@ -12,16 +12,14 @@ import json
 import os
 import random
 import shlex
-import shutil
 import sqlite3
-import tempfile
 from pathlib import Path
 from typing import Any, Final
 from zoneinfo import ZoneInfo
 
 import pytest
 from farmhost_testing import Daemon, clean_env, drop, init_data_dir_in_process, ok, once_time, wait_for, wait_result
-from runtime_support import Sandbox, python_as_user
+from runtime_support import SYSTEM_PYTHON, Sandbox, as_another_user
 
 from farmhost.agents.sandbox.backends.share import inotify_share
 from farmhost.config import AGENT_UID_BASE
@@ -33,7 +31,6 @@ pytestmark = [
 
 ZONE: Final = "Europe/Lisbon"
 PIDS: Final = 16  # the runs' process limit: small, so the hog reaches it at once
-SYSTEM_PYTHON: Final = "/usr/bin/python3"
 INOTIFY: Final = 160  # more inotify instances than the kernel's 128 per uid, so the hog takes every one its uid has
 
 # The agent (kind `command`): forks up to `forks` children and opens up to `inotify` inotify instances, says how
@@ -159,17 +156,8 @@ def test_a_daemon_that_is_not_root_keeps_each_run_to_its_own_share(sandbox: Sand
     """All runs share the daemon's uid; each run's limits are set inside its own user namespace (share.py)."""
     if sandbox.name != "bwrap":
         pytest.skip("a daemon that is not root runs docker agents as the data directory's owner (engine's own ids)")
-    if not os.path.exists(SYSTEM_PYTHON):
-        pytest.skip(f"{SYSTEM_PYTHON} (a Python any user can run) is missing")
-    # Not under pytest's tmp dir (0700, root's): the daemon's user must reach its data dir. A uid no user or other
-    # test has, so nothing else counts against it.
-    tmp = Path(tempfile.mkdtemp(prefix="farmhost-user-"))
-    try:
-        tmp.chmod(0o755)
-        uid = AGENT_UID_BASE - 65536 * random.randrange(1, 4096)
-        data_dir = init_data_dir_in_process(tmp / "data")
-        for path in (data_dir, *data_dir.rglob("*")):
-            os.chown(path, uid, uid, follow_symlinks=False)
+    with as_another_user("farmhost-user-") as user:
+        data_dir, uid = user.data_dir, user.uid
         command = (SYSTEM_PYTHON, "-c", PROBE)  # the user cannot reach the tests' own interpreter under /root
         env = clean_env(
             TZ=ZONE,
@@ -181,7 +169,7 @@ def test_a_daemon_that_is_not_root_keeps_each_run_to_its_own_share(sandbox: Sand
             FARMHOST_MAX_AGENTS="2",
             FARMHOST_AGENT_UNENFORCED_LIMITS="allow",  # cgroups are root's here: the per-uid limits are what holds
         )
-        daemon = Daemon(data_dir, env=env, python=python_as_user(tmp, uid)).start()
+        daemon = Daemon(data_dir, env=env, python=user.python).start()
         try:
             _schedule(data_dir, "main", name="hog", forks=4 * PIDS, inotify=INOTIFY, hold=True)
             hog = _report(daemon, "main", "hog")
@@ -204,5 +192,3 @@ def test_a_daemon_that_is_not_root_keeps_each_run_to_its_own_share(sandbox: Sand
             (data_dir / "groups" / "main" / "release").touch()
             if daemon.proc is not None and daemon.proc.poll() is None:
                 daemon.kill()
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
