@@ -108,11 +108,11 @@ async def exposed_entities(ha: HAClient) -> frozenset[str]:
     # A scene or group Assist turns on sets the entities it lists, exposed or not: Assist reaches those too.
     attributes = {str(state.get("entity_id", "")): state.get("attributes") for state in states}
 
-    async def lookup(entity_id: str) -> Mapping[str, Any] | None:
+    def lookup(entity_id: str) -> Mapping[str, Any] | None:
         found = attributes.get(entity_id)
         return found if isinstance(found, Mapping) else None
 
-    members, _ = await reach.reached(sorted(reachable), None, lookup, limit=None)
+    members, _ = reach.reached_now(sorted(reachable), None, lookup)
     return frozenset(reachable | set(members))
 
 

@@ -27,43 +27,47 @@ MAX_LOOKED_AT: Final = 1000
 Lookup = Callable[[str], Awaitable[Mapping[str, Any] | None]]
 
 
-async def reached(
-    named: Iterable[str], service_domain: str | None, attributes: Lookup, *, limit: int | None = MAX_LOOKED_AT
-) -> tuple[tuple[str, ...], bool]:
+async def reached(named: Iterable[str], service_domain: str | None, attributes: Lookup) -> tuple[tuple[str, ...], bool]:
     """(the entities a call of `service_domain` on `named` acts on, whether some could not be followed).
+
+    At most MAX_LOOKED_AT entities are looked at: each may cost a request to Home Assistant.
 
     Args:
         named: the entity ids the call names (without `all`).
         service_domain: the domain of the service called; None for whatever service each entity takes (Assist):
             every entity named and every member, of any domain, is reached.
         attributes: how to read an entity's attributes (None: HA does not know it).
-        limit: the most entities looked at (None: all, for a lookup that costs no request).
     """
-    walk = _walk(named, service_domain, limit)
-    try:
-        entity = next(walk)
-        while True:
-            entity = walk.send(await attributes(entity))
-    except StopIteration as done:
-        return cast("tuple[tuple[str, ...], bool]", done.value)
+    walk = _walk(named, service_domain, MAX_LOOKED_AT)
+    asked = _next(walk, None)
+    while isinstance(asked, str):
+        asked = _next(walk, await attributes(asked))
+    return asked
 
 
 def reached_now(
     named: Iterable[str], service_domain: str | None, attributes: Callable[[str], Mapping[str, Any] | None]
 ) -> tuple[tuple[str, ...], bool]:
-    """`reached` with attributes already at hand (the live view's states): every entity is looked at."""
+    """`reached` with attributes already at hand (the live view's states, a read of every state): no limit."""
     walk = _walk(named, service_domain, None)
+    asked = _next(walk, None)
+    while isinstance(asked, str):
+        asked = _next(walk, attributes(asked))
+    return asked
+
+
+_Walk = Generator[str, Mapping[str, Any] | None, tuple[tuple[str, ...], bool]]
+
+
+def _next(walk: _Walk, attributes: Mapping[str, Any] | None) -> str | tuple[tuple[str, ...], bool]:
+    """The walk's next entity to read, or what it found (sends `attributes` for the entity it last asked)."""
     try:
-        entity = next(walk)
-        while True:
-            entity = walk.send(attributes(entity))
+        return walk.send(attributes)
     except StopIteration as done:
         return cast("tuple[tuple[str, ...], bool]", done.value)
 
 
-def _walk(
-    named: Iterable[str], service_domain: str | None, limit: int | None
-) -> Generator[str, Mapping[str, Any] | None, tuple[tuple[str, ...], bool]]:
+def _walk(named: Iterable[str], service_domain: str | None, limit: int | None) -> _Walk:
     """The walk of `reached`: yields each entity whose attributes it needs, and is sent them."""
     found: list[str] = []
     seen: set[str] = set()
