@@ -26,7 +26,7 @@ async def test_a_field_group_that_becomes_a_supergroup_keeps_its_folder_and_cont
 ) -> None:
     tg = fake_telegram
     tg.user_message(FIELD_CHAT, "the beans in row 3 look dry")
-    tg.migrate(FIELD_CHAT, FIELD_SUPERGROUP)
+    to, back = tg.migrate(FIELD_CHAT, FIELD_SUPERGROUP)
     async with running(settings_for(root, tg), deliver=True) as host:
         ask = tg.user_message(FIELD_SUPERGROUP, "@field what do the beans need?", chat_type="supergroup")
         [reply] = await wait_sent(tg, 1, FIELD_SUPERGROUP)
@@ -34,7 +34,9 @@ async def test_a_field_group_that_becomes_a_supergroup_keeps_its_folder_and_cont
         field = groups.get_group(host.db.conn, "field")
         offered = tg.sent(MAIN_CHAT)
         pending = host.rows("SELECT * FROM pending_chats")
+        notices = [(row := host.update(u["update_id"])) and row["status"] for u in (to, back)]
     [run] = prompts(root, "field")
+    assert notices == ["stored", "ignored"]  # the first notice moved the group; the second found it moved
     assert field is not None and field.jid == f"telegram:{FIELD_SUPERGROUP}"
     assert "the beans in row 3 look dry" in run["prompt"]  # what was said before the upgrade is still context
     assert run["chatJid"] == f"telegram:{FIELD_SUPERGROUP}"

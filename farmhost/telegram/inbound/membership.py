@@ -99,7 +99,10 @@ async def on_migration(ports: InboundPorts, update_id: int, message: Message) ->
             ports.seen_chat(chat)(conn)
 
     detail = f"the group {old} became the supergroup {new}"
-    ports.finish(update_id, jid_of(chat.id), "stored" if moved else "ignored", detail, work)
+    # `work` runs inside `finish`, after the status is taken: whether a group is there to move is known now (the
+    # outbox may have moved it already, on a send refused with the new id).
+    follows = groups.find_by_jid(ports.db.conn, old) is not None
+    ports.finish(update_id, jid_of(chat.id), "stored" if follows else "ignored", detail, work)
     if moved:
         logger.warning("telegram: %s; group %s follows it (its folder, context and undelivered messages)",
                        detail, moved[0].folder)  # fmt: skip
