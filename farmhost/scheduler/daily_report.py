@@ -211,7 +211,9 @@ class DailyReport:
             if outbox.has_key(conn, report_key(day)):
                 self._queued_day = day
                 return False
-            outbox.enqueue(conn, message_key=report_key(day), chat_jid=main.jid, source_folder=main.folder,
+            # The host's own message (source_folder None): it goes ahead of an agents' backlog in the main chat and
+            # is not counted against the main group's share of the outbox.
+            outbox.enqueue(conn, message_key=report_key(day), chat_jid=main.jid, source_folder=None,
                            chunks=[text], at=now)  # fmt: skip
         self._queued_day = day
         self._wake()
