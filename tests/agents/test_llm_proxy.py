@@ -500,3 +500,18 @@ async def test_an_upstream_usage_figure_that_is_no_count_costs_neither_the_answe
         second = await ask(client)  # the proxy still serves the run
     assert second.choices[0].message.content == "and again"
     assert usage.requests == 2 and usage.prompt_tokens > 0
+
+
+async def test_a_prompt_in_another_script_is_bounded_by_its_utf8_bytes_not_its_json_escapes(
+    root: Path, llm: ScriptedLLM
+) -> None:
+    # 300 Cyrillic letters: 600 bytes of UTF-8, 1,800 as JSON's \u escapes. A budget between the two lets it pass.
+    question = "полив" * 60
+    llm.script(then=Reply("ok"))
+    limits_file(root, {"groups": {"field": {"llmTokensPerDay": 1200}}})
+    async with proxied(configured(root, llm, FARMHOST_LLM_MAX_TOKENS="16")) as (client, usage, _):
+        answer = await ask(client, question)
+    assert answer.choices[0].message.content == "ok"
+    (seen,) = llm.requests
+    assert seen.messages[0]["content"] == question  # the text upstream gets is the same
+    assert usage.prompt_tokens > 0

@@ -133,7 +133,7 @@ def prepare(raw: bytes, *, max_tokens: int, photos: Mapping[str, str] | None = N
         stream=bool(body.get("stream")),
         relay_usage=relay_usage,
         # an image counts as its tokens, not as the bytes of its base64
-        prompt_bound=prompt_bound(text_bytes if text_bytes is not None else without_model, images),
+        prompt_bound=prompt_bound(text_only if text_only is not None else body, images),
         completion_bound=max(body.get(name) or 0 for name in TOKEN_FIELDS),
         images=images,
         text_only=text_bytes,

@@ -1,6 +1,6 @@
 """What a request costs in tokens: a bound held before it goes upstream, settled to the upstream's own `usage`.
 
-The bound (`prompt_bound` + the request's capped max_tokens) is one token per byte of the JSON body forwarded, each
+The bound (`prompt_bound` + the request's capped max_tokens) is one token per UTF-8 byte of the JSON body, each
 image part counted as IMAGE_TOKENS rather than its base64, plus what the answer may add. No byte-level tokenizer
 (GPT's, Llama 3's, Qwen's; SentencePiece with byte fallback) makes more tokens of a text than it has UTF-8 bytes, and
 the body's quotes, keys and escapes outweigh a chat template's few tokens a message; a request goes past its bound
@@ -37,6 +37,11 @@ def answer_tokens(data: bytes) -> tuple[int, int] | None:
     return reported_tokens(answer.get("usage"))
 
 
-def prompt_bound(forwarded: bytes, images: int) -> int:
-    """The most prompt tokens a body may cost: a token a byte of `forwarded` (without images) and IMAGE_TOKENS each."""
-    return len(forwarded) + images * IMAGE_TOKENS
+def prompt_bound(body: object, images: int) -> int:
+    """The most prompt tokens a body may cost: a token a byte of it (without images) and IMAGE_TOKENS each.
+
+    Its bytes as UTF-8, not as the ASCII-escaped JSON forwarded: that spells a Cyrillic letter in 6 bytes (an emoji
+    in 12), where a tokenizer sees its 2 (4), and would hold a farmer writing in another script to a third of the day.
+    A lone surrogate (which a JSON escape can spell) counts its 3 bytes.
+    """
+    return len(json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass")) + images * IMAGE_TOKENS
