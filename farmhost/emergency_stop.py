@@ -166,7 +166,7 @@ class EmergencyStop:
         """Lift the pause (whoever set it); nothing is turned back on. Audited."""
         at = self._clock()
         was = self._runtime.paused
-        set_paused(self._db, self._runtime, False, by=by, at=at)
+        set_paused(self._db, self._runtime, False, by=by, at=at, lifts_stop=True)
         self._audit.record(
             at=at,
             group=AUDIT_GROUP,

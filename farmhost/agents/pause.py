@@ -29,14 +29,34 @@ def restore_pause(db: Database, runtime: AgentRuntime) -> None:
         runtime.pause(reason)
 
 
+class StopHeld(Exception):
+    """A resume asked of a pause the emergency stop set, by anything but /resume in the main chat."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"the agents were {reason}; only /resume in the main chat lifts it")
+
+
 def set_paused(
-    db: Database, runtime: AgentRuntime, paused: bool, *, by: str, at: datetime, reason: str | None = None
+    db: Database,
+    runtime: AgentRuntime,
+    paused: bool,
+    *,
+    by: str,
+    at: datetime,
+    reason: str | None = None,
+    lifts_stop: bool = False,
 ) -> bool:
     """Pause or resume, stored; False when it already was so (nothing changes twice).
 
     A `reason` given with `paused` (the emergency stop's "stopped by /stop (who, when)") replaces the reason of a
-    pause already in force, so /status and doctor name the stop rather than an earlier pause.
+    pause already in force, so /status and doctor name the stop rather than an earlier pause. Only a caller that
+    `lifts_stop` (/resume) may end the emergency stop's pause: on some brokers any login may press the MQTT switch.
+
+    Raises:
+        StopHeld: a resume of the emergency stop's pause without `lifts_stop`; nothing changes.
     """
+    if not paused and not lifts_stop and stopped_in_chat(runtime.paused):
+        raise StopHeld(runtime.paused or "")
     if paused == (runtime.paused is not None) and (not paused or reason is None or reason == runtime.paused):
         return False
     with db.tx() as conn:

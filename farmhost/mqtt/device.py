@@ -19,7 +19,7 @@ from collections.abc import Callable
 from datetime import datetime, tzinfo
 from typing import TYPE_CHECKING, Any, Final
 
-from farmhost.agents.pause import set_paused, stopped_in_chat
+from farmhost.agents.pause import StopHeld, set_paused
 from farmhost.background import cancel_and_wait, every
 from farmhost.broker import OFFLINE, ONLINE
 from farmhost.mqtt.discovery import HA_STATUS, OFF, ON, Topics, discovery_config
@@ -157,14 +157,11 @@ class HaDevice:
         if command not in (ON, OFF):
             logger.warning("mqtt: ignored %r on %s: the switch takes ON or OFF", shown, message.topic)
             return
-        if command == OFF and stopped_in_chat(self._runtime.paused):
-            # Any broker login the ACL lets write this topic would undo the farmer's emergency stop.
-            logger.warning(
-                "mqtt: the switch did not resume the agents: they were %s; only /resume in the main chat lifts it",
-                self._runtime.paused,
-            )
+        try:
+            changed = set_paused(self._db, self._runtime, command == ON, by="Home Assistant (MQTT)", at=self._clock())
+        except StopHeld as held:
+            logger.warning("mqtt: the switch did not resume them: %s", held)
             self.publish_state()  # the switch in Home Assistant goes back to on
             return
-        changed = set_paused(self._db, self._runtime, command == ON, by="Home Assistant (MQTT)", at=self._clock())
         logger.info("mqtt: agents %s%s", "paused" if command == ON else "resumed", "" if changed else " (already)")
         self.publish_state()

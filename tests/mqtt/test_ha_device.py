@@ -166,7 +166,7 @@ def test_the_switch_never_lifts_an_emergency_stop_made_in_the_main_chat(data_dir
         before = len(ha.on(STATE))
         ha.publish(PAUSE, "OFF")
         ha.wait(STATE, before + 1, where=paused)  # the switch is set back at once: still paused
-        refusal = "mqtt: the switch did not resume the agents: they were stopped by /stop"
+        refusal = "mqtt: the switch did not resume them: the agents were stopped by /stop"
         wait_for(lambda: refusal in daemon.log(), timeout=scaled(20), what="the refusal in the log")
         assert "/resume in the main chat" in daemon.log()
         assert "agent runs resumed" not in daemon.log()
