@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Final
 
 from farmhost.agents.sandbox.backends.base import SandboxSpec
-from farmhost.agents.sandbox.group_disk import DiskLimit, OverLimit, check_sync
+from farmhost.agents.sandbox.group_disk import DiskLimit, OverLimit, check_group_sync, writable_roots
 
 logger = logging.getLogger(__name__)
 
@@ -45,15 +45,15 @@ class DiskWatch:
         self, spec: SandboxSpec, *, reserve_mb: int, end: End, tick: float = TICK, walk_every: float = WALK_EVERY
     ) -> None:
         """`reserve_mb` 0: no reserve. `end(reason)` ends the run (SIGTERM, then SIGKILL)."""
+        self._spec = spec
         self._run_id = spec.run_id
-        self._roots = {str(mount.source): mount.source for mount in spec.writable}
+        self._roots = writable_roots(spec)
         self._limit = DiskLimit.of_workspace_mb(spec.limits.workspace_mb)
         self._reserve = reserve_mb * 2**20
         self._reserve_mb = reserve_mb
         self._end = end
         self._tick = tick
         self._walk_every = walk_every
-        self.walks = 0  # walks done (for the figures and the tests)
 
     async def run(self) -> None:
         """Watch until cancelled or the run is ended."""
@@ -101,9 +101,11 @@ class DiskWatch:
             OverLimit: the group is over its limit (naming the heaviest entries).
         """
         began = time.monotonic()
-        use = check_sync(self._roots, self._limit, where="agent-limits.json workspaceMb")
-        self.walks += 1
-        return self._limit.bytes - use.bytes, time.monotonic() - began
+        use = check_group_sync(self._spec)
+        took = time.monotonic() - began
+        logger.debug("run %s: its group holds %d MiB of %d MiB (walked in %.3f s)", self._run_id,
+                     use.bytes // 2**20, self._limit.bytes // 2**20, took)  # fmt: skip
+        return self._limit.bytes - use.bytes, took
 
     def _free(self) -> dict[int, tuple[int, str]]:
         """Each filesystem the mounts are on: its bytes free to an unprivileged writer, and a mount on it."""

@@ -134,7 +134,6 @@ class AgentRuntime:
         # each group's writable trees as the last run left them (journals need runs refused hard links)
         self.trees = GroupTrees(journal=settings.sandbox.seccomp == "required")
         self._paused: str | None = None
-        self.disk_walks = 0  # the walks of the group's disk during the last run that ended (for the tests)
 
     @property
     def backend(self) -> SandboxBackend | None:
@@ -469,7 +468,6 @@ class AgentRuntime:
             del self._active[spec.run_id]
             watching.cancel()
             await asyncio.gather(watching, return_exceptions=True)
-            self.disk_walks = watch.walks
 
     async def _finish(self, record: RunRecord, run: Exit, started: float) -> AgentOutcome:
         job, log = record.job, log_name(record.job.run_id)

@@ -6,6 +6,7 @@ writing without stopping went on until its wall time (600 s) and could fill the 
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -85,9 +86,13 @@ async def test_a_run_is_ended_when_the_disk_reaches_its_reserve(root: Path, sand
     print(f"ended at {written:.0f} MiB written, 40 MB from the reserve, after {outcome.duration_seconds:.1f} s")
 
 
-async def test_a_run_within_its_limits_is_watched_and_not_ended(root: Path, sandbox: Sandbox) -> None:
+async def test_a_run_within_its_limits_is_watched_and_not_ended(
+    root: Path, sandbox: Sandbox, caplog: pytest.LogCaptureFixture
+) -> None:
     (root / "agent-limits.json").write_text('{"groups": {"field": {"workspaceMb": 8}}}')
-    outcome, runtime = await _run(root, sandbox, {"trickle": [f"{GROUP_DIR}/notes", 8, 4], "sleep": 3})
+    with caplog.at_level(logging.DEBUG, logger="farmhost.agents.disk_watch"):
+        outcome, _ = await _run(root, sandbox, {"trickle": [f"{GROUP_DIR}/notes", 8, 4], "sleep": 3})
     assert report(outcome)["trickled"] == 4
-    assert runtime.disk_walks >= 1, "the group's disk was walked while the run went on"
+    walks = [r.getMessage() for r in caplog.records if "its group holds" in r.getMessage()]
+    assert walks and all("of 8 MiB" in w for w in walks), "the group's disk was walked while the run went on"
     assert (root / "groups" / "field" / "notes").stat().st_size == 4 * 2**20

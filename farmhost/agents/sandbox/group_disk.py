@@ -172,12 +172,16 @@ def check_sync(roots: dict[str, Path], limit: DiskLimit, *, where: str) -> DiskU
     return use
 
 
+def writable_roots(spec: SandboxSpec) -> dict[str, Path]:
+    """Every directory the run can write into, by its path: what counts against the group's limit."""
+    return {str(mount.source): mount.source for mount in spec.writable}
+
+
 def check_group_sync(spec: SandboxSpec) -> DiskUse:
     """`check_sync` on every directory the run can write into against its `workspaceMb` (blocking: in a thread).
 
     Raises:
         OverLimit: what the group holds over its limit, and what to delete.
     """
-    roots = {str(mount.source): mount.source for mount in spec.writable}
     limit = DiskLimit.of_workspace_mb(spec.limits.workspace_mb)
-    return check_sync(roots, limit, where="agent-limits.json workspaceMb")
+    return check_sync(writable_roots(spec), limit, where="agent-limits.json workspaceMb")
