@@ -496,7 +496,7 @@ def register_in_process(
                 conn, jid=jid, name=name, folder=folder, trigger=None, requires_trigger=requires_trigger,
                 is_main=is_main, at=now_utc(),
             )  # fmt: skip
-            register(conn, layout, group)
+            register(conn, layout, group, reuse=True)
     finally:
         db.close()
 

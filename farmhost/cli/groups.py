@@ -7,7 +7,7 @@ from typing import Any
 
 from farmhost.cli.commands import open_existing
 from farmhost.config import Settings
-from farmhost.groups.registry import left_behind, new_group, register, unregister
+from farmhost.groups.registry import new_group, register, unregister
 from farmhost.layout import DataLayout
 from farmhost.store import groups
 from farmhost.store.db import Database, iso, now_utc
@@ -72,8 +72,7 @@ def add(args: argparse.Namespace, settings: Settings) -> int:
                 is_main=args.main,
                 at=now_utc(),
             )
-            held = left_behind(conn, layout, group.folder)
-            register(conn, layout, group)
+            held = register(conn, layout, group, reuse=True)
     finally:
         db.close()
     kind = "main group" if group.is_main else "group"

@@ -137,7 +137,7 @@ def ensure_main_group(data_dir: Path) -> bool:
                 is_main=True,
                 at=now_utc(),
             )
-            register(conn, layout, group)
+            register(conn, layout, group, reuse=True)  # the operator's own command, as `group add`
     finally:
         db.close()
     return True

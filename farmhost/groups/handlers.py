@@ -5,8 +5,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Final
 
-from farmhost.errors import Conflict
-from farmhost.groups.registry import left_behind, new_group, register
+from farmhost.groups.registry import new_group, register
 from farmhost.handling import Change, Effect, Handlers, HandlerSpec, RequestContext
 from farmhost.protocol.envelope import Outcome
 from farmhost.protocol.requests import AnyRequest, RegisterGroupRequest
@@ -26,12 +25,6 @@ def apply_register(ctx: RequestContext, request: AnyRequest, conn: sqlite3.Conne
         is_main=False,
         at=ctx.now,
     )
-    held = left_behind(conn, ctx.layout, group.folder)
-    if held is not None:
-        raise Conflict(
-            f"folder {group.folder!r} still holds {held} of a group removed earlier; choose another folder "
-            "(only the operator can give it back, with `farmhost group add`)"
-        )
     register(conn, ctx.layout, group)
     ctx.changes.add(Change.GROUPS)
     return Outcome(result=group.to_dict())

@@ -101,7 +101,7 @@ def left_behind(conn: sqlite3.Connection, layout: DataLayout, folder: str) -> st
         held.append(f"a workspace (groups/{folder}/)")
     if os.path.lexists(layout.group_ipc(folder)):
         held.append(f"an IPC directory (ipc/{folder}/)")
-    count = len(tasks.list_tasks(conn, folder=folder, include_cancelled=True))
+    count = tasks.count_all(conn, folder)
     if count:
         held.append(f"{count} task{'s' if count != 1 else ''}")
     answered = ledger.count_of(conn, folder)
@@ -112,13 +112,27 @@ def left_behind(conn: sqlite3.Connection, layout: DataLayout, folder: str) -> st
     return ", ".join(held) or None
 
 
-def register(conn: sqlite3.Connection, layout: DataLayout, group: Group) -> None:
+def register(conn: sqlite3.Connection, layout: DataLayout, group: Group, *, reuse: bool = False) -> str | None:
     """Create the group's workspace and IPC queues, then insert it (inside the caller's transaction).
 
-    Directory creation is idempotent, so a crash before the commit leaves nothing that a retry trips on.
+    Directory creation is idempotent, so a crash before the commit leaves nothing that a retry trips on. A folder
+    a removed group left (`left_behind`) is given only when the caller `reuse`s it: the operator's `group add`.
+
+    Returns:
+        What the folder held of a removed group (None: nothing), for the operator's command to say.
+
+    Raises:
+        Conflict: the folder holds a removed group's files, tasks, uid or results, and `reuse` is not given.
     """
+    held = left_behind(conn, layout, group.folder)
+    if held is not None and not reuse:
+        raise Conflict(
+            f"folder {group.folder!r} still holds {held} of a group removed earlier; choose another folder "
+            "(only the operator can give it back, with `farmhost group add`)"
+        )
     layout.create_group(group.folder)
     store.insert_group(conn, group)
+    return held
 
 
 # What a removed group's agent queued and Telegram has not taken yet is not sent to its chat any more.

@@ -121,6 +121,11 @@ def list_tasks(conn: sqlite3.Connection, *, folder: str | None = None, include_c
     return [_task(row) for row in conn.execute(sql, () if folder is None else (folder,))]
 
 
+def count_all(conn: sqlite3.Connection, folder: str) -> int:
+    """How many tasks a group has, in any status (cancelled and completed ones too)."""
+    return int(conn.execute("SELECT COUNT(*) FROM tasks WHERE group_folder = ?", (folder,)).fetchone()[0])
+
+
 def count_scheduled(conn: sqlite3.Connection, folder: str) -> int:
     """How many tasks of a group are active or paused."""
     sql = "SELECT COUNT(*) FROM tasks WHERE group_folder = ? AND status != 'cancelled' AND status != 'completed'"

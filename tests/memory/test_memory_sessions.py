@@ -46,7 +46,7 @@ class Farm:
                 conn, jid=jid, name=folder.title(), folder=folder, trigger=None, requires_trigger=False,
                 is_main=False, at=T0,
             )  # fmt: skip
-            register(conn, self.layout, group)
+            register(conn, self.layout, group, reuse=True)  # as the operator: its workspace is written first
 
     def unregister(self, folder: str) -> None:
         with self.db.tx() as conn:
