@@ -16,7 +16,7 @@ from farmhost.store import groups, telegram_state
 from farmhost.telegram.bot import jid_of
 from farmhost.telegram.inbound import membership
 from farmhost.telegram.inbound.buttons import on_callback
-from farmhost.telegram.inbound.media import media_of
+from farmhost.telegram.inbound.media import MediaRef, media_of
 from farmhost.telegram.inbound.message_store import MessageStore
 from farmhost.telegram.inbound.routing import Incoming, Route, parse_command, route
 from farmhost.telegram.inbound.update_context import INBOUND_LOGGER, InboundPorts
@@ -65,7 +65,7 @@ async def on_message(
         ports.finish(update_id, jid, "ignored", "no text or media (a service message)", ports.seen_chat(chat))
         return
     heard = None
-    if group is not None and not edited and is_voice(ref) and _may_speak(ports, group.is_main, sender):
+    if group is not None and not edited and _hearable(ports, group, ref, sender):
         assert ref is not None
         heard = await messages.hear(update_id, group, ref, message, busy=busy)
         if heard is not None:
@@ -106,7 +106,7 @@ def must_hear(ports: InboundPorts, update: Update) -> bool:
         return False
     group = groups.find_by_jid(ports.db.conn, jid_of(message.chat.id))
     ref = media_of(message, max_bytes=ports.settings.media_max_bytes)
-    return group is not None and is_voice(ref) and _may_speak(ports, group.is_main, message.from_user)
+    return group is not None and _hearable(ports, group, ref, message.from_user)
 
 
 def is_stop(ports: InboundPorts, update: Update) -> bool:
@@ -117,6 +117,14 @@ def is_stop(ports: InboundPorts, update: Update) -> bool:
     group = groups.find_by_jid(ports.db.conn, jid_of(message.chat.id))
     command = parse_command(message.text, ports.bot.username)
     return group is not None and group.is_main and command is not None and command[0] == "stop"
+
+
+def _hearable(ports: InboundPorts, group: groups.Group, ref: MediaRef | None, sender: User | None) -> bool:
+    """Whether a message of a registered group is a voice note on_message hears before routing.
+
+    One test for on_message and `must_hear`, which queues the note beside the polling loop: they must never disagree.
+    """
+    return is_voice(ref) and _may_speak(ports, group.is_main, sender)
 
 
 def _may_speak(ports: InboundPorts, is_main: bool, sender: User | None) -> bool:
